@@ -1,0 +1,26 @@
+//! Accelerator detection and the per-platform policies that follow from it.
+//!
+//! Detection reads the machine through a [`HostProbe`] (a root folder and an environment map),
+//! so every rule is testable against a fake root. libtorch queries (CUDA device count, MPS) are
+//! passed in as [`TorchFacts`] for the same reason.
+//!
+//! | platform | tch device | `PadTo::Auto` | preferred dtype |
+//! |----------|------------|---------------|-----------------|
+//! | CPU      | `Cpu`      | none          | f32             |
+//! | CUDA     | `Cuda(i)`  | none          | bf16            |
+//! | MPS      | `Mps`      | none          | f32             |
+//! | Neuron   | `Cpu` (tch cannot address PrivateUse1) | 128 | bf16 |
+
+mod accelerators;
+mod cuda;
+mod error;
+mod neuron;
+mod policy;
+mod probe;
+
+pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
+pub use cuda::{CudaDevice, CudaInfo, load_torch_cuda};
+pub use error::DeviceError;
+pub use neuron::{NeuronInfo, parse_visible_cores};
+pub use policy::{PadTo, Platform, round_up};
+pub use probe::HostProbe;

@@ -1,0 +1,173 @@
+use std::fmt;
+use std::str::FromStr;
+
+use super::DeviceError;
+
+/// The kind of machine a run targets; policies depend on it, not on the tch device, because
+/// Neuron runs are planned here while tch itself cannot address Neuron.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Platform {
+    /// Host CPU.
+    Cpu,
+    /// NVIDIA GPU through libtorch's CUDA backend.
+    Cuda,
+    /// Apple GPU.
+    Mps,
+    /// AWS Trainium/Inferentia (TorchNeuron's `neuron` PrivateUse1 device).
+    Neuron,
+}
+
+impl Platform {
+    /// The dtype a run should default to here. Neuron: bf16 (static-cache generation needs it and
+    /// float64 runs as float32 anyway); CUDA: bf16; CPU and MPS: f32 for exactness.
+    pub fn preferred_kind(self) -> tch::Kind {
+        match self {
+            Platform::Neuron | Platform::Cuda => tch::Kind::BFloat16,
+            Platform::Cpu | Platform::Mps => tch::Kind::Float,
+        }
+    }
+
+    /// Seconds one new input shape costs before a step can run: a graph compile on Neuron
+    /// (about a minute, TRL v1.16's measurement), nothing on eager backends.
+    pub fn compiles_per_shape(self) -> bool {
+        matches!(self, Platform::Neuron)
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Platform::Cpu => "cpu",
+            Platform::Cuda => "cuda",
+            Platform::Mps => "mps",
+            Platform::Neuron => "neuron",
+        })
+    }
+}
+
+impl FromStr for Platform {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Platform::Cpu),
+            "cuda" | "gpu" => Ok(Platform::Cuda),
+            "mps" => Ok(Platform::Mps),
+            "neuron" | "trainium" | "xla" => Ok(Platform::Neuron),
+            _ => Err(DeviceError::UnknownPlatform(s.to_string())),
+        }
+    }
+}
+
+/// `pad_to_multiple_of`, as TRL v1.16 defines it.
+///
+/// Padding sequence lengths up to a multiple bounds the number of distinct shapes a run feeds
+/// the compiler. `Auto` is 128 on Neuron (one compile per shape, about a minute each) and no
+/// padding elsewhere, where padding only wastes compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PadTo {
+    /// 128 on Neuron, none elsewhere.
+    #[default]
+    Auto,
+    /// Never pad beyond the longest row.
+    None,
+    /// Pad to a multiple of this many tokens (at least 1).
+    Multiple(usize),
+}
+
+impl PadTo {
+    /// The multiple Neuron gets under `Auto`.
+    pub const NEURON_MULTIPLE: usize = 128;
+
+    /// The multiple in force on `platform`, or `None` for no padding.
+    pub fn resolve(self, platform: Platform) -> Option<usize> {
+        match self {
+            PadTo::Auto if platform == Platform::Neuron => Some(Self::NEURON_MULTIPLE),
+            PadTo::Auto | PadTo::None => None,
+            PadTo::Multiple(m) => Some(m.max(1)),
+        }
+    }
+
+    /// `len` rounded up to the multiple in force on `platform`.
+    pub fn padded_len(self, len: usize, platform: Platform) -> usize {
+        round_up(len, self.resolve(platform))
+    }
+}
+
+/// `len` rounded up to a multiple of `multiple` (unchanged for `None`).
+pub fn round_up(len: usize, multiple: Option<usize>) -> usize {
+    match multiple {
+        Some(m) if m > 1 => len.div_ceil(m) * m,
+        _ => len,
+    }
+}
+
+impl fmt::Display for PadTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PadTo::Auto => f.write_str("auto"),
+            PadTo::None => f.write_str("none"),
+            PadTo::Multiple(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl FromStr for PadTo {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(PadTo::Auto),
+            "none" | "null" | "" => Ok(PadTo::None),
+            n => match n.parse::<usize>() {
+                Ok(m) if m >= 1 => Ok(PadTo::Multiple(m)),
+                _ => Err(DeviceError::InvalidPadTo(s.to_string())),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_is_128_on_neuron_only() {
+        assert_eq!(PadTo::Auto.resolve(Platform::Neuron), Some(128));
+        for p in [Platform::Cpu, Platform::Cuda, Platform::Mps] {
+            assert_eq!(PadTo::Auto.resolve(p), None);
+            assert_eq!(PadTo::Auto.padded_len(130, p), 130);
+        }
+        assert_eq!(PadTo::Auto.padded_len(130, Platform::Neuron), 256);
+        assert_eq!(PadTo::Auto.padded_len(128, Platform::Neuron), 128);
+    }
+
+    #[test]
+    fn explicit_policies() {
+        assert_eq!(PadTo::None.resolve(Platform::Neuron), None);
+        assert_eq!(PadTo::Multiple(64).padded_len(65, Platform::Cpu), 128);
+        assert_eq!(PadTo::Multiple(1).padded_len(65, Platform::Cpu), 65);
+        assert_eq!(PadTo::Multiple(8).padded_len(0, Platform::Cpu), 0);
+    }
+
+    #[test]
+    fn parse_and_print_round_trip() {
+        for s in ["auto", "none", "128"] {
+            assert_eq!(s.parse::<PadTo>().unwrap().to_string(), s);
+        }
+        assert!(matches!(
+            "0".parse::<PadTo>(),
+            Err(DeviceError::InvalidPadTo(_))
+        ));
+        assert!(matches!(
+            "-3".parse::<PadTo>(),
+            Err(DeviceError::InvalidPadTo(_))
+        ));
+        assert_eq!("Trainium".parse::<Platform>().unwrap(), Platform::Neuron);
+        assert!("tpu".parse::<Platform>().is_err());
+    }
+
+    #[test]
+    fn preferred_dtypes() {
+        assert_eq!(Platform::Neuron.preferred_kind(), tch::Kind::BFloat16);
+        assert_eq!(Platform::Cpu.preferred_kind(), tch::Kind::Float);
+    }
+}

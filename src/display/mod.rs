@@ -1,0 +1,48 @@
+//! Rich notebook output.
+//!
+//! Every notebook-facing type implements [`Rich`] (two pure renderers returning `String`, which
+//! tests check) and gets an inherent `evcxr_display(&self)` through [`rich_display!`]; evcxr calls
+//! that method on a cell's final value. Styling lives in [`style`] alone, in terms of the
+//! JupyterLab theme variables so the same output reads in light and dark themes.
+
+mod html;
+mod plot;
+pub mod style;
+
+pub use html::{escape, kv_table, section, table};
+pub use plot::{LineChart, Series};
+
+/// A value with an HTML and a plain-text rendering.
+pub trait Rich {
+    /// A self-contained HTML fragment (styles included, no scripts).
+    fn html(&self) -> String;
+    /// The same content as plain text (terminals, logs, `text/plain`).
+    fn text(&self) -> String;
+}
+
+/// Wraps an HTML fragment and its text twin in evcxr's content markers.
+///
+/// Pure, so tests can see exactly what a notebook receives.
+pub fn evcxr_payload(html: &str, text: &str) -> String {
+    format!(
+        "EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT text/plain\n{text}\nEVCXR_END_CONTENT\n"
+    )
+}
+
+/// Prints a [`Rich`] value for evcxr (what every `evcxr_display` does).
+pub fn show<T: Rich + ?Sized>(value: &T) {
+    print!("{}", evcxr_payload(&value.html(), &value.text()));
+}
+
+/// Adds the inherent `evcxr_display(&self)` evcxr looks for to types implementing [`Rich`].
+#[macro_export]
+macro_rules! rich_display {
+    ($($ty:ty),+ $(,)?) => {$(
+        impl $ty {
+            /// Renders this value in an evcxr notebook cell (HTML with a plain-text twin).
+            pub fn evcxr_display(&self) {
+                $crate::display::show(self);
+            }
+        }
+    )+};
+}

@@ -1,0 +1,254 @@
+//! `treetrain env`: what this process runs on, in the spirit of `trl env`.
+
+use crate::device::{Accelerators, HostProbe, PadTo, Platform};
+use crate::display::{self, Rich, escape};
+
+/// Versions, machine, accelerators and the policies that follow, gathered once.
+#[derive(Debug, Clone)]
+pub struct EnvReport {
+    /// This crate's version.
+    pub treetrain_version: String,
+    /// The tch crate version treetrain is built with.
+    pub tch_version: String,
+    /// libtorch version of the folder treetrain was linked against (its `build-version`).
+    pub libtorch_version: String,
+    /// libtorch folder at build time.
+    pub libtorch_build_dir: String,
+    /// The `libtorch_cpu.so` this process actually loaded.
+    pub libtorch_loaded: Option<String>,
+    /// OS name and architecture.
+    pub os: String,
+    /// Every accelerator.
+    pub accelerators: Accelerators,
+}
+
+/// tch's version, pinned in Cargo.toml.
+pub const TCH_VERSION: &str = "0.24.0";
+
+impl EnvReport {
+    /// Collects the report for this process.
+    pub fn collect() -> Self {
+        Self::from_parts(&HostProbe::system(), Accelerators::detect())
+    }
+
+    /// The report for given accelerators, reading OS facts through `probe`.
+    pub fn from_parts(probe: &HostProbe, accelerators: Accelerators) -> Self {
+        let pretty = probe
+            .read("/etc/os-release")
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("PRETTY_NAME=")
+                        .map(|v| v.trim_matches('"').to_string())
+                })
+            })
+            .unwrap_or_else(|| std::env::consts::OS.to_string());
+        let libtorch_loaded = probe.read("/proc/self/maps").and_then(|maps| {
+            maps.lines()
+                .filter_map(|l| l.split_whitespace().nth(5))
+                .find(|p| p.ends_with("/libtorch_cpu.so"))
+                .map(str::to_string)
+        });
+        EnvReport {
+            treetrain_version: env!("CARGO_PKG_VERSION").to_string(),
+            tch_version: TCH_VERSION.to_string(),
+            libtorch_version: env!("TREETRAIN_LIBTORCH_VERSION").to_string(),
+            libtorch_build_dir: env!("TREETRAIN_LIBTORCH_DIR").to_string(),
+            libtorch_loaded,
+            os: format!("{pretty} ({})", std::env::consts::ARCH),
+            accelerators,
+        }
+    }
+
+    /// The platform runs here plan for.
+    pub fn platform(&self) -> Platform {
+        self.accelerators.platform()
+    }
+
+    fn version_rows(&self) -> Vec<(&'static str, String)> {
+        let cpu = &self.accelerators.cpu;
+        vec![
+            ("treetrain", self.treetrain_version.clone()),
+            ("tch", self.tch_version.clone()),
+            ("libtorch", self.libtorch_version.clone()),
+            (
+                "libtorch loaded from",
+                self.libtorch_loaded
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into()),
+            ),
+            ("OS", self.os.clone()),
+            ("CPU", cpu.model.clone().unwrap_or_else(|| "unknown".into())),
+            (
+                "threads",
+                format!(
+                    "{} logical CPUs; libtorch {} intra-op, {} inter-op{}",
+                    cpu.logical_cpus,
+                    cpu.torch_threads,
+                    cpu.torch_interop_threads,
+                    cpu.omp_num_threads
+                        .as_ref()
+                        .map_or(String::new(), |v| format!(" (OMP_NUM_THREADS={v})"))
+                ),
+            ),
+            (
+                "OpenMP / MKL / oneDNN",
+                format!(
+                    "{} / {} / {}",
+                    yes(cpu.openmp),
+                    yes(cpu.mkl),
+                    yes(cpu.mkldnn)
+                ),
+            ),
+        ]
+    }
+
+    fn accelerator_rows(&self) -> Vec<(&'static str, String)> {
+        let a = &self.accelerators;
+        let cuda = if a.cuda.available {
+            let names: Vec<String> = a
+                .cuda
+                .devices
+                .iter()
+                .map(|d| format!("cuda:{} {}", d.index, d.name.as_deref().unwrap_or("")))
+                .collect();
+            format!(
+                "{} device(s): {}; cuDNN {}",
+                a.cuda.devices.len(),
+                names.join(", "),
+                yes(a.cuda.cudnn)
+            )
+        } else {
+            format!(
+                "unavailable: {}",
+                a.cuda.unavailable_reason.as_deref().unwrap_or("unknown")
+            )
+        };
+        let mut rows = vec![("CUDA", cuda)];
+        if let Some(driver) = &a.cuda.driver {
+            rows.push(("NVIDIA driver", driver.clone()));
+        }
+        rows.push(("MPS", yes(a.mps).to_string()));
+        let neuron = match &a.neuron {
+            None => "none (no /dev/neuron* device)".to_string(),
+            Some(n) => format!(
+                "{} device(s){}: {} physical cores ({}), {} logical (NEURON_LOGICAL_NC_CONFIG={}{}), {} usable{}",
+                n.devices.len(),
+                n.instance_type
+                    .as_ref()
+                    .map_or(String::new(), |t| format!(" on {t}")),
+                n.physical_cores(),
+                n.cores_source,
+                n.logical_cores(),
+                n.logical_nc_config,
+                if n.logical_nc_from_env {
+                    ""
+                } else {
+                    ", default"
+                },
+                n.usable_logical_cores(),
+                n.visible_cores
+                    .as_ref()
+                    .map_or(String::new(), |_| " (NEURON_RT_VISIBLE_CORES)".to_string()),
+            ),
+        };
+        rows.push(("Neuron", neuron));
+        rows
+    }
+
+    fn policy_rows(&self) -> Vec<(&'static str, String)> {
+        let p = self.platform();
+        vec![
+            ("platform", p.to_string()),
+            (
+                "tch device",
+                format!("{:?}", self.accelerators.tch_device()),
+            ),
+            ("preferred dtype", format!("{:?}", p.preferred_kind())),
+            (
+                "pad_to_multiple_of=auto",
+                PadTo::Auto
+                    .resolve(p)
+                    .map_or("no padding".to_string(), |m| m.to_string()),
+            ),
+            (
+                "new shape costs",
+                if p.compiles_per_shape() {
+                    "a graph compile (~60 s)"
+                } else {
+                    "nothing (eager)"
+                }
+                .to_string(),
+            ),
+        ]
+    }
+
+    /// The report as JSON (for `treetrain env --json` and bug reports).
+    pub fn to_json(&self) -> serde_json::Value {
+        let obj = |rows: Vec<(&str, String)>| {
+            serde_json::Value::Object(
+                rows.into_iter()
+                    .map(|(k, v)| (k.to_string(), v.into()))
+                    .collect(),
+            )
+        };
+        serde_json::json!({
+            "versions": obj(self.version_rows()),
+            "accelerators": obj(self.accelerator_rows()),
+            "policies": obj(self.policy_rows()),
+            "notes": self.accelerators.notes(),
+        })
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+impl Rich for EnvReport {
+    fn html(&self) -> String {
+        let esc = |rows: Vec<(&'static str, String)>| -> Vec<(&'static str, String)> {
+            rows.into_iter().map(|(k, v)| (k, escape(&v))).collect()
+        };
+        let mut body = display::section(
+            "treetrain environment",
+            &display::kv_table(&esc(self.version_rows())),
+        );
+        body.push_str(&display::section(
+            "Accelerators",
+            &display::kv_table(&esc(self.accelerator_rows())),
+        ));
+        body.push_str(&display::section(
+            "Policies",
+            &display::kv_table(&esc(self.policy_rows())),
+        ));
+        let notes = self.accelerators.notes();
+        if !notes.is_empty() {
+            let items: String = notes
+                .iter()
+                .map(|n| format!("<li class=\"warn\">{}</li>", escape(n)))
+                .collect();
+            body.push_str(&display::section("Notes", &format!("<ul>{items}</ul>")));
+        }
+        display::style::container(&body)
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        for (title, rows) in [
+            ("treetrain environment", self.version_rows()),
+            ("Accelerators", self.accelerator_rows()),
+            ("Policies", self.policy_rows()),
+        ] {
+            s.push_str(&format!("{title}\n"));
+            for (k, v) in rows {
+                s.push_str(&format!("  {k:<24} {v}\n"));
+            }
+        }
+        for n in self.accelerators.notes() {
+            s.push_str(&format!("note: {n}\n"));
+        }
+        s
+    }
+}
+
+crate::rich_display!(EnvReport);

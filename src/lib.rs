@@ -1,0 +1,14 @@
+//! treetrain: language-model training in Rust over libtorch (tch), with prefix-tree packing,
+//! static shapes for Neuron and rich evcxr notebook displays.
+//!
+//! Start with [`EnvReport::collect`] in a notebook cell to see what the process runs on, and
+//! [`shapes::PaddingComparison`] to see what a length distribution costs in Neuron compiles.
+#![warn(missing_docs)]
+
+pub mod device;
+pub mod display;
+mod env_report;
+pub mod shapes;
+pub mod util;
+
+pub use env_report::{EnvReport, TCH_VERSION};

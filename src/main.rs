@@ -1,0 +1,168 @@
+//! The `treetrain` command line.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use treetrain::EnvReport;
+use treetrain::device::{PadTo, Platform};
+use treetrain::display::Rich;
+use treetrain::shapes::{PaddingComparison, synthetic_lengths};
+
+#[derive(Parser)]
+#[command(
+    name = "treetrain",
+    version,
+    about = "Tree-packed language-model training over libtorch"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report versions, accelerators and the policies that follow (like `trl env`).
+    Env {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
+    Shapes(ShapesArgs),
+    /// The main job on the shipped defaults: everything treetrain can show on this machine.
+    Demo {
+        /// Folder for the demo's outputs (report.html, shapes.svg, summary.json).
+        #[arg(long, default_value = "demo-out")]
+        out: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct ShapesArgs {
+    /// A file of sequence lengths (one integer per line, or JSON lines with "length" or
+    /// "input_ids"). Without it, a seeded synthetic chat-length distribution is used.
+    #[arg(long)]
+    lengths: Option<PathBuf>,
+    /// Synthetic sequences when no file is given.
+    #[arg(long, default_value_t = 2000)]
+    synthetic: usize,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// pad_to_multiple_of: auto, none, or a number.
+    #[arg(long, default_value = "auto")]
+    pad: String,
+    /// Platform the policy is resolved for (cpu, cuda, mps, neuron).
+    #[arg(long, default_value = "neuron")]
+    platform: String,
+    /// Seconds one compile costs.
+    #[arg(long, default_value_t = 60.0)]
+    seconds_per_compile: f64,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Env { json } => {
+            let report = EnvReport::collect();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+            } else {
+                print!("{}", report.text());
+            }
+        }
+        Command::Shapes(args) => print!("{}", shapes(&args)?.text()),
+        Command::Demo { out } => demo(&out)?,
+    }
+    Ok(())
+}
+
+fn shapes(args: &ShapesArgs) -> Result<PaddingComparison> {
+    let lengths = match &args.lengths {
+        Some(path) => read_lengths(path)?,
+        None => synthetic_lengths(args.synthetic, 350.0, 0.7, 8, 4096, 0),
+    };
+    let pad: PadTo = args.pad.parse()?;
+    let platform: Platform = args.platform.parse()?;
+    Ok(PaddingComparison::new(
+        &lengths,
+        args.batch_size,
+        pad,
+        platform,
+        args.seconds_per_compile,
+    )?)
+}
+
+fn read_lengths(path: &Path) -> Result<Vec<usize>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lengths = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let line = line.trim();
+        let len = if let Ok(n) = line.parse::<usize>() {
+            n
+        } else {
+            let v: serde_json::Value = serde_json::from_str(line).with_context(|| {
+                format!("{}:{}: neither an integer nor JSON", path.display(), i + 1)
+            })?;
+            if let Some(n) = v.get("length").and_then(|n| n.as_u64()) {
+                n as usize
+            } else if let Some(ids) = v.get("input_ids").and_then(|a| a.as_array()) {
+                ids.len()
+            } else {
+                bail!(
+                    "{}:{}: expected a \"length\" or \"input_ids\" field",
+                    path.display(),
+                    i + 1
+                );
+            }
+        };
+        lengths.push(len);
+    }
+    Ok(lengths)
+}
+
+fn demo(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    println!("== 1. Environment\n");
+    let report = EnvReport::collect();
+    print!("{}", report.text());
+
+    println!("\n== 2. Shapes: what 2000 chat-length sequences cost in Neuron compiles\n");
+    let lengths = synthetic_lengths(2000, 350.0, 0.7, 8, 4096, 0);
+    let comparison = PaddingComparison::new(&lengths, 8, PadTo::Auto, Platform::Neuron, 60.0)?;
+    print!("{}", comparison.text());
+
+    let html = format!(
+        "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}",
+        report.html(),
+        comparison.html()
+    );
+    std::fs::write(out.join("report.html"), html)?;
+    std::fs::write(out.join("shapes.svg"), comparison.chart().to_svg())?;
+    let summary = serde_json::json!({
+        "env": report.to_json(),
+        "shapes": {
+            "sequences": comparison.sequences,
+            "batch_size": comparison.batch_size,
+            "platform": comparison.platform.to_string(),
+            "compiles_without_padding": comparison.without.compiles(),
+            "compiles_with_auto_padding": comparison.with.compiles(),
+            "padding_fraction_with_auto": comparison.with.padding_fraction(),
+            "compile_minutes_saved": comparison.seconds_saved() / 60.0,
+        }
+    });
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
+    println!(
+        "\nWrote {0}/report.html, {0}/shapes.svg, {0}/summary.json",
+        out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! Shape accounting: every distinct input shape is a graph compile on Neuron (about a minute
+//! each), so treetrain counts shapes per named graph and forecasts what a length distribution
+//! will cost with and without `pad_to_multiple_of`, before anyone pays for Trainium time.
+
+mod forecast;
+mod ledger;
+mod lengths;
+
+pub use forecast::{PaddingComparison, ShapeError, ShapeForecast};
+pub use ledger::{GraphShapes, ShapeLedger};
+pub use lengths::synthetic_lengths;

@@ -1,0 +1,5 @@
+//! Small helpers with no better home.
+
+mod rng;
+
+pub use rng::SplitMix64;
