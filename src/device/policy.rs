@@ -36,7 +36,7 @@ impl Platform {
 
 impl fmt::Display for Platform {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Platform::Cpu => "cpu",
             Platform::Cuda => "cuda",
             Platform::Mps => "mps",

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: provisions libtorch, runs every Rust test (slow ones
+# included), then executes every notebook with the evcxr kernel.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$TREETRAIN_ROOT"
+bash scripts/setup-libtorch.sh
+echo "== cargo test (unit, integration, doc; slow tests included)"
+cargo test --all-targets -- --include-ignored
+cargo test --doc
+echo "== notebooks"
+bash scripts/run-notebooks.sh
