@@ -7,6 +7,8 @@
 
 pub mod device;
 pub mod display;
+pub mod model;
+pub mod tokenizer;
 mod env_report;
 pub mod shapes;
 pub mod util;

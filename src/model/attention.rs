@@ -1,0 +1,85 @@
+//! Grouped-query self-attention.
+
+use tch::{Tensor, nn};
+
+use super::config::ModelConfig;
+use super::layers::{Linear, RmsNorm};
+use super::rope;
+
+/// `self_attn` of one decoder layer.
+#[derive(Debug)]
+pub struct Attention {
+    /// `[heads * head_dim, hidden]`.
+    pub q_proj: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub k_proj: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub v_proj: Linear,
+    /// `[hidden, heads * head_dim]`.
+    pub o_proj: Linear,
+    /// Per-head RMSNorm on queries (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head RMSNorm on keys (Qwen3).
+    pub k_norm: Option<RmsNorm>,
+    num_heads: i64,
+    num_kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    /// Declares `{path}.{q,k,v,o}_proj` (and `q_norm`, `k_norm`).
+    pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        Attention {
+            q_proj: Linear::new(&path / "q_proj", h, q, cfg.qkv_bias),
+            k_proj: Linear::new(&path / "k_proj", h, kv, cfg.qkv_bias),
+            v_proj: Linear::new(&path / "v_proj", h, kv, cfg.qkv_bias),
+            o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
+            q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
+            k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: d,
+        }
+    }
+
+    /// Projects `x` `[batch, seq, hidden]` to `(q, k, v)`, each `[batch, heads, seq, head_dim]`
+    /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`.
+    pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let split = |y: Tensor, heads: i64| y.view([b, t, heads, self.head_dim]);
+        let mut q = split(self.q_proj.forward(x), self.num_heads);
+        let mut k = split(self.k_proj.forward(x), self.num_kv_heads);
+        let v = split(self.v_proj.forward(x), self.num_kv_heads).transpose(1, 2);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q);
+            k = kn.forward(&k);
+        }
+        let q = rope::apply(&q.transpose(1, 2), cos, sin);
+        let k = rope::apply(&k.transpose(1, 2), cos, sin);
+        (q, k, v)
+    }
+
+    /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
+    /// `[batch, kv_heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]` (true =
+    /// attend; `None` = causal), merged back to `[batch, q_len, hidden]` through `o_proj`.
+    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+        let rep = self.num_heads / self.num_kv_heads;
+        let (k, v) = if rep > 1 {
+            (k.repeat_interleave_self_int(rep, 1, None), v.repeat_interleave_self_int(rep, 1, None))
+        } else {
+            (k.shallow_clone(), v.shallow_clone())
+        };
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let out = Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), scale, false);
+        let (b, t) = (q.size()[0], q.size()[2]);
+        self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim]))
+    }
+
+    /// Full self-attention of `x` `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Tensor {
+        let (q, k, v) = self.qkv(x, cos, sin);
+        self.attend(&q, &k, &v, mask)
+    }
+}

@@ -1,0 +1,343 @@
+//! `config.json` as Hugging Face writes it, and the validated runtime config.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::ModelError;
+
+/// An int-or-list field (`eos_token_id` is written both ways).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// A single id.
+    One(i64),
+    /// Several ids.
+    Many(Vec<i64>),
+}
+
+impl OneOrMany {
+    /// The ids as a list.
+    pub fn to_vec(&self) -> Vec<i64> {
+        match self {
+            OneOrMany::One(x) => vec![*x],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `config.json` of a Qwen3, Qwen2/2.5 or Llama checkpoint, field for field. Fields treetrain
+/// does not interpret are kept in `extra`, so saving writes them back unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HfConfig {
+    /// `qwen3`, `qwen2` or `llama`.
+    pub model_type: String,
+    /// e.g. `["Qwen3ForCausalLM"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architectures: Option<Vec<String>>,
+    /// Vocabulary rows of the embedding.
+    pub vocab_size: i64,
+    /// Model width.
+    pub hidden_size: i64,
+    /// MLP width.
+    pub intermediate_size: i64,
+    /// Decoder layers.
+    pub num_hidden_layers: i64,
+    /// Query heads.
+    pub num_attention_heads: i64,
+    /// Key/value heads (GQA); absent means equal to query heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_key_value_heads: Option<i64>,
+    /// Per-head width; absent means hidden_size / heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<i64>,
+    /// Must be `silu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
+    /// RMSNorm epsilon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_norm_eps: Option<f64>,
+    /// RoPE base (transformers < 5 writes it here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// RoPE scaling (transformers < 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<Value>,
+    /// RoPE base and scaling together (transformers >= 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<Value>,
+    /// Bias on q/k/v/o projections (Llama, Qwen3); Qwen2 always has q/k/v bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    /// Bias on the MLP projections (Llama).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
+    /// LM head shares the embedding matrix; absent means false for these architectures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_word_embeddings: Option<bool>,
+    /// Longest position the model was trained for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_position_embeddings: Option<i64>,
+    /// Sliding-window attention switch (Qwen2/3); only `false` is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
+    /// Per-layer attention kinds (transformers >= 4.5x).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    /// Beginning-of-sequence id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<i64>,
+    /// End-of-sequence id(s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token_id: Option<OneOrMany>,
+    /// Padding id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_token_id: Option<i64>,
+    /// Checkpoint dtype (transformers < 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    /// Checkpoint dtype (transformers >= 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// Everything else, written back unchanged on save.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// The decoder families treetrain implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Qwen3: RMSNorm on q and k per head, no bias by default.
+    Qwen3,
+    /// Qwen2 / Qwen2.5: bias on q, k, v.
+    Qwen2,
+    /// Llama 2/3/3.x and look-alikes.
+    Llama,
+}
+
+/// How RoPE frequencies are scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Divisor.
+        factor: f64,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// Divisor for low frequencies.
+        factor: f64,
+        /// Wavelength threshold factor below which frequencies are scaled.
+        low_freq_factor: f64,
+        /// Wavelength threshold factor above which frequencies are kept.
+        high_freq_factor: f64,
+        /// Context length the base model was trained with.
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// A validated config: everything the model code reads, nothing it must re-check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Family.
+    pub arch: Architecture,
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Width.
+    pub hidden_size: i64,
+    /// MLP width.
+    pub intermediate_size: i64,
+    /// Layers.
+    pub num_layers: i64,
+    /// Query heads.
+    pub num_heads: i64,
+    /// Key/value heads.
+    pub num_kv_heads: i64,
+    /// Per-head width.
+    pub head_dim: i64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// RMSNorm on q and k (Qwen3).
+    pub qk_norm: bool,
+    /// Bias on q, k, v.
+    pub qkv_bias: bool,
+    /// Bias on o.
+    pub o_bias: bool,
+    /// Bias on the MLP.
+    pub mlp_bias: bool,
+    /// LM head = embedding.
+    pub tie_word_embeddings: bool,
+    /// End-of-sequence ids.
+    pub eos_token_ids: Vec<i64>,
+    /// BOS id.
+    pub bos_token_id: Option<i64>,
+    /// Padding id.
+    pub pad_token_id: Option<i64>,
+}
+
+impl HfConfig {
+    /// Reads and parses a `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        serde_json::from_str(&text).map_err(|e| ModelError::Json { path: path.into(), message: e.to_string() })
+    }
+
+    /// The checkpoint's dtype as written (`dtype` or `torch_dtype`).
+    pub fn checkpoint_dtype(&self) -> Option<&str> {
+        self.dtype.as_deref().or(self.torch_dtype.as_deref())
+    }
+
+    /// Validates into a [`ModelConfig`]; anything unsupported is an error naming its field.
+    pub fn validate(&self) -> Result<ModelConfig, ModelError> {
+        let arch = match self.model_type.as_str() {
+            "qwen3" => Architecture::Qwen3,
+            "qwen2" => Architecture::Qwen2,
+            "llama" => Architecture::Llama,
+            other => {
+                return Err(ModelError::unsupported(
+                    "model_type",
+                    format!("{other:?}"),
+                    "treetrain implements qwen3, qwen2 and llama",
+                ));
+            }
+        };
+        for (field, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::unsupported(field, v, "must be positive"));
+            }
+        }
+        let num_heads = self.num_attention_heads;
+        let num_kv_heads = self.num_key_value_heads.unwrap_or(num_heads);
+        if num_kv_heads <= 0 || num_heads % num_kv_heads != 0 {
+            return Err(ModelError::unsupported(
+                "num_key_value_heads",
+                num_kv_heads,
+                "must be positive and divide num_attention_heads",
+            ));
+        }
+        let head_dim = match self.head_dim {
+            Some(d) => d,
+            None if self.hidden_size % num_heads == 0 => self.hidden_size / num_heads,
+            None => {
+                return Err(ModelError::unsupported(
+                    "head_dim",
+                    "absent",
+                    "hidden_size is not divisible by num_attention_heads; set head_dim",
+                ));
+            }
+        };
+        if head_dim <= 0 || head_dim % 2 != 0 {
+            return Err(ModelError::unsupported("head_dim", head_dim, "RoPE needs a positive even head_dim"));
+        }
+        let act = self.hidden_act.as_deref().unwrap_or("silu");
+        if act != "silu" {
+            return Err(ModelError::unsupported("hidden_act", format!("{act:?}"), "only silu (SwiGLU) is implemented"));
+        }
+        if self.use_sliding_window == Some(true) {
+            return Err(ModelError::unsupported("use_sliding_window", true, "sliding-window attention is not implemented"));
+        }
+        if let Some(kinds) = &self.layer_types
+            && let Some(k) = kinds.iter().find(|k| k.as_str() != "full_attention")
+        {
+            return Err(ModelError::unsupported("layer_types", format!("{k:?}"), "only full_attention layers are implemented"));
+        }
+        let (rope_theta, rope_scaling) = self.rope()?;
+        let attention_bias = self.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            arch,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            qk_norm: arch == Architecture::Qwen3,
+            qkv_bias: arch == Architecture::Qwen2 || attention_bias,
+            o_bias: arch != Architecture::Qwen2 && attention_bias,
+            mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
+            bos_token_id: self.bos_token_id,
+            pad_token_id: self.pad_token_id,
+        })
+    }
+
+    /// RoPE base and scaling from `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (v4).
+    fn rope(&self) -> Result<(f64, RopeScaling), ModelError> {
+        let (params, field) = match (&self.rope_parameters, &self.rope_scaling) {
+            (Some(p), _) if !p.is_null() => (Some(p), "rope_parameters"),
+            (_, Some(s)) if !s.is_null() => (Some(s), "rope_scaling"),
+            _ => (None, "rope_scaling"),
+        };
+        let theta = params
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .or(self.rope_theta)
+            .unwrap_or(10_000.0);
+        let Some(p) = params else { return Ok((theta, RopeScaling::None)) };
+        let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+        let num = |key: &str| -> Result<f64, ModelError> {
+            p.get(key).and_then(Value::as_f64).ok_or_else(|| {
+                ModelError::unsupported(&format!("{field}.{key}"), "missing", &format!("rope type {kind:?} needs it"))
+            })
+        };
+        let scaling = match kind {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: num("factor")? },
+            "llama3" => RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: num("original_max_position_embeddings")?,
+            },
+            other => {
+                return Err(ModelError::unsupported(
+                    &format!("{field}.rope_type"),
+                    format!("{other:?}"),
+                    "treetrain implements default, linear and llama3 RoPE",
+                ));
+            }
+        };
+        Ok((theta, scaling))
+    }
+}
+
+impl ModelConfig {
+    /// Parameters in the model (tied embeddings counted once).
+    pub fn num_parameters(&self) -> i64 {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let (q, kv) = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
+        let mut attn = h * q + 2 * h * kv + q * h;
+        if self.qkv_bias {
+            attn += q + 2 * kv;
+        }
+        if self.o_bias {
+            attn += h;
+        }
+        if self.qk_norm {
+            attn += 2 * self.head_dim;
+        }
+        let mlp = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
+        let layer = attn + mlp + 2 * h;
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + self.num_layers * layer + h + head
+    }
+}

@@ -1,0 +1,142 @@
+//! The decoder stack and the causal-LM head.
+
+use tch::{Device, Kind, Tensor, nn};
+
+use super::attention::Attention;
+use super::config::ModelConfig;
+use super::layers::{Linear, Mlp, RmsNorm};
+use super::layout::AttentionLayout;
+use super::{ModelError, rope};
+
+/// `model.layers.{i}`: pre-norm attention and MLP with residuals.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    /// `self_attn`.
+    pub self_attn: Attention,
+    /// `mlp`.
+    pub mlp: Mlp,
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    /// Declares the layer's parameters under `path`.
+    pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
+        DecoderLayer {
+            self_attn: Attention::new(&path / "self_attn", cfg),
+            mlp: Mlp::new(&path / "mlp", cfg),
+            input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
+            post_attention_layernorm: RmsNorm::new(&path / "post_attention_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
+        }
+    }
+
+    /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Tensor {
+        let h = x + self.self_attn.forward(&self.input_layernorm.forward(x), cos, sin, mask);
+        let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
+        h + out
+    }
+}
+
+/// A decoder-only causal language model (Qwen3, Qwen2, Llama) whose parameters live in a
+/// [`nn::VarStore`] under their PyTorch `state_dict` names.
+#[derive(Debug)]
+pub struct CausalLm {
+    /// The validated config.
+    pub config: ModelConfig,
+    /// `model.embed_tokens.weight` `[vocab, hidden]`.
+    pub embed_tokens: Tensor,
+    /// `model.layers`.
+    pub layers: Vec<DecoderLayer>,
+    /// `model.norm`.
+    pub norm: RmsNorm,
+    /// `lm_head` (None when tied to the embedding).
+    pub lm_head: Option<Linear>,
+    inv_freq: Tensor,
+}
+
+impl CausalLm {
+    /// Declares every parameter in `vs` (zero-initialised; load or initialise them next).
+    pub fn new(vs: &nn::VarStore, config: ModelConfig) -> Self {
+        let root = vs.root();
+        let model = &root / "model";
+        let embed_tokens =
+            (&model / "embed_tokens").var("weight", &[config.vocab_size, config.hidden_size], nn::Init::Const(0.0));
+        let layers = (0..config.num_layers).map(|i| DecoderLayer::new(&model / "layers" / i, &config)).collect();
+        let norm = RmsNorm::new(&model / "norm", config.hidden_size, config.rms_norm_eps);
+        let lm_head = (!config.tie_word_embeddings)
+            .then(|| Linear::new(&root / "lm_head", config.hidden_size, config.vocab_size, false));
+        let inv_freq = rope::inv_freq(&config, vs.device());
+        CausalLm { config, embed_tokens, layers, norm, lm_head, inv_freq }
+    }
+
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().map_or(&self.embed_tokens, |l| &l.weight)
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.embed_tokens.device()
+    }
+
+    /// The parameters' dtype.
+    pub fn kind(&self) -> Kind {
+        self.embed_tokens.kind()
+    }
+
+    /// Final hidden states `[batch, seq, hidden]` for `input_ids` and `position_ids`
+    /// `[batch, seq]` under `layout`.
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        layout: &AttentionLayout,
+    ) -> Result<Tensor, ModelError> {
+        let size = input_ids.size();
+        let [batch, seq] = size[..] else {
+            return Err(ModelError::Input(format!("input_ids must be [batch, seq], got {size:?}")));
+        };
+        if position_ids.size() != size {
+            return Err(ModelError::Input(format!(
+                "position_ids has shape {:?}, input_ids {size:?}",
+                position_ids.size()
+            )));
+        }
+        let device = self.device();
+        let ids = input_ids.to_device(device).to_kind(Kind::Int64);
+        let (lo, hi) = (ids.f_min()?.int64_value(&[]), ids.f_max()?.int64_value(&[]));
+        if batch * seq > 0 && (lo < 0 || hi >= self.config.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token ids must lie in 0..{}, found {}",
+                self.config.vocab_size,
+                if lo < 0 { lo } else { hi }
+            )));
+        }
+        let mask = layout.sdpa_mask(batch, seq, device)?;
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
+        let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+        for layer in &self.layers {
+            x = layer.forward(&x, &cos, &sin, mask.as_ref());
+        }
+        Ok(self.norm.forward(&x))
+    }
+
+    /// Logits `[..., vocab]` of hidden states `[..., hidden]` (full vocabulary: prefer
+    /// [`super::logprobs::target_logprobs`] for long inputs).
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.linear::<Tensor>(self.lm_head_weight(), None)
+    }
+
+    /// Logits `[batch, seq, vocab]` for a forward under `layout`.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        layout: &AttentionLayout,
+    ) -> Result<Tensor, ModelError> {
+        Ok(self.logits(&self.forward_hidden(input_ids, position_ids, layout)?))
+    }
+}

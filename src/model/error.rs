@@ -1,0 +1,94 @@
+use std::path::PathBuf;
+
+/// Errors from loading, validating, running and saving models.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A JSON file is malformed or lacks a required field.
+    #[error("{path}: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What serde said.
+        message: String,
+    },
+    /// A config field asks for something treetrain does not implement.
+    #[error("config field `{field}` = {value}: {reason}")]
+    Unsupported {
+        /// The config.json field.
+        field: String,
+        /// Its value as written.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The checkpoint lacks a parameter the model needs.
+    #[error("tensor `{name}` not found in {dir} (looked in: {files})")]
+    MissingTensor {
+        /// state_dict name.
+        name: String,
+        /// Checkpoint folder.
+        dir: PathBuf,
+        /// Files searched.
+        files: String,
+    },
+    /// A checkpoint tensor has the wrong shape.
+    #[error("tensor `{name}` in {file} has shape {found:?}, the config implies {expected:?}")]
+    ShapeMismatch {
+        /// state_dict name.
+        name: String,
+        /// File holding it.
+        file: PathBuf,
+        /// Shape from the config.
+        expected: Vec<i64>,
+        /// Shape in the file.
+        found: Vec<i64>,
+    },
+    /// A safetensors file is malformed or holds an unsupported dtype.
+    #[error("{file}: {message}")]
+    Safetensors {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Only pickle (`.bin`/`.pt`) weights exist.
+    #[error(
+        "{dir} holds only PyTorch pickle weights ({file}); treetrain loads safetensors only, since unpickling can run \
+         arbitrary code. Convert once in Python: `AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`"
+    )]
+    PickleOnly {
+        /// Checkpoint folder.
+        dir: PathBuf,
+        /// The pickle file found.
+        file: String,
+    },
+    /// No weights at all.
+    #[error("{dir} has no model.safetensors or model.safetensors.index.json")]
+    NoWeights {
+        /// Checkpoint folder.
+        dir: PathBuf,
+    },
+    /// Input tensors or ids that do not fit the model.
+    #[error("invalid input: {0}")]
+    Input(String),
+    /// libtorch reported an error.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ModelError::Io { path: path.into(), source }
+    }
+    pub(crate) fn unsupported(field: &str, value: impl std::fmt::Display, reason: &str) -> Self {
+        ModelError::Unsupported { field: field.into(), value: value.to_string(), reason: reason.into() }
+    }
+}

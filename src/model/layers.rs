@@ -1,0 +1,80 @@
+//! The small building blocks: linear maps, RMSNorm, the SwiGLU MLP.
+
+use tch::{Kind, Tensor, nn};
+
+use super::config::ModelConfig;
+
+/// `y = x W^T + b`, with `weight` `[out, in]` and `bias` `[out]` named as in PyTorch.
+#[derive(Debug)]
+pub struct Linear {
+    /// `[out_features, in_features]`.
+    pub weight: Tensor,
+    /// `[out_features]`.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// Declares `{path}.weight` (and `{path}.bias`) in the var store.
+    pub fn new(path: nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
+        let weight = path.var("weight", &[out_dim, in_dim], nn::Init::Const(0.0));
+        let bias = bias.then(|| path.var("bias", &[out_dim], nn::Init::Const(0.0)));
+        Linear { weight, bias }
+    }
+
+    /// `x` `[..., in]` -> `[..., out]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// RMSNorm computed in f32 and cast back, as the reference implementation does.
+#[derive(Debug)]
+pub struct RmsNorm {
+    /// `[dim]`.
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Declares `{path}.weight`.
+    pub fn new(path: nn::Path, dim: i64, eps: f64) -> Self {
+        RmsNorm { weight: path.var("weight", &[dim], nn::Init::Const(1.0)), eps }
+    }
+
+    /// Normalises the last dimension of `x` `[..., dim]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let x32 = x.to_kind(Kind::Float);
+        let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let normed = x32 * (var + self.eps).rsqrt();
+        &self.weight * normed.to_kind(kind)
+    }
+}
+
+/// `down(silu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    /// `[intermediate, hidden]`.
+    pub gate_proj: Linear,
+    /// `[intermediate, hidden]`.
+    pub up_proj: Linear,
+    /// `[hidden, intermediate]`.
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    /// Declares `{path}.{gate,up,down}_proj`.
+    pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
+        let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Mlp {
+            gate_proj: Linear::new(&path / "gate_proj", h, i, b),
+            up_proj: Linear::new(&path / "up_proj", h, i, b),
+            down_proj: Linear::new(&path / "down_proj", i, h, b),
+        }
+    }
+
+    /// `x` `[..., hidden]` -> `[..., hidden]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+    }
+}

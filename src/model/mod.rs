@@ -1,0 +1,32 @@
+//! Decoder-only language models (Qwen3, Qwen2/2.5, Llama) in tch, loaded from Hugging Face
+//! checkpoints.
+//!
+//! - [`HfConfig`] mirrors `config.json`; [`HfConfig::validate`] turns it into a [`ModelConfig`]
+//!   or an error naming the unsupported field.
+//! - [`CausalLm`] holds parameters under their PyTorch `state_dict` names
+//!   (`model.layers.0.self_attn.q_proj.weight`, ...) and runs one forward for every
+//!   [`AttentionLayout`] (padded batch, packed rows, explicit masks).
+//! - [`Model`] ties the two to a var store: load (sharded safetensors, dtype conversion),
+//!   seeded initialisation, save as a folder transformers loads unchanged.
+//! - [`target_logprobs`] scores tokens through a chunked LM head.
+
+mod attention;
+mod config;
+mod decoder;
+mod error;
+mod layers;
+mod layout;
+mod logprobs;
+mod model;
+mod rope;
+mod weights;
+
+pub use attention::Attention;
+pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
+pub use decoder::{CausalLm, DecoderLayer};
+pub use error::ModelError;
+pub use layers::{Linear, Mlp, RmsNorm};
+pub use layout::AttentionLayout;
+pub use logprobs::{LogprobChunks, target_logprobs};
+pub use model::{LoadOptions, Model, parse_kind};
+pub use weights::{weight_files, write_safetensors};

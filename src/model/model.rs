@@ -1,0 +1,272 @@
+//! A loaded model: var store, decoder and the config it came with.
+
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor, nn};
+
+use super::weights::{init_seeded, load_into, weight_files, write_safetensors};
+use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, target_logprobs};
+use crate::display::{self, Rich, escape};
+
+/// Where and how to materialise parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// Parameter dtype; `None` keeps the checkpoint's (`dtype`/`torch_dtype`, f32 if absent).
+    /// `Some(Kind::Float)` on a bf16 checkpoint gives f32 master weights.
+    pub dtype: Option<Kind>,
+    /// Device for the parameters.
+    pub device: Device,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { dtype: None, device: Device::Cpu }
+    }
+}
+
+/// Parses a dtype name as transformers writes it (`float32`, `bfloat16`, `float16`) or as
+/// users type it (`fp32`, `bf16`, `fp16`).
+pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
+    match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
+        "float32" | "fp32" | "f32" | "float" => Ok(Kind::Float),
+        "bfloat16" | "bf16" => Ok(Kind::BFloat16),
+        "float16" | "fp16" | "f16" | "half" => Ok(Kind::Half),
+        other => Err(ModelError::unsupported("dtype", format!("{other:?}"), "expected float32, bfloat16 or float16")),
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    }
+}
+
+/// A causal LM with its var store and original config.
+#[derive(Debug)]
+pub struct Model {
+    /// Owns every parameter (names = PyTorch `state_dict` names).
+    pub vs: nn::VarStore,
+    /// The network.
+    pub lm: CausalLm,
+    /// `config.json` as read (written back on save).
+    pub hf_config: HfConfig,
+    /// The folder it was loaded from, if any.
+    pub source: Option<PathBuf>,
+}
+
+impl Model {
+    /// Loads a checkpoint folder (`config.json` + safetensors, sharded or not).
+    pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
+        let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
+        let files = weight_files(dir)?;
+        let mut model = Self::declare(hf_config, opts)?;
+        load_into(&model.vs, &files, dir)?;
+        model.source = Some(dir.to_path_buf());
+        Ok(model)
+    }
+
+    /// A model with seeded random weights (N(0, `std`), norms 1): identical on every machine.
+    pub fn seeded(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {
+        let model = Self::declare(hf_config, opts)?;
+        init_seeded(&model.vs, seed, std)?;
+        Ok(model)
+    }
+
+    fn declare(hf_config: HfConfig, opts: LoadOptions) -> Result<Self, ModelError> {
+        let config = hf_config.validate()?;
+        let kind = match opts.dtype {
+            Some(k) => k,
+            None => hf_config.checkpoint_dtype().map(parse_kind).transpose()?.unwrap_or(Kind::Float),
+        };
+        let mut vs = nn::VarStore::new(opts.device);
+        let lm = CausalLm::new(&vs, config);
+        if kind != Kind::Float {
+            // set_data in place: the layers' tensor handles see the converted values.
+            vs.set_kind(kind);
+        }
+        Ok(Model { vs, lm, hf_config, source: None })
+    }
+
+    /// Parameter dtype.
+    pub fn kind(&self) -> Kind {
+        self.lm.kind()
+    }
+
+    /// Log-probabilities of each token given its prefix for one sequence `ids` (`len - 1`
+    /// values; the first token has none).
+    pub fn score(&self, ids: &[i64]) -> Result<Vec<f32>, ModelError> {
+        Ok(self.score_packed(&[ids])?.pop().unwrap_or_default())
+    }
+
+    /// Scores several sequences in one packed row (position resets, no cross-sequence
+    /// attention); same numbers as scoring each alone.
+    pub fn score_packed(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let lengths: Vec<i64> = rows.iter().map(|r| r.len() as i64).collect();
+        let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        if flat.is_empty() {
+            return Ok(rows.iter().map(|_| Vec::new()).collect());
+        }
+        let device = self.lm.device();
+        let n = flat.len() as i64;
+        let ids = Tensor::from_slice(&flat).view([1, n]);
+        let (layout, positions) = AttentionLayout::packed_row(&lengths, device);
+        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &positions, &layout))?;
+        // Position i predicts token i + 1 within the same sequence.
+        let mut src = Vec::new();
+        let mut tgt = Vec::new();
+        let mut offset = 0i64;
+        for &len in &lengths {
+            for i in 0..(len - 1).max(0) {
+                src.push(offset + i);
+                tgt.push(flat[(offset + i + 1) as usize]);
+            }
+            offset += len;
+        }
+        let h = hidden.squeeze_dim(0).index_select(0, &Tensor::from_slice(&src).to_device(device));
+        let lp = tch::no_grad(|| {
+            target_logprobs(&h, self.lm.lm_head_weight(), &Tensor::from_slice(&tgt), LogprobChunks::default())
+        })?;
+        let values = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for &len in &lengths {
+            let k = (len - 1).max(0) as usize;
+            out.push(values[at..at + k].to_vec());
+            at += k;
+        }
+        Ok(out)
+    }
+
+    /// Writes a folder transformers' `from_pretrained` loads unchanged: `config.json`,
+    /// `model.safetensors`, `generation_config.json`, plus the tokenizer files of
+    /// `tokenizer_from` when given. Written to a temporary sibling and renamed into place, so a
+    /// crash never leaves a half-written checkpoint.
+    pub fn save(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+        self.write_files(&tmp, tokenizer_from)?;
+        if dir.exists() {
+            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+            std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
+            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+            let _ = std::fs::remove_dir_all(&old);
+        } else {
+            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+        }
+        Ok(())
+    }
+
+    fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        let kind = self.kind();
+        let mut cfg = self.hf_config.clone();
+        if cfg.dtype.is_some() || cfg.torch_dtype.is_none() {
+            cfg.dtype = Some(kind_name(kind).into());
+        }
+        if cfg.torch_dtype.is_some() {
+            cfg.torch_dtype = Some(kind_name(kind).into());
+        }
+        let json = |v: &serde_json::Value, file: &str| -> Result<(), ModelError> {
+            let path = dir.join(file);
+            let text = serde_json::to_string_pretty(v).map_err(|e| ModelError::Json { path: path.clone(), message: e.to_string() })?;
+            std::fs::write(&path, text + "\n").map_err(|e| ModelError::io(&path, e))
+        };
+        json(&serde_json::to_value(&cfg).map_err(|e| ModelError::Json { path: dir.join("config.json"), message: e.to_string() })?, "config.json")?;
+        let c = &self.lm.config;
+        let mut generation = serde_json::Map::new();
+        if let Some(b) = c.bos_token_id {
+            generation.insert("bos_token_id".into(), b.into());
+        }
+        match c.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => {
+                generation.insert("eos_token_id".into(), (*one).into());
+            }
+            many => {
+                generation.insert("eos_token_id".into(), many.to_vec().into());
+            }
+        }
+        if let Some(p) = c.pad_token_id {
+            generation.insert("pad_token_id".into(), p.into());
+        }
+        json(&serde_json::Value::Object(generation), "generation_config.json")?;
+        let tensors = self.vs.variables();
+        write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
+        if let Some(src) = tokenizer_from {
+            for f in crate::tokenizer::TOKENIZER_FILES {
+                let from = src.join(f);
+                if from.exists() {
+                    std::fs::copy(&from, dir.join(f)).map_err(|e| ModelError::io(&from, e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn parameter_rows(&self) -> Vec<(String, Vec<i64>, i64)> {
+        let mut rows: Vec<(String, Vec<i64>, i64)> =
+            self.vs.variables().into_iter().map(|(k, t)| (k, t.size(), t.numel() as i64)).collect();
+        rows.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+        rows
+    }
+}
+
+fn natural_key(name: &str) -> Vec<(u64, String)> {
+    name.split('.').map(|p| p.parse::<u64>().map_or((u64::MAX, p.to_string()), |n| (n, String::new()))).collect()
+}
+
+impl Rich for Model {
+    fn html(&self) -> String {
+        let c = &self.lm.config;
+        let cfg_rows = vec![
+            ("architecture", format!("{:?} ({})", c.arch, escape(&self.hf_config.model_type))),
+            ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
+            ("dtype", format!("{:?}", self.kind())),
+            ("layers / hidden / intermediate", format!("{} / {} / {}", c.num_layers, c.hidden_size, c.intermediate_size)),
+            ("heads / kv heads / head dim", format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim)),
+            ("vocab", c.vocab_size.to_string()),
+            ("RoPE", format!("theta {} {:?}", c.rope_theta, c.rope_scaling)),
+            ("tied embeddings", c.tie_word_embeddings.to_string()),
+            ("source", escape(&self.source.as_ref().map_or("(in memory)".into(), |p| p.display().to_string()))),
+        ];
+        let rows: Vec<Vec<String>> = self
+            .parameter_rows()
+            .into_iter()
+            .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
+            .map(|(n, s, k)| vec![format!("<code>{}</code>", escape(&n)), format!("{s:?}"), k.to_string()])
+            .collect();
+        let note = if c.num_layers > 1 {
+            format!("<p class=\"muted\">model.layers.1 to model.layers.{} have the same parameters as layer 0.</p>", c.num_layers - 1)
+        } else {
+            String::new()
+        };
+        display::style::container(&format!(
+            "{}{}",
+            display::section("Model", &display::kv_table(&cfg_rows)),
+            display::section("Parameters", &format!("{}{note}", display::table(&["name", "shape", "numel"], &rows)))
+        ))
+    }
+
+    fn text(&self) -> String {
+        let c = &self.lm.config;
+        format!(
+            "{:?} model: {:.2} M parameters, {:?}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n",
+            c.arch,
+            c.num_parameters() as f64 / 1e6,
+            self.kind(),
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.vocab_size
+        )
+    }
+}
+
+crate::rich_display!(Model);

@@ -1,0 +1,156 @@
+//! Reading and writing parameters as safetensors under their PyTorch `state_dict` names.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors, View};
+use tch::{Kind, Tensor, nn};
+
+use super::ModelError;
+use crate::util::SplitMix64;
+
+/// The safetensors files of a checkpoint folder: the shards named by
+/// `model.safetensors.index.json`, else `model.safetensors`. Pickle-only folders are refused.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Json { path: index.clone(), message: e.to_string() })?;
+        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Json {
+            path: index.clone(),
+            message: "missing object field `weight_map`".into(),
+        })?;
+        let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+        files.sort();
+        files.dedup();
+        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    for pickle in ["pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth"] {
+        if dir.join(pickle).exists() {
+            return Err(ModelError::PickleOnly { dir: dir.into(), file: pickle.into() });
+        }
+    }
+    Err(ModelError::NoWeights { dir: dir.into() })
+}
+
+fn kind_of(dtype: Dtype, file: &Path) -> Result<Kind, ModelError> {
+    Ok(match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F16 => Kind::Half,
+        Dtype::F64 => Kind::Double,
+        other => {
+            return Err(ModelError::Safetensors {
+                file: file.into(),
+                message: format!("unsupported dtype {other:?} (expected F32, BF16, F16 or F64)"),
+            });
+        }
+    })
+}
+
+/// Copies every variable of `vs` from the checkpoint files, converting dtype as needed.
+/// `ignorable` names may be absent from `vs` without complaint (e.g. `lm_head.weight` of a tied
+/// model); every variable of `vs` must be found.
+pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(), ModelError> {
+    let vars = vs.variables();
+    let mut loaded = std::collections::HashSet::new();
+    for file in files {
+        let bytes = std::fs::read(file).map_err(|e| ModelError::io(file, e))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| ModelError::Safetensors { file: file.clone(), message: e.to_string() })?;
+        for (name, view) in st.iter() {
+            let Some(var) = vars.get(name) else { continue };
+            let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+            if shape != var.size() {
+                return Err(ModelError::ShapeMismatch {
+                    name: name.into(),
+                    file: file.clone(),
+                    expected: var.size(),
+                    found: shape,
+                });
+            }
+            let src = Tensor::f_from_data_size(view.data(), &shape, kind_of(view.dtype(), file)?)?;
+            tch::no_grad(|| var.shallow_clone().f_copy_(&src.to_device(var.device())))?;
+            loaded.insert(name.to_string());
+        }
+    }
+    let mut missing: Vec<&String> = vars.keys().filter(|k| !loaded.contains(*k)).collect();
+    missing.sort();
+    if let Some(name) = missing.first() {
+        let names: Vec<String> = files.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy().into()).collect();
+        return Err(ModelError::MissingTensor { name: (*name).clone(), dir: dir.into(), files: names.join(", ") });
+    }
+    Ok(())
+}
+
+/// Fills `vs` deterministically from `seed`: norms 1, biases 0, everything else N(0, std)
+/// (transformers' `initializer_range` scheme). Same values on every machine.
+pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelError> {
+    let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    let mut rng = SplitMix64::new(seed);
+    for (name, var) in &vars {
+        let n = var.numel();
+        let values: Vec<f32> = if name.ends_with("norm.weight") {
+            vec![1.0; n]
+        } else if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else {
+            (0..n).map(|_| (rng.normal() * std) as f32).collect()
+        };
+        let src = Tensor::from_slice(&values).view(var.size().as_slice());
+        tch::no_grad(|| var.shallow_clone().f_copy_(&src.to_device(var.device())))?;
+    }
+    Ok(())
+}
+
+struct RawTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &RawTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
+    let t = t.f_to_kind(kind)?.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
+    let dtype = match kind {
+        Kind::Float => Dtype::F32,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Half => Dtype::F16,
+        other => return Err(ModelError::Input(format!("cannot save dtype {other:?}"))),
+    };
+    let numel = t.numel();
+    let mut data = vec![0u8; numel * kind.elt_size_in_bytes()];
+    t.f_copy_data_u8(&mut data, numel)?;
+    Ok(RawTensor { dtype, shape: t.size().iter().map(|&d| d as usize).collect(), data })
+}
+
+/// Writes `tensors` (name -> tensor) as one safetensors file in `kind`, with the
+/// `{"format": "pt"}` metadata transformers checks.
+pub fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>, kind: Kind) -> Result<(), ModelError> {
+    let raws: BTreeMap<&String, RawTensor> =
+        tensors.iter().map(|(k, t)| Ok((k, raw(t, kind)?))).collect::<Result<_, ModelError>>()?;
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let bytes = safetensors::serialize(raws.iter().map(|(k, v)| (k.as_str(), v)), Some(meta))
+        .map_err(|e| ModelError::Safetensors { file: path.into(), message: e.to_string() })?;
+    std::fs::write(path, bytes).map_err(|e| ModelError::io(path, e))
+}
