@@ -7,6 +7,7 @@
 
 pub mod device;
 pub mod display;
+pub mod hub;
 pub mod model;
 pub mod tokenizer;
 mod env_report;
