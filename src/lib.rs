@@ -12,6 +12,7 @@ pub mod model;
 pub mod tokenizer;
 mod env_report;
 pub mod shapes;
+pub mod shipped;
 pub mod util;
 
 pub use env_report::{EnvReport, TCH_VERSION};

@@ -30,6 +30,13 @@ enum Command {
     },
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
     Shapes(ShapesArgs),
+    /// Regenerate the shipped datasets and tiny model files from their seeds (maintainers).
+    #[command(hide = true)]
+    MakeShippedData {
+        /// Target folder (the repository's datasets/).
+        #[arg(long, default_value = "datasets")]
+        out: PathBuf,
+    },
     /// The main job on the shipped defaults: everything treetrain can show on this machine.
     Demo {
         /// Folder for the demo's outputs (report.html, shapes.svg, summary.json).
@@ -73,6 +80,11 @@ fn main() -> Result<()> {
         }
         Command::Shapes(args) => print!("{}", shapes(&args)?.text()),
         Command::Demo { out } => demo(&out)?,
+        Command::MakeShippedData { out } => {
+            treetrain::shipped::datasets::write_all(&out).map_err(anyhow::Error::msg)?;
+            treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
+            println!("wrote {}", out.display());
+        }
     }
     Ok(())
 }

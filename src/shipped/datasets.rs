@@ -1,0 +1,141 @@
+//! The shipped task datasets, written as Parquet in the Hugging Face `datasets` layout
+//! (`messages` / `prompt` are lists of `{role, content}` structs).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, ListArray, RecordBatch, StringArray, StructArray};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Fields, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use super::tasks::{Task, format_reply, tasks};
+use crate::util::SplitMix64;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Text.
+    pub content: String,
+}
+
+fn msg(role: &str, content: &str) -> ChatMessage {
+    ChatMessage { role: role.into(), content: content.into() }
+}
+
+/// System prompt used by part of the SFT conversations and by every GRPO prompt.
+pub const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
+
+/// SFT conversations: one or two question/answer turns, a system prompt on about a third.
+pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)> {
+    let mut rng = SplitMix64::new(seed ^ 0x5f7);
+    let pool = tasks(2 * n, seed);
+    let mut it = pool.iter();
+    (0..n)
+        .map(|_| {
+            let mut m = Vec::new();
+            if rng.below(3) == 0 {
+                m.push(msg("system", SYSTEM_PROMPT));
+            }
+            let turns = if rng.below(4) == 0 { 2 } else { 1 };
+            let mut kinds = Vec::new();
+            for _ in 0..turns {
+                let t: &Task = it.next().expect("pool holds two tasks per conversation");
+                m.push(msg("user", &t.question));
+                m.push(msg("assistant", &format_reply(&t.answer)));
+                kinds.push(t.kind.name());
+            }
+            (m, kinds.join(","))
+        })
+        .collect()
+}
+
+/// GRPO prompts: system + user question, with the exact answer and task kind.
+pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
+    tasks(n, seed)
+        .into_iter()
+        .map(|t| (vec![msg("system", SYSTEM_PROMPT), msg("user", &t.question)], t))
+        .collect()
+}
+
+fn message_struct_fields() -> Fields {
+    Fields::from(vec![Field::new("role", DataType::Utf8, true), Field::new("content", DataType::Utf8, true)])
+}
+
+fn messages_array(rows: &[&[ChatMessage]]) -> ArrayRef {
+    let flat: Vec<&ChatMessage> = rows.iter().flat_map(|r| r.iter()).collect();
+    let roles = StringArray::from_iter_values(flat.iter().map(|m| m.role.as_str()));
+    let contents = StringArray::from_iter_values(flat.iter().map(|m| m.content.as_str()));
+    let structs = StructArray::new(message_struct_fields(), vec![Arc::new(roles), Arc::new(contents)], None);
+    let offsets = OffsetBuffer::from_lengths(rows.iter().map(|r| r.len()));
+    let item = Arc::new(Field::new("item", DataType::Struct(message_struct_fields()), true));
+    Arc::new(ListArray::new(item, offsets, Arc::new(structs), None))
+}
+
+fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
+    let schema = Arc::new(Schema::new(
+        columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect())
+        .map_err(|e| e.to_string())?;
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+    let mut w = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| e.to_string())?;
+    w.write(&batch).map_err(|e| e.to_string())?;
+    w.close().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Sizes of the shipped splits.
+pub const SFT_TRAIN: usize = 2000;
+/// GRPO training prompts.
+pub const GRPO_TRAIN: usize = 500;
+/// GRPO held-out prompts.
+pub const GRPO_TEST: usize = 100;
+
+/// Writes `sft/train.parquet`, `grpo/train.parquet` and `grpo/test.parquet` under `root`.
+pub fn write_all(root: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(root.join("sft")).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(root.join("grpo")).map_err(|e| e.to_string())?;
+    let sft = sft_conversations(SFT_TRAIN, 1);
+    let msgs: Vec<&[ChatMessage]> = sft.iter().map(|(m, _)| m.as_slice()).collect();
+    write(
+        &root.join("sft/train.parquet"),
+        vec![
+            ("messages", messages_array(&msgs)),
+            ("task", Arc::new(StringArray::from_iter_values(sft.iter().map(|(_, k)| k.as_str())))),
+        ],
+    )?;
+    for (split, n, seed) in [("train", GRPO_TRAIN, 2), ("test", GRPO_TEST, 3)] {
+        let rows = grpo_prompts(n, seed);
+        let prompts: Vec<&[ChatMessage]> = rows.iter().map(|(m, _)| m.as_slice()).collect();
+        write(
+            &root.join(format!("grpo/{split}.parquet")),
+            vec![
+                ("prompt", messages_array(&prompts)),
+                ("answer", Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, t)| t.answer.as_str())))),
+                ("task", Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, t)| t.kind.name())))),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Every text of the shipped data (for tokenizer training).
+pub fn corpus() -> Vec<String> {
+    let mut texts: Vec<String> = sft_conversations(SFT_TRAIN, 1)
+        .into_iter()
+        .flat_map(|(m, _)| m.into_iter().map(|x| x.content))
+        .collect();
+    for (split_n, seed) in [(GRPO_TRAIN, 2), (GRPO_TEST, 3)] {
+        for (m, t) in grpo_prompts(split_n, seed) {
+            texts.extend(m.into_iter().map(|x| x.content));
+            texts.push(format_reply(&t.answer));
+        }
+    }
+    texts
+}

@@ -1,0 +1,132 @@
+//! The shipped tiny Qwen3: its config, a byte-level BPE tokenizer trained on the shipped text,
+//! a Qwen-style chat template, and weights made from a seed on first use.
+
+use std::path::{Path, PathBuf};
+
+use tokenizers::models::bpe::{BPE, BpeTrainer};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PostProcessorWrapper, PreTokenizerWrapper};
+
+use super::datasets::corpus;
+use crate::model::{HfConfig, LoadOptions, Model, ModelError, write_safetensors};
+
+/// Vocabulary size of the tiny tokenizer and model.
+pub const VOCAB_SIZE: usize = 2048;
+/// Seed of the initial weights.
+pub const WEIGHT_SEED: u64 = 20261015;
+/// Std of the initial weights (transformers' default `initializer_range`).
+pub const WEIGHT_STD: f64 = 0.02;
+
+/// Special tokens, in id order after training (ids 0, 1, 2).
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// The chat template: ChatML turns; assistant replies wrapped in `{% generation %}` so
+/// assistant-only loss masks come from the template itself.
+pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\n\
+{%- if message.role == 'assistant' %}\n\
+{{- '<|im_start|>assistant\\n' }}\n\
+{%- generation %}\n\
+{{- message.content + '<|im_end|>' }}\n\
+{%- endgeneration %}\n\
+{{- '\\n' }}\n\
+{%- else %}\n\
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n\
+{%- endif %}\n\
+{%- endfor %}\n\
+{%- if add_generation_prompt %}\n\
+{{- '<|im_start|>assistant\\n' }}\n\
+{%- endif %}";
+
+/// Trains the byte-level BPE tokenizer on the shipped corpus (deterministic).
+pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
+    let mut tok = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
+    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))));
+    tok.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
+    tok.with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, true))));
+    let specials: Vec<AddedToken> = SPECIAL_TOKENS.iter().map(|s| AddedToken::from(*s, true)).collect();
+    let mut trainer = TrainerWrapper::BpeTrainer(
+        BpeTrainer::builder()
+            .vocab_size(VOCAB_SIZE)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(specials)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build(),
+    );
+    let mut texts = corpus();
+    // Role names appear in every rendered chat.
+    texts.extend(["system\n", "user\n", "assistant\n"].iter().map(|s| s.repeat(50)));
+    tok.train(&mut trainer, texts.iter()).map_err(|e| e.to_string())?;
+    tok.add_tokens(vec![AddedToken::from("<think>", false), AddedToken::from("</think>", false)]).map_err(|e| e.to_string())?;
+    Ok(tok)
+}
+
+/// `config.json` of the tiny model (3.7 M parameters, tied embeddings, GQA 4/2).
+pub fn config(eos_id: i64, pad_id: i64) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "attention_bias": false,
+        "tie_word_embeddings": true,
+        "use_sliding_window": false,
+        "bos_token_id": null,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "dtype": "float32",
+        "initializer_range": WEIGHT_STD,
+    })
+}
+
+/// `tokenizer_config.json` of the tiny model.
+pub fn tokenizer_config() -> serde_json::Value {
+    serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": null,
+        "model_max_length": 2048,
+        "clean_up_tokenization_spaces": false,
+        "chat_template": CHAT_TEMPLATE,
+    })
+}
+
+/// Writes config, tokenizer and templates of the tiny model into `dir` (not the weights:
+/// [`ensure_weights`] makes those on first use).
+pub fn write_model_files(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tok = train_tokenizer()?;
+    let id = |t: &str| tok.token_to_id(t).map(i64::from).ok_or_else(|| format!("{t} missing from the vocabulary"));
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).map(|s| s + "\n").map_err(|e| e.to_string());
+    std::fs::write(dir.join("config.json"), pretty(&config(id("<|im_end|>")?, id("<|endoftext|>")?))?)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("tokenizer_config.json"), pretty(&tokenizer_config())?).map_err(|e| e.to_string())?;
+    tok.save(dir.join("tokenizer.json"), true).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Makes `model.safetensors` in the tiny model's folder from the fixed seed if it is missing
+/// (identical bytes on every machine), and returns the folder.
+pub fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {
+    let weights = dir.join("model.safetensors");
+    if !weights.exists() {
+        let cfg = HfConfig::from_file(&dir.join("config.json"))?;
+        let model = Model::seeded(cfg, LoadOptions::default(), WEIGHT_SEED, WEIGHT_STD)?;
+        let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
+        write_safetensors(&tmp, &model.vs.variables(), tch::Kind::Float)?;
+        std::fs::rename(&tmp, &weights).map_err(|e| ModelError::io(&weights, e))?;
+    }
+    Ok(dir.to_path_buf())
+}
