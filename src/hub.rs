@@ -14,24 +14,43 @@ use crate::device::HostProbe;
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
     /// A file is not in the cache and could not be downloaded.
-    #[error("{kind} repo `{repo}` at revision `{revision}`: file `{file}` is not in the cache {cache}{why}")]
-    Missing {
-        /// `model` or `dataset`.
-        kind: &'static str,
-        /// Repo id.
-        repo: String,
-        /// Revision asked for.
-        revision: String,
-        /// The missing file.
-        file: String,
-        /// Cache searched.
-        cache: PathBuf,
-        /// Why it was not downloaded.
-        why: String,
-    },
+    #[error("{0}")]
+    Missing(Box<MissingFile>),
     /// The spec is neither an existing folder nor a repo id.
     #[error("`{0}` is neither a local folder nor a repo id of the form org/name[@revision]")]
     BadSpec(String),
+}
+
+/// A repo file that is neither cached nor downloadable.
+#[derive(Debug)]
+pub struct MissingFile {
+    /// `model` or `dataset`.
+    pub kind: &'static str,
+    /// Repo id.
+    pub repo: String,
+    /// Revision asked for.
+    pub revision: String,
+    /// The missing file.
+    pub file: String,
+    /// Cache searched.
+    pub cache: PathBuf,
+    /// Why it was not downloaded.
+    pub why: String,
+}
+
+impl std::fmt::Display for MissingFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} repo `{}` at revision `{}`: file `{}` is not in the cache {}{}",
+            self.kind,
+            self.repo,
+            self.revision,
+            self.file,
+            self.cache.display(),
+            self.why
+        )
+    }
 }
 
 /// Model or dataset repository.
@@ -68,7 +87,10 @@ pub struct HubCache {
 }
 
 fn truthy(v: Option<&str>) -> bool {
-    matches!(v.map(|s| s.trim().to_ascii_lowercase()).as_deref(), Some("1" | "true" | "yes" | "on"))
+    matches!(
+        v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
+        Some("1" | "true" | "yes" | "on")
+    )
 }
 
 impl HubCache {
@@ -79,7 +101,10 @@ impl HubCache {
 
     /// The cache an environment points at (tests pass a fake one).
     pub fn from_probe(probe: &HostProbe) -> Self {
-        let root = if let Some(c) = probe.var("HF_HUB_CACHE").or(probe.var("HUGGINGFACE_HUB_CACHE")) {
+        let root = if let Some(c) = probe
+            .var("HF_HUB_CACHE")
+            .or(probe.var("HUGGINGFACE_HUB_CACHE"))
+        {
             PathBuf::from(c)
         } else if let Some(h) = probe.var("HF_HOME") {
             Path::new(h).join("hub")
@@ -88,11 +113,16 @@ impl HubCache {
         } else {
             Path::new(probe.var("HOME").unwrap_or("/")).join(".cache/huggingface/hub")
         };
-        HubCache { root, offline: truthy(probe.var("HF_HUB_OFFLINE")) || truthy(probe.var("TRANSFORMERS_OFFLINE")) }
+        HubCache {
+            root,
+            offline: truthy(probe.var("HF_HUB_OFFLINE"))
+                || truthy(probe.var("TRANSFORMERS_OFFLINE")),
+        }
     }
 
     fn repo_dir(&self, kind: RepoType, repo: &str) -> PathBuf {
-        self.root.join(format!("{}--{}", kind.prefix(), repo.replace('/', "--")))
+        self.root
+            .join(format!("{}--{}", kind.prefix(), repo.replace('/', "--")))
     }
 
     /// The snapshot folder of `repo` at `revision` (a branch, tag or commit), if cached.
@@ -101,7 +131,10 @@ impl HubCache {
         let commit = if revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit()) {
             revision.to_string()
         } else {
-            std::fs::read_to_string(dir.join("refs").join(revision)).ok()?.trim().to_string()
+            std::fs::read_to_string(dir.join("refs").join(revision))
+                .ok()?
+                .trim()
+                .to_string()
         };
         let snap = dir.join("snapshots").join(commit);
         snap.is_dir().then_some(snap)
@@ -109,28 +142,45 @@ impl HubCache {
 
     /// The path of `file` in `repo` at `revision`: from the cache, else downloaded (unless
     /// offline), else an error naming repo, revision and file.
-    pub fn file(&self, kind: RepoType, repo: &str, revision: &str, file: &str) -> Result<PathBuf, HubError> {
+    pub fn file(
+        &self,
+        kind: RepoType,
+        repo: &str,
+        revision: &str,
+        file: &str,
+    ) -> Result<PathBuf, HubError> {
         if let Some(snap) = self.snapshot(kind, repo, revision) {
             let p = snap.join(file);
             if p.exists() {
                 return Ok(p);
             }
         }
-        let missing = |why: String| HubError::Missing {
-            kind: kind.name(),
-            repo: repo.into(),
-            revision: revision.into(),
-            file: file.into(),
-            cache: self.root.clone(),
-            why,
+        let missing = |why: String| {
+            HubError::Missing(Box::new(MissingFile {
+                kind: kind.name(),
+                repo: repo.into(),
+                revision: revision.into(),
+                file: file.into(),
+                cache: self.root.clone(),
+                why,
+            }))
         };
         if self.offline {
-            return Err(missing(" (HF_HUB_OFFLINE is set, so nothing is downloaded)".into()));
+            return Err(missing(
+                " (HF_HUB_OFFLINE is set, so nothing is downloaded)".into(),
+            ));
         }
-        self.download(kind, repo, revision, file).map_err(|e| missing(format!(" and downloading it failed: {e}")))
+        self.download(kind, repo, revision, file)
+            .map_err(|e| missing(format!(" and downloading it failed: {e}")))
     }
 
-    fn download(&self, kind: RepoType, repo: &str, revision: &str, file: &str) -> Result<PathBuf, String> {
+    fn download(
+        &self,
+        kind: RepoType,
+        repo: &str,
+        revision: &str,
+        file: &str,
+    ) -> Result<PathBuf, String> {
         let api = hf_hub::api::sync::ApiBuilder::new()
             .with_cache_dir(self.root.clone())
             .with_progress(false)
@@ -140,7 +190,13 @@ impl HubCache {
             RepoType::Model => hf_hub::RepoType::Model,
             RepoType::Dataset => hf_hub::RepoType::Dataset,
         };
-        api.repo(hf_hub::Repo::with_revision(repo.into(), repo_type, revision.into())).get(file).map_err(|e| e.to_string())
+        api.repo(hf_hub::Repo::with_revision(
+            repo.into(),
+            repo_type,
+            revision.into(),
+        ))
+        .get(file)
+        .map_err(|e| e.to_string())
     }
 
     /// A model folder for `spec`: an existing local folder as is, or `org/name[@revision]`
@@ -155,13 +211,22 @@ impl HubCache {
         let config = self.file(RepoType::Model, &repo, &revision, "config.json")?;
         let snap = config.parent().map(Path::to_path_buf).unwrap_or_default();
         // Weights: an index names its shards; otherwise a single file.
-        match self.file(RepoType::Model, &repo, &revision, "model.safetensors.index.json") {
+        match self.file(
+            RepoType::Model,
+            &repo,
+            &revision,
+            "model.safetensors.index.json",
+        ) {
             Ok(index) => {
                 let text = std::fs::read_to_string(&index).unwrap_or_default();
                 let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                 let mut shards: Vec<String> = json["weight_map"]
                     .as_object()
-                    .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                    .map(|m| {
+                        m.values()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 shards.sort();
                 shards.dedup();
@@ -174,7 +239,12 @@ impl HubCache {
             }
         }
         // Tokenizer files are optional (token-id inputs need none).
-        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ] {
             let _ = self.file(RepoType::Model, &repo, &revision, f);
         }
         Ok(snap)
@@ -184,9 +254,15 @@ impl HubCache {
 /// Splits `org/name@revision` (revision defaults to `main`).
 pub fn parse_spec(spec: &str) -> Result<(String, String), HubError> {
     let (repo, revision) = spec.split_once('@').unwrap_or((spec, "main"));
-    let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
     match repo.split_once('/') {
-        Some((org, name)) if valid(org) && valid(name) && !revision.is_empty() => Ok((repo.into(), revision.into())),
+        Some((org, name)) if valid(org) && valid(name) && !revision.is_empty() => {
+            Ok((repo.into(), revision.into()))
+        }
         _ => Err(HubError::BadSpec(spec.into())),
     }
 }

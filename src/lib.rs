@@ -7,12 +7,12 @@
 
 pub mod device;
 pub mod display;
+mod env_report;
 pub mod hub;
 pub mod model;
-pub mod tokenizer;
-mod env_report;
 pub mod shapes;
 pub mod shipped;
+pub mod tokenizer;
 pub mod util;
 
 pub use env_report::{EnvReport, TCH_VERSION};

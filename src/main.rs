@@ -82,7 +82,8 @@ fn main() -> Result<()> {
         Command::Demo { out } => demo(&out)?,
         Command::MakeShippedData { out } => {
             treetrain::shipped::datasets::write_all(&out).map_err(anyhow::Error::msg)?;
-            treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
+            treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3"))
+                .map_err(anyhow::Error::msg)?;
             println!("wrote {}", out.display());
         }
     }

@@ -4,12 +4,22 @@
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
-use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs};
+use treetrain::model::{
+    AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs,
+};
 
-const CASES: [&str; 5] = ["qwen3", "qwen3_tied_gqa_bf16", "qwen2", "llama3_scaled_v4config", "llama_linear_bias"];
+const CASES: [&str; 5] = [
+    "qwen3",
+    "qwen3_tied_gqa_bf16",
+    "qwen2",
+    "llama3_scaled_v4config",
+    "llama_linear_bias",
+];
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
 }
 
 struct Expected {
@@ -18,8 +28,10 @@ struct Expected {
 }
 
 fn expected(name: &str) -> Expected {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(name).join("expected.json")).unwrap(),
+    )
+    .unwrap();
     let rows: Vec<Vec<i64>> = serde_json::from_value(v["rows"].clone()).unwrap();
     let logits = v["logits"]
         .as_array()
@@ -34,14 +46,25 @@ fn expected(name: &str) -> Expected {
 }
 
 fn load_f32(name: &str) -> Model {
-    Model::load(&fixture(name), LoadOptions { dtype: Some(Kind::Float), device: Device::Cpu }).unwrap()
+    Model::load(
+        &fixture(name),
+        LoadOptions {
+            dtype: Some(Kind::Float),
+            device: Device::Cpu,
+        },
+    )
+    .unwrap()
 }
 
 fn row_logits(model: &Model, row: &[i64]) -> Tensor {
     let n = row.len() as i64;
     let ids = Tensor::from_slice(row).view([1, n]);
     let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
-    model.lm.forward(&ids, &pos, &AttentionLayout::Causal).unwrap().squeeze_dim(0)
+    model
+        .lm
+        .forward(&ids, &pos, &AttentionLayout::Causal)
+        .unwrap()
+        .squeeze_dim(0)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -56,7 +79,11 @@ fn logits_match_transformers_to_1e4() {
         for (row, want) in exp.rows.iter().zip(&exp.logits) {
             let got = row_logits(&model, row);
             let d = max_diff(&got, want);
-            assert!(d <= 1e-4, "{case}, row of {}: max |diff| = {d:e}", row.len());
+            assert!(
+                d <= 1e-4,
+                "{case}, row of {}: max |diff| = {d:e}",
+                row.len()
+            );
         }
     }
 }
@@ -65,7 +92,10 @@ fn logits_match_transformers_to_1e4() {
 fn checkpoint_dtype_is_kept_unless_asked() {
     let bf16 = Model::load(&fixture("qwen3_tied_gqa_bf16"), LoadOptions::default()).unwrap();
     assert_eq!(bf16.kind(), Kind::BFloat16);
-    assert!(bf16.lm.lm_head.is_none(), "tied model has no separate lm_head");
+    assert!(
+        bf16.lm.lm_head.is_none(),
+        "tied model has no separate lm_head"
+    );
     let f32 = load_f32("qwen3_tied_gqa_bf16");
     assert_eq!(f32.kind(), Kind::Float);
     // bf16 compute stays close to the fp32 reference.
@@ -84,10 +114,17 @@ fn packed_and_padded_layouts_equal_separate_rows() {
         let lengths: Vec<i64> = exp.rows.iter().map(|r| r.len() as i64).collect();
         let flat: Vec<i64> = exp.rows.concat();
         let (layout, pos) = AttentionLayout::packed_row(&lengths, Device::Cpu);
-        let packed = model.lm.forward(&Tensor::from_slice(&flat).view([1, -1]), &pos, &layout).unwrap().squeeze_dim(0);
+        let packed = model
+            .lm
+            .forward(&Tensor::from_slice(&flat).view([1, -1]), &pos, &layout)
+            .unwrap()
+            .squeeze_dim(0);
         let mut at = 0;
         for (single, &len) in singles.iter().zip(&lengths) {
-            assert!(max_diff(&packed.narrow(0, at, len), single) <= 1e-5, "{case} packed");
+            assert!(
+                max_diff(&packed.narrow(0, at, len), single) <= 1e-5,
+                "{case} packed"
+            );
             at += len;
         }
         // Padded batches, left and right padding.
@@ -97,20 +134,41 @@ fn packed_and_padded_layouts_equal_separate_rows() {
             for r in &exp.rows {
                 let pad = t as usize - r.len();
                 let (pre, post) = if left { (pad, 0) } else { (0, pad) };
-                ids.extend(std::iter::repeat_n(0, pre).chain(r.iter().copied()).chain(std::iter::repeat_n(0, post)));
-                mask.extend(std::iter::repeat_n(0i64, pre).chain(std::iter::repeat_n(1, r.len())).chain(std::iter::repeat_n(0, post)));
-                pos.extend(std::iter::repeat_n(0i64, pre).chain(0..r.len() as i64).chain(std::iter::repeat_n(0, post)));
+                ids.extend(
+                    std::iter::repeat_n(0, pre)
+                        .chain(r.iter().copied())
+                        .chain(std::iter::repeat_n(0, post)),
+                );
+                mask.extend(
+                    std::iter::repeat_n(0i64, pre)
+                        .chain(std::iter::repeat_n(1, r.len()))
+                        .chain(std::iter::repeat_n(0, post)),
+                );
+                pos.extend(
+                    std::iter::repeat_n(0i64, pre)
+                        .chain(0..r.len() as i64)
+                        .chain(std::iter::repeat_n(0, post)),
+                );
             }
             let b = exp.rows.len() as i64;
-            let layout = AttentionLayout::Padded { attention_mask: Tensor::from_slice(&mask).view([b, t]) };
+            let layout = AttentionLayout::Padded {
+                attention_mask: Tensor::from_slice(&mask).view([b, t]),
+            };
             let out = model
                 .lm
-                .forward(&Tensor::from_slice(&ids).view([b, t]), &Tensor::from_slice(&pos).view([b, t]), &layout)
+                .forward(
+                    &Tensor::from_slice(&ids).view([b, t]),
+                    &Tensor::from_slice(&pos).view([b, t]),
+                    &layout,
+                )
                 .unwrap();
             for (i, (single, &len)) in singles.iter().zip(&lengths).enumerate() {
                 let start = if left { t - len } else { 0 };
                 let got = out.get(i as i64).narrow(0, start, len);
-                assert!(max_diff(&got, single) <= 1e-5, "{case} padded left={left} row {i}");
+                assert!(
+                    max_diff(&got, single) <= 1e-5,
+                    "{case} padded left={left} row {i}"
+                );
             }
         }
     }
@@ -121,10 +179,16 @@ fn dense_mask_oracle_equals_causal() {
     let model = load_f32("qwen3");
     let row = &expected("qwen3").rows[1];
     let n = row.len() as i64;
-    let mask = Tensor::ones([n, n], (Kind::Bool, Device::Cpu)).tril(0).unsqueeze(0);
+    let mask = Tensor::ones([n, n], (Kind::Bool, Device::Cpu))
+        .tril(0)
+        .unsqueeze(0);
     let ids = Tensor::from_slice(row).view([1, n]);
     let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
-    let dense = model.lm.forward(&ids, &pos, &AttentionLayout::Dense { mask }).unwrap().squeeze_dim(0);
+    let dense = model
+        .lm
+        .forward(&ids, &pos, &AttentionLayout::Dense { mask })
+        .unwrap()
+        .squeeze_dim(0);
     assert!(max_diff(&dense, &row_logits(&model, row)) <= 1e-5);
 }
 
@@ -135,16 +199,40 @@ fn chunked_logprobs_equal_full_log_softmax() {
     let n = row.len() as i64;
     let ids = Tensor::from_slice(row).view([1, n]);
     let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
-    let hidden = model.lm.forward_hidden(&ids, &pos, &AttentionLayout::Causal).unwrap().squeeze_dim(0);
+    let hidden = model
+        .lm
+        .forward_hidden(&ids, &pos, &AttentionLayout::Causal)
+        .unwrap()
+        .squeeze_dim(0);
     let targets = Tensor::from_slice(&row[1..]);
     let h = hidden.narrow(0, 0, n - 1);
-    let full = model.lm.logits(&h).log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false).squeeze_dim(1);
-    for chunks in [LogprobChunks { tokens: 3, vocab: 7 }, LogprobChunks { tokens: 1024, vocab: 100 }, LogprobChunks::default()] {
+    let full = model
+        .lm
+        .logits(&h)
+        .log_softmax(-1, Kind::Float)
+        .gather(1, &targets.unsqueeze(1), false)
+        .squeeze_dim(1);
+    for chunks in [
+        LogprobChunks {
+            tokens: 3,
+            vocab: 7,
+        },
+        LogprobChunks {
+            tokens: 1024,
+            vocab: 100,
+        },
+        LogprobChunks::default(),
+    ] {
         let got = target_logprobs(&h, model.lm.lm_head_weight(), &targets, chunks).unwrap();
         assert!(max_diff(&got, &full) <= 1e-5, "{chunks:?}");
     }
-    let err = target_logprobs(&h, model.lm.lm_head_weight(), &Tensor::from_slice(&[999i64; 19]), LogprobChunks::default())
-        .unwrap_err();
+    let err = target_logprobs(
+        &h,
+        model.lm.lm_head_weight(),
+        &Tensor::from_slice(&[999i64; 19]),
+        LogprobChunks::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("0..256"), "{err}");
 }
 
@@ -161,8 +249,14 @@ fn score_packed_matches_transformers_log_softmax() {
         for ((row, logits), got) in exp.rows.iter().zip(&exp.logits).zip(&scored) {
             assert_eq!(got.len(), row.len() - 1);
             for (i, lp) in got.iter().enumerate() {
-                let want = logits.get(i as i64).log_softmax(-1, Kind::Float).double_value(&[row[i + 1]]);
-                assert!((*lp as f64 - want).abs() <= 1e-4, "{case} token {i}: {lp} vs {want}");
+                let want = logits
+                    .get(i as i64)
+                    .log_softmax(-1, Kind::Float)
+                    .double_value(&[row[i + 1]]);
+                assert!(
+                    (*lp as f64 - want).abs() <= 1e-4,
+                    "{case} token {i}: {lp} vs {want}"
+                );
             }
         }
     }
@@ -175,16 +269,21 @@ fn save_round_trips_and_keeps_config_fields() {
     let _ = std::fs::remove_dir_all(&dir);
     model.save(&dir, None).unwrap();
     model.save(&dir, None).unwrap(); // overwriting an existing checkpoint works
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");
     assert_eq!(cfg["pretraining_tp"], 1, "unknown fields are written back");
     assert_eq!(cfg["torch_dtype"], "float32");
     let generation: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap())
+            .unwrap();
     assert_eq!(generation["eos_token_id"], 2);
     let again = load_f32(dir.to_str().unwrap());
     let row = &expected("llama3_scaled_v4config").rows[0];
-    assert_eq!(max_diff(&row_logits(&again, row), &row_logits(&model, row)), 0.0);
+    assert_eq!(
+        max_diff(&row_logits(&again, row), &row_logits(&model, row)),
+        0.0
+    );
 }
 
 fn scratch_checkpoint(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
@@ -192,7 +291,8 @@ fn scratch_checkpoint(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Path
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let src = fixture("qwen3");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
@@ -201,31 +301,76 @@ fn scratch_checkpoint(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Path
 
 #[test]
 fn unsupported_configs_name_their_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
-        ("gpt2", Box::new(|c| c["model_type"] = "gpt2".into()), "model_type"),
-        ("gelu", Box::new(|c| c["hidden_act"] = "gelu".into()), "hidden_act"),
-        ("yarn", Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()), "rope_parameters.rope_type"),
-        ("llama3-missing", Box::new(|c| c["rope_parameters"]["rope_type"] = "llama3".into()), "rope_parameters.factor"),
-        ("sliding", Box::new(|c| c["use_sliding_window"] = true.into()), "use_sliding_window"),
-        ("kvheads", Box::new(|c| c["num_key_value_heads"] = 3.into()), "num_key_value_heads"),
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "gpt2",
+            Box::new(|c| c["model_type"] = "gpt2".into()),
+            "model_type",
+        ),
+        (
+            "gelu",
+            Box::new(|c| c["hidden_act"] = "gelu".into()),
+            "hidden_act",
+        ),
+        (
+            "yarn",
+            Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()),
+            "rope_parameters.rope_type",
+        ),
+        (
+            "llama3-missing",
+            Box::new(|c| c["rope_parameters"]["rope_type"] = "llama3".into()),
+            "rope_parameters.factor",
+        ),
+        (
+            "sliding",
+            Box::new(|c| c["use_sliding_window"] = true.into()),
+            "use_sliding_window",
+        ),
+        (
+            "kvheads",
+            Box::new(|c| c["num_key_value_heads"] = 3.into()),
+            "num_key_value_heads",
+        ),
     ];
     for (name, edit, field) in cases {
         let err = Model::load(&scratch_checkpoint(name, edit), LoadOptions::default()).unwrap_err();
-        assert!(matches!(err, ModelError::Unsupported { .. }), "{name}: {err}");
+        assert!(
+            matches!(err, ModelError::Unsupported { .. }),
+            "{name}: {err}"
+        );
         assert!(err.to_string().contains(field), "{name}: {err}");
     }
     // A shape the weights contradict.
-    let err = Model::load(&scratch_checkpoint("shape", |c| c["intermediate_size"] = 128.into()), LoadOptions::default())
-        .unwrap_err();
-    assert!(matches!(err, ModelError::ShapeMismatch { .. }) && err.to_string().contains("mlp"), "{err}");
+    let err = Model::load(
+        &scratch_checkpoint("shape", |c| c["intermediate_size"] = 128.into()),
+        LoadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ModelError::ShapeMismatch { .. }) && err.to_string().contains("mlp"),
+        "{err}"
+    );
     // Untied config over a checkpoint without lm_head.weight.
     let dir = scratch_checkpoint("untied", |c| c["tie_word_embeddings"] = false.into());
-    std::fs::copy(fixture("qwen3_tied_gqa_bf16/model.safetensors"), dir.join("model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_tied_gqa_bf16/config.json")).unwrap()).unwrap();
+    std::fs::copy(
+        fixture("qwen3_tied_gqa_bf16/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("qwen3_tied_gqa_bf16/config.json")).unwrap(),
+    )
+    .unwrap();
     cfg["tie_word_embeddings"] = false.into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     let err = Model::load(&dir, LoadOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("tensor `lm_head.weight` not found"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("tensor `lm_head.weight` not found"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -236,9 +381,16 @@ fn pickle_and_empty_folders_are_refused_clearly() {
     assert!(matches!(err, ModelError::NoWeights { .. }), "{err}");
     std::fs::write(dir.join("pytorch_model.bin"), b"not really").unwrap();
     let err = Model::load(&dir, LoadOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("safetensors only") && err.to_string().contains("pytorch_model.bin"), "{err}");
+    assert!(
+        err.to_string().contains("safetensors only")
+            && err.to_string().contains("pytorch_model.bin"),
+        "{err}"
+    );
     let err = Model::load(Path::new("/nonexistent/model"), LoadOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/model/config.json"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/model/config.json"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -36,8 +36,12 @@ impl Attention {
             k_proj: Linear::new(&path / "k_proj", h, kv, cfg.qkv_bias),
             v_proj: Linear::new(&path / "v_proj", h, kv, cfg.qkv_bias),
             o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
-            q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
-            k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
+            q_norm: cfg
+                .qk_norm
+                .then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
+            k_norm: cfg
+                .qk_norm
+                .then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -67,14 +71,29 @@ impl Attention {
     pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let rep = self.num_heads / self.num_kv_heads;
         let (k, v) = if rep > 1 {
-            (k.repeat_interleave_self_int(rep, 1, None), v.repeat_interleave_self_int(rep, 1, None))
+            (
+                k.repeat_interleave_self_int(rep, 1, None),
+                v.repeat_interleave_self_int(rep, 1, None),
+            )
         } else {
             (k.shallow_clone(), v.shallow_clone())
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), scale, false);
+        let out = Tensor::scaled_dot_product_attention(
+            q,
+            &k,
+            &v,
+            mask,
+            0.0,
+            mask.is_none(),
+            scale,
+            false,
+        );
         let (b, t) = (q.size()[0], q.size()[2]);
-        self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim]))
+        self.o_proj.forward(
+            &out.transpose(1, 2)
+                .reshape([b, t, self.num_heads * self.head_dim]),
+        )
     }
 
     /// Full self-attention of `x` `[batch, seq, hidden]`.

@@ -187,7 +187,10 @@ impl HfConfig {
     /// Reads and parses a `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        serde_json::from_str(&text).map_err(|e| ModelError::Json { path: path.into(), message: e.to_string() })
+        serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.into(),
+            message: e.to_string(),
+        })
     }
 
     /// The checkpoint's dtype as written (`dtype` or `torch_dtype`).
@@ -241,19 +244,35 @@ impl HfConfig {
             }
         };
         if head_dim <= 0 || head_dim % 2 != 0 {
-            return Err(ModelError::unsupported("head_dim", head_dim, "RoPE needs a positive even head_dim"));
+            return Err(ModelError::unsupported(
+                "head_dim",
+                head_dim,
+                "RoPE needs a positive even head_dim",
+            ));
         }
         let act = self.hidden_act.as_deref().unwrap_or("silu");
         if act != "silu" {
-            return Err(ModelError::unsupported("hidden_act", format!("{act:?}"), "only silu (SwiGLU) is implemented"));
+            return Err(ModelError::unsupported(
+                "hidden_act",
+                format!("{act:?}"),
+                "only silu (SwiGLU) is implemented",
+            ));
         }
         if self.use_sliding_window == Some(true) {
-            return Err(ModelError::unsupported("use_sliding_window", true, "sliding-window attention is not implemented"));
+            return Err(ModelError::unsupported(
+                "use_sliding_window",
+                true,
+                "sliding-window attention is not implemented",
+            ));
         }
         if let Some(kinds) = &self.layer_types
             && let Some(k) = kinds.iter().find(|k| k.as_str() != "full_attention")
         {
-            return Err(ModelError::unsupported("layer_types", format!("{k:?}"), "only full_attention layers are implemented"));
+            return Err(ModelError::unsupported(
+                "layer_types",
+                format!("{k:?}"),
+                "only full_attention layers are implemented",
+            ));
         }
         let (rope_theta, rope_scaling) = self.rope()?;
         let attention_bias = self.attention_bias.unwrap_or(false);
@@ -274,7 +293,11 @@ impl HfConfig {
             o_bias: arch != Architecture::Qwen2 && attention_bias,
             mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
+            eos_token_ids: self
+                .eos_token_id
+                .as_ref()
+                .map(OneOrMany::to_vec)
+                .unwrap_or_default(),
             bos_token_id: self.bos_token_id,
             pad_token_id: self.pad_token_id,
         })
@@ -292,16 +315,28 @@ impl HfConfig {
             .and_then(Value::as_f64)
             .or(self.rope_theta)
             .unwrap_or(10_000.0);
-        let Some(p) = params else { return Ok((theta, RopeScaling::None)) };
-        let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+        let Some(p) = params else {
+            return Ok((theta, RopeScaling::None));
+        };
+        let kind = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         let num = |key: &str| -> Result<f64, ModelError> {
             p.get(key).and_then(Value::as_f64).ok_or_else(|| {
-                ModelError::unsupported(&format!("{field}.{key}"), "missing", &format!("rope type {kind:?} needs it"))
+                ModelError::unsupported(
+                    &format!("{field}.{key}"),
+                    "missing",
+                    &format!("rope type {kind:?} needs it"),
+                )
             })
         };
         let scaling = match kind {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: num("factor")? },
+            "linear" => RopeScaling::Linear {
+                factor: num("factor")?,
+            },
             "llama3" => RopeScaling::Llama3 {
                 factor: num("factor")?,
                 low_freq_factor: num("low_freq_factor")?,
@@ -324,7 +359,10 @@ impl ModelConfig {
     /// Parameters in the model (tied embeddings counted once).
     pub fn num_parameters(&self) -> i64 {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (q, kv) = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
+        let (q, kv) = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        );
         let mut attn = h * q + 2 * h * kv + q * h;
         if self.qkv_bias {
             attn += q + 2 * kv;

@@ -27,14 +27,24 @@ impl DecoderLayer {
         DecoderLayer {
             self_attn: Attention::new(&path / "self_attn", cfg),
             mlp: Mlp::new(&path / "mlp", cfg),
-            input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
-            post_attention_layernorm: RmsNorm::new(&path / "post_attention_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
+            input_layernorm: RmsNorm::new(
+                &path / "input_layernorm",
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            ),
+            post_attention_layernorm: RmsNorm::new(
+                &path / "post_attention_layernorm",
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            ),
         }
     }
 
     /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`.
     pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Tensor {
-        let h = x + self.self_attn.forward(&self.input_layernorm.forward(x), cos, sin, mask);
+        let h = x + self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x), cos, sin, mask);
         let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
         h + out
     }
@@ -62,19 +72,39 @@ impl CausalLm {
     pub fn new(vs: &nn::VarStore, config: ModelConfig) -> Self {
         let root = vs.root();
         let model = &root / "model";
-        let embed_tokens =
-            (&model / "embed_tokens").var("weight", &[config.vocab_size, config.hidden_size], nn::Init::Const(0.0));
-        let layers = (0..config.num_layers).map(|i| DecoderLayer::new(&model / "layers" / i, &config)).collect();
+        let embed_tokens = (&model / "embed_tokens").var(
+            "weight",
+            &[config.vocab_size, config.hidden_size],
+            nn::Init::Const(0.0),
+        );
+        let layers = (0..config.num_layers)
+            .map(|i| DecoderLayer::new(&model / "layers" / i, &config))
+            .collect();
         let norm = RmsNorm::new(&model / "norm", config.hidden_size, config.rms_norm_eps);
-        let lm_head = (!config.tie_word_embeddings)
-            .then(|| Linear::new(&root / "lm_head", config.hidden_size, config.vocab_size, false));
+        let lm_head = (!config.tie_word_embeddings).then(|| {
+            Linear::new(
+                &root / "lm_head",
+                config.hidden_size,
+                config.vocab_size,
+                false,
+            )
+        });
         let inv_freq = rope::inv_freq(&config, vs.device());
-        CausalLm { config, embed_tokens, layers, norm, lm_head, inv_freq }
+        CausalLm {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        }
     }
 
     /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
     pub fn lm_head_weight(&self) -> &Tensor {
-        self.lm_head.as_ref().map_or(&self.embed_tokens, |l| &l.weight)
+        self.lm_head
+            .as_ref()
+            .map_or(&self.embed_tokens, |l| &l.weight)
     }
 
     /// The device the parameters live on.
@@ -97,7 +127,9 @@ impl CausalLm {
     ) -> Result<Tensor, ModelError> {
         let size = input_ids.size();
         let [batch, seq] = size[..] else {
-            return Err(ModelError::Input(format!("input_ids must be [batch, seq], got {size:?}")));
+            return Err(ModelError::Input(format!(
+                "input_ids must be [batch, seq], got {size:?}"
+            )));
         };
         if position_ids.size() != size {
             return Err(ModelError::Input(format!(
@@ -116,7 +148,8 @@ impl CausalLm {
             )));
         }
         let mask = layout.sdpa_mask(batch, seq, device)?;
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
+        let (cos, sin) =
+            rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
         let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
         for layer in &self.layers {
             x = layer.forward(&x, &cos, &sin, mask.as_ref());

@@ -86,9 +86,16 @@ pub enum ModelError {
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io { path: path.into(), source }
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
     }
     pub(crate) fn unsupported(field: &str, value: impl std::fmt::Display, reason: &str) -> Self {
-        ModelError::Unsupported { field: field.into(), value: value.to_string(), reason: reason.into() }
+        ModelError::Unsupported {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
     }
 }

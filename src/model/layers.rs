@@ -38,7 +38,10 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// Declares `{path}.weight`.
     pub fn new(path: nn::Path, dim: i64, eps: f64) -> Self {
-        RmsNorm { weight: path.var("weight", &[dim], nn::Init::Const(1.0)), eps }
+        RmsNorm {
+            weight: path.var("weight", &[dim], nn::Init::Const(1.0)),
+            eps,
+        }
     }
 
     /// Normalises the last dimension of `x` `[..., dim]`.
@@ -75,6 +78,7 @@ impl Mlp {
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+        self.down_proj
+            .forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
     }
 }

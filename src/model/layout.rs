@@ -49,11 +49,19 @@ impl AttentionLayout {
     }
 
     /// The boolean mask `[batch, 1, seq, seq]` SDPA takes, or `None` for plain causal.
-    pub(crate) fn sdpa_mask(&self, batch: i64, seq: i64, device: Device) -> Result<Option<Tensor>, ModelError> {
+    pub(crate) fn sdpa_mask(
+        &self,
+        batch: i64,
+        seq: i64,
+        device: Device,
+    ) -> Result<Option<Tensor>, ModelError> {
         let causal = || Tensor::ones([seq, seq], (Kind::Bool, device)).tril(0);
         let check = |t: &Tensor, what: &str, want: &[i64]| {
             if t.size() != want {
-                Err(ModelError::Input(format!("{what} has shape {:?}, expected {want:?}", t.size())))
+                Err(ModelError::Input(format!(
+                    "{what} has shape {:?}, expected {want:?}",
+                    t.size()
+                )))
             } else {
                 Ok(())
             }
@@ -69,7 +77,10 @@ impl AttentionLayout {
             AttentionLayout::Packed { sequence_ids } => {
                 check(sequence_ids, "sequence_ids", &[batch, seq])?;
                 let s = sequence_ids.to_device(device);
-                let same = s.unsqueeze(2).eq_tensor(&s.unsqueeze(1)).logical_and(&s.ge(0).unsqueeze(1));
+                let same = s
+                    .unsqueeze(2)
+                    .eq_tensor(&s.unsqueeze(1))
+                    .logical_and(&s.ge(0).unsqueeze(1));
                 let eye = Tensor::eye(seq, (Kind::Bool, device)).unsqueeze(0);
                 causal().unsqueeze(0).logical_and(&same).logical_or(&eye)
             }

@@ -15,7 +15,10 @@ pub struct LogprobChunks {
 
 impl Default for LogprobChunks {
     fn default() -> Self {
-        LogprobChunks { tokens: 1024, vocab: 16384 }
+        LogprobChunks {
+            tokens: 1024,
+            vocab: 16384,
+        }
     }
 }
 
@@ -34,15 +37,24 @@ pub fn target_logprobs(
 ) -> Result<Tensor, ModelError> {
     let (n, vocab) = (hidden.size()[0], lm_head.size()[0]);
     if targets.size() != [n] {
-        return Err(ModelError::Input(format!("targets has shape {:?}, expected [{n}]", targets.size())));
+        return Err(ModelError::Input(format!(
+            "targets has shape {:?}, expected [{n}]",
+            targets.size()
+        )));
     }
     if n == 0 {
         return Ok(Tensor::zeros([0], (Kind::Float, hidden.device())));
     }
     let targets = targets.to_device(hidden.device()).to_kind(Kind::Int64);
-    let (lo, hi) = (targets.f_min()?.int64_value(&[]), targets.f_max()?.int64_value(&[]));
+    let (lo, hi) = (
+        targets.f_min()?.int64_value(&[]),
+        targets.f_max()?.int64_value(&[]),
+    );
     if lo < 0 || hi >= vocab {
-        return Err(ModelError::Input(format!("target ids must lie in 0..{vocab}, found {}", if lo < 0 { lo } else { hi })));
+        return Err(ModelError::Input(format!(
+            "target ids must lie in 0..{vocab}, found {}",
+            if lo < 0 { lo } else { hi }
+        )));
     }
     let w32 = lm_head.to_kind(Kind::Float);
     let (tok_chunk, voc_chunk) = (chunks.tokens.max(1), chunks.vocab.max(1));
@@ -63,11 +75,20 @@ pub fn target_logprobs(
             let (m, s) = match (running_max.take(), running_sum.take()) {
                 (Some(m), Some(s)) => {
                     let m_new = m.maximum(&chunk_max);
-                    let s_new = s * (&m - &m_new).exp() + (logits - m_new.unsqueeze(-1)).exp().sum_dim_intlist(-1, false, Kind::Float);
+                    let s_new = s * (&m - &m_new).exp()
+                        + (logits - m_new.unsqueeze(-1)).exp().sum_dim_intlist(
+                            -1,
+                            false,
+                            Kind::Float,
+                        );
                     (m_new, s_new)
                 }
                 _ => {
-                    let s = (logits - chunk_max.unsqueeze(-1)).exp().sum_dim_intlist(-1, false, Kind::Float);
+                    let s = (logits - chunk_max.unsqueeze(-1)).exp().sum_dim_intlist(
+                        -1,
+                        false,
+                        Kind::Float,
+                    );
                     (chunk_max, s)
                 }
             };
@@ -75,7 +96,10 @@ pub fn target_logprobs(
             running_sum = Some(s);
             v0 += vl;
         }
-        let (m, s) = (running_max.expect("vocab > 0"), running_sum.expect("vocab > 0"));
+        let (m, s) = (
+            running_max.expect("vocab > 0"),
+            running_sum.expect("vocab > 0"),
+        );
         out.push(target_logit - (m + s.log()));
         start += len;
     }

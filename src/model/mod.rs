@@ -16,8 +16,8 @@ mod decoder;
 mod error;
 mod layers;
 mod layout;
+mod loaded;
 mod logprobs;
-mod model;
 mod rope;
 mod weights;
 
@@ -27,6 +27,6 @@ pub use decoder::{CausalLm, DecoderLayer};
 pub use error::ModelError;
 pub use layers::{Linear, Mlp, RmsNorm};
 pub use layout::AttentionLayout;
+pub use loaded::{LoadOptions, Model, parse_kind};
 pub use logprobs::{LogprobChunks, target_logprobs};
-pub use model::{LoadOptions, Model, parse_kind};
 pub use weights::{weight_files, write_safetensors};

@@ -16,13 +16,22 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Json { path: index.clone(), message: e.to_string() })?;
-        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Json {
-            path: index.clone(),
-            message: "missing object field `weight_map`".into(),
-        })?;
-        let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::Json {
+                path: index.clone(),
+                message: "missing object field `weight_map`".into(),
+            })?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
@@ -31,9 +40,17 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     if single.exists() {
         return Ok(vec![single]);
     }
-    for pickle in ["pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth"] {
+    for pickle in [
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+        "model.pt",
+        "consolidated.00.pth",
+    ] {
         if dir.join(pickle).exists() {
-            return Err(ModelError::PickleOnly { dir: dir.into(), file: pickle.into() });
+            return Err(ModelError::PickleOnly {
+                dir: dir.into(),
+                file: pickle.into(),
+            });
         }
     }
     Err(ModelError::NoWeights { dir: dir.into() })
@@ -62,8 +79,10 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
     let mut loaded = std::collections::HashSet::new();
     for file in files {
         let bytes = std::fs::read(file).map_err(|e| ModelError::io(file, e))?;
-        let st = SafeTensors::deserialize(&bytes)
-            .map_err(|e| ModelError::Safetensors { file: file.clone(), message: e.to_string() })?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
         for (name, view) in st.iter() {
             let Some(var) = vars.get(name) else { continue };
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
@@ -83,8 +102,16 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
     let mut missing: Vec<&String> = vars.keys().filter(|k| !loaded.contains(*k)).collect();
     missing.sort();
     if let Some(name) = missing.first() {
-        let names: Vec<String> = files.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy().into()).collect();
-        return Err(ModelError::MissingTensor { name: (*name).clone(), dir: dir.into(), files: names.join(", ") });
+        let names: Vec<String> = files
+            .iter()
+            .filter_map(|f| f.file_name())
+            .map(|f| f.to_string_lossy().into())
+            .collect();
+        return Err(ModelError::MissingTensor {
+            name: (*name).clone(),
+            dir: dir.into(),
+            files: names.join(", "),
+        });
     }
     Ok(())
 }
@@ -131,7 +158,10 @@ impl View for &RawTensor {
 }
 
 fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
-    let t = t.f_to_kind(kind)?.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
+    let t = t
+        .f_to_kind(kind)?
+        .f_to_device(tch::Device::Cpu)?
+        .f_contiguous()?;
     let dtype = match kind {
         Kind::Float => Dtype::F32,
         Kind::BFloat16 => Dtype::BF16,
@@ -141,16 +171,29 @@ fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
     let numel = t.numel();
     let mut data = vec![0u8; numel * kind.elt_size_in_bytes()];
     t.f_copy_data_u8(&mut data, numel)?;
-    Ok(RawTensor { dtype, shape: t.size().iter().map(|&d| d as usize).collect(), data })
+    Ok(RawTensor {
+        dtype,
+        shape: t.size().iter().map(|&d| d as usize).collect(),
+        data,
+    })
 }
 
 /// Writes `tensors` (name -> tensor) as one safetensors file in `kind`, with the
 /// `{"format": "pt"}` metadata transformers checks.
-pub fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>, kind: Kind) -> Result<(), ModelError> {
-    let raws: BTreeMap<&String, RawTensor> =
-        tensors.iter().map(|(k, t)| Ok((k, raw(t, kind)?))).collect::<Result<_, ModelError>>()?;
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &HashMap<String, Tensor>,
+    kind: Kind,
+) -> Result<(), ModelError> {
+    let raws: BTreeMap<&String, RawTensor> = tensors
+        .iter()
+        .map(|(k, t)| Ok((k, raw(t, kind)?)))
+        .collect::<Result<_, ModelError>>()?;
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     let bytes = safetensors::serialize(raws.iter().map(|(k, v)| (k.as_str(), v)), Some(meta))
-        .map_err(|e| ModelError::Safetensors { file: path.into(), message: e.to_string() })?;
+        .map_err(|e| ModelError::Safetensors {
+            file: path.into(),
+            message: e.to_string(),
+        })?;
     std::fs::write(path, bytes).map_err(|e| ModelError::io(path, e))
 }

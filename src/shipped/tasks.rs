@@ -20,8 +20,13 @@ pub enum TaskKind {
 
 impl TaskKind {
     /// All kinds, in generation order.
-    pub const ALL: [TaskKind; 5] =
-        [TaskKind::Add, TaskKind::Subtract, TaskKind::Reverse, TaskKind::Uppercase, TaskKind::CountLetter];
+    pub const ALL: [TaskKind; 5] = [
+        TaskKind::Add,
+        TaskKind::Subtract,
+        TaskKind::Reverse,
+        TaskKind::Uppercase,
+        TaskKind::CountLetter,
+    ];
 
     /// Stable name stored in the datasets' `task` column.
     pub fn name(self) -> &'static str {
@@ -47,40 +52,69 @@ pub struct Task {
 }
 
 const SYLLABLES: [&str; 24] = [
-    "ka", "lo", "mi", "ra", "te", "su", "no", "pe", "vi", "da", "ze", "bo", "fu", "gi", "ha", "jo", "ku", "ly",
-    "ma", "ne", "or", "pi", "sa", "tu",
+    "ka", "lo", "mi", "ra", "te", "su", "no", "pe", "vi", "da", "ze", "bo", "fu", "gi", "ha", "jo",
+    "ku", "ly", "ma", "ne", "or", "pi", "sa", "tu",
 ];
 
 /// A pronounceable made-up word of 2 to 4 syllables.
 pub fn word(rng: &mut SplitMix64) -> String {
     let n = 2 + rng.below(3) as usize;
-    (0..n).map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize]).collect()
+    (0..n)
+        .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
+        .collect()
 }
 
 /// Generates one task of `kind`; phrasing varies so the model must read the question.
 pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
-    let pick = |rng: &mut SplitMix64, options: &[&str]| options[rng.below(options.len() as u64) as usize].to_string();
+    let pick = |rng: &mut SplitMix64, options: &[&str]| {
+        options[rng.below(options.len() as u64) as usize].to_string()
+    };
     match kind {
         TaskKind::Add | TaskKind::Subtract => {
             let a = rng.below(50) as i64;
             let b = rng.below(50) as i64;
-            let (op, value) = if kind == TaskKind::Add { ("+", a + b) } else { ("-", a - b) };
-            let template = pick(rng, &["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"]);
+            let (op, value) = if kind == TaskKind::Add {
+                ("+", a + b)
+            } else {
+                ("-", a - b)
+            };
+            let template = pick(
+                rng,
+                &[
+                    "What is {a} {op} {b}?",
+                    "Compute {a} {op} {b}.",
+                    "{a} {op} {b} = ?",
+                ],
+            );
             Task {
                 kind,
-                question: template.replace("{a}", &a.to_string()).replace("{op}", op).replace("{b}", &b.to_string()),
+                question: template
+                    .replace("{a}", &a.to_string())
+                    .replace("{op}", op)
+                    .replace("{b}", &b.to_string()),
                 answer: value.to_string(),
             }
         }
         TaskKind::Reverse => {
             let w = word(rng);
             let template = pick(rng, &["Reverse the word {w}.", "Spell {w} backwards."]);
-            Task { kind, question: template.replace("{w}", &w), answer: w.chars().rev().collect() }
+            Task {
+                kind,
+                question: template.replace("{w}", &w),
+                answer: w.chars().rev().collect(),
+            }
         }
         TaskKind::Uppercase => {
             let w = word(rng);
-            let template = pick(rng, &["Write {w} in capital letters.", "Uppercase the word {w}."]);
-            Task { kind, question: template.replace("{w}", &w), answer: w.to_uppercase() }
+            let template = pick(
+                rng,
+                &["Write {w} in capital letters.", "Uppercase the word {w}."],
+            );
+            Task {
+                kind,
+                question: template.replace("{w}", &w),
+                answer: w.to_uppercase(),
+            }
         }
         TaskKind::CountLetter => {
             let w = word(rng);
@@ -99,13 +133,17 @@ pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
 /// `n` tasks cycling through every kind, from `seed`.
 pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
     let mut rng = SplitMix64::new(seed);
-    (0..n).map(|i| task(TaskKind::ALL[i % TaskKind::ALL.len()], &mut rng)).collect()
+    (0..n)
+        .map(|i| task(TaskKind::ALL[i % TaskKind::ALL.len()], &mut rng))
+        .collect()
 }
 
 /// The answer a completion gives: the text after the last `Answer:` (else the whole
 /// completion), trimmed, without a final period.
 pub fn extract_answer(completion: &str) -> &str {
-    let tail = completion.rsplit_once("Answer:").map_or(completion, |(_, t)| t);
+    let tail = completion
+        .rsplit_once("Answer:")
+        .map_or(completion, |(_, t)| t);
     tail.trim().trim_end_matches('.').trim()
 }
 
@@ -131,7 +169,11 @@ mod tests {
                         .filter(|s| !s.is_empty())
                         .map(|s| s.parse().unwrap())
                         .collect();
-                    let want = if t.kind == TaskKind::Add { nums[0] + nums[1] } else { nums[0] - nums[1] };
+                    let want = if t.kind == TaskKind::Add {
+                        nums[0] + nums[1]
+                    } else {
+                        nums[0] - nums[1]
+                    };
                     assert_eq!(t.answer, want.to_string(), "{}", t.question);
                 }
                 TaskKind::Reverse => {

@@ -3,10 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainer};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::models::TrainerWrapper;
-use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PostProcessorWrapper, PreTokenizerWrapper};
+use tokenizers::{
+    AddedToken, DecoderWrapper, ModelWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+};
 
 use super::datasets::corpus;
 use crate::model::{HfConfig, LoadOptions, Model, ModelError, write_safetensors};
@@ -41,10 +43,17 @@ pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\n\
 /// Trains the byte-level BPE tokenizer on the shipped corpus (deterministic).
 pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     let mut tok = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
-    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))));
+    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+        false, true, true,
+    ))));
     tok.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
-    tok.with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, true))));
-    let specials: Vec<AddedToken> = SPECIAL_TOKENS.iter().map(|s| AddedToken::from(*s, true)).collect();
+    tok.with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(
+        false, false, true,
+    ))));
+    let specials: Vec<AddedToken> = SPECIAL_TOKENS
+        .iter()
+        .map(|s| AddedToken::from(*s, true))
+        .collect();
     let mut trainer = TrainerWrapper::BpeTrainer(
         BpeTrainer::builder()
             .vocab_size(VOCAB_SIZE)
@@ -56,9 +65,18 @@ pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     );
     let mut texts = corpus();
     // Role names appear in every rendered chat.
-    texts.extend(["system\n", "user\n", "assistant\n"].iter().map(|s| s.repeat(50)));
-    tok.train(&mut trainer, texts.iter()).map_err(|e| e.to_string())?;
-    tok.add_tokens(vec![AddedToken::from("<think>", false), AddedToken::from("</think>", false)]).map_err(|e| e.to_string())?;
+    texts.extend(
+        ["system\n", "user\n", "assistant\n"]
+            .iter()
+            .map(|s| s.repeat(50)),
+    );
+    tok.train(&mut trainer, texts.iter())
+        .map_err(|e| e.to_string())?;
+    tok.add_tokens(vec![
+        AddedToken::from("<think>", false),
+        AddedToken::from("</think>", false),
+    ])
+    .map_err(|e| e.to_string())?;
     Ok(tok)
 }
 
@@ -108,12 +126,28 @@ pub fn tokenizer_config() -> serde_json::Value {
 pub fn write_model_files(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let tok = train_tokenizer()?;
-    let id = |t: &str| tok.token_to_id(t).map(i64::from).ok_or_else(|| format!("{t} missing from the vocabulary"));
-    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).map(|s| s + "\n").map_err(|e| e.to_string());
-    std::fs::write(dir.join("config.json"), pretty(&config(id("<|im_end|>")?, id("<|endoftext|>")?))?)
+    let id = |t: &str| {
+        tok.token_to_id(t)
+            .map(i64::from)
+            .ok_or_else(|| format!("{t} missing from the vocabulary"))
+    };
+    let pretty = |v: &serde_json::Value| {
+        serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    };
+    std::fs::write(
+        dir.join("config.json"),
+        pretty(&config(id("<|im_end|>")?, id("<|endoftext|>")?))?,
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        pretty(&tokenizer_config())?,
+    )
+    .map_err(|e| e.to_string())?;
+    tok.save(dir.join("tokenizer.json"), true)
         .map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("tokenizer_config.json"), pretty(&tokenizer_config())?).map_err(|e| e.to_string())?;
-    tok.save(dir.join("tokenizer.json"), true).map_err(|e| e.to_string())?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! Tokenizers and chat templates (placeholder module filled below).
+//! The files of a Hugging Face tokenizer folder.
 
 /// Files that make up a Hugging Face tokenizer folder (copied with a saved model).
 pub const TOKENIZER_FILES: [&str; 7] = [

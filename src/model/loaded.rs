@@ -20,18 +20,29 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: None, device: Device::Cpu }
+        LoadOptions {
+            dtype: None,
+            device: Device::Cpu,
+        }
     }
 }
 
 /// Parses a dtype name as transformers writes it (`float32`, `bfloat16`, `float16`) or as
 /// users type it (`fp32`, `bf16`, `fp16`).
 pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
-    match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
+    match name
+        .trim()
+        .to_ascii_lowercase()
+        .trim_start_matches("torch.")
+    {
         "float32" | "fp32" | "f32" | "float" => Ok(Kind::Float),
         "bfloat16" | "bf16" => Ok(Kind::BFloat16),
         "float16" | "fp16" | "f16" | "half" => Ok(Kind::Half),
-        other => Err(ModelError::unsupported("dtype", format!("{other:?}"), "expected float32, bfloat16 or float16")),
+        other => Err(ModelError::unsupported(
+            "dtype",
+            format!("{other:?}"),
+            "expected float32, bfloat16 or float16",
+        )),
     }
 }
 
@@ -68,7 +79,12 @@ impl Model {
     }
 
     /// A model with seeded random weights (N(0, `std`), norms 1): identical on every machine.
-    pub fn seeded(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {
+    pub fn seeded(
+        hf_config: HfConfig,
+        opts: LoadOptions,
+        seed: u64,
+        std: f64,
+    ) -> Result<Self, ModelError> {
         let model = Self::declare(hf_config, opts)?;
         init_seeded(&model.vs, seed, std)?;
         Ok(model)
@@ -78,7 +94,11 @@ impl Model {
         let config = hf_config.validate()?;
         let kind = match opts.dtype {
             Some(k) => k,
-            None => hf_config.checkpoint_dtype().map(parse_kind).transpose()?.unwrap_or(Kind::Float),
+            None => hf_config
+                .checkpoint_dtype()
+                .map(parse_kind)
+                .transpose()?
+                .unwrap_or(Kind::Float),
         };
         let mut vs = nn::VarStore::new(opts.device);
         let lm = CausalLm::new(&vs, config);
@@ -86,7 +106,12 @@ impl Model {
             // set_data in place: the layers' tensor handles see the converted values.
             vs.set_kind(kind);
         }
-        Ok(Model { vs, lm, hf_config, source: None })
+        Ok(Model {
+            vs,
+            lm,
+            hf_config,
+            source: None,
+        })
     }
 
     /// Parameter dtype.
@@ -124,9 +149,16 @@ impl Model {
             }
             offset += len;
         }
-        let h = hidden.squeeze_dim(0).index_select(0, &Tensor::from_slice(&src).to_device(device));
+        let h = hidden
+            .squeeze_dim(0)
+            .index_select(0, &Tensor::from_slice(&src).to_device(device));
         let lp = tch::no_grad(|| {
-            target_logprobs(&h, self.lm.lm_head_weight(), &Tensor::from_slice(&tgt), LogprobChunks::default())
+            target_logprobs(
+                &h,
+                self.lm.lm_head_weight(),
+                &Tensor::from_slice(&tgt),
+                LogprobChunks::default(),
+            )
         })?;
         let values = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
         let mut out = Vec::with_capacity(rows.len());
@@ -144,9 +176,15 @@ impl Model {
     /// `tokenizer_from` when given. Written to a temporary sibling and renamed into place, so a
     /// crash never leaves a half-written checkpoint.
     pub fn save(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
@@ -173,10 +211,19 @@ impl Model {
         }
         let json = |v: &serde_json::Value, file: &str| -> Result<(), ModelError> {
             let path = dir.join(file);
-            let text = serde_json::to_string_pretty(v).map_err(|e| ModelError::Json { path: path.clone(), message: e.to_string() })?;
+            let text = serde_json::to_string_pretty(v).map_err(|e| ModelError::Json {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
             std::fs::write(&path, text + "\n").map_err(|e| ModelError::io(&path, e))
         };
-        json(&serde_json::to_value(&cfg).map_err(|e| ModelError::Json { path: dir.join("config.json"), message: e.to_string() })?, "config.json")?;
+        json(
+            &serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
+                path: dir.join("config.json"),
+                message: e.to_string(),
+            })?,
+            "config.json",
+        )?;
         let c = &self.lm.config;
         let mut generation = serde_json::Map::new();
         if let Some(b) = c.bos_token_id {
@@ -194,7 +241,10 @@ impl Model {
         if let Some(p) = c.pad_token_id {
             generation.insert("pad_token_id".into(), p.into());
         }
-        json(&serde_json::Value::Object(generation), "generation_config.json")?;
+        json(
+            &serde_json::Value::Object(generation),
+            "generation_config.json",
+        )?;
         let tensors = self.vs.variables();
         write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
         if let Some(src) = tokenizer_from {
@@ -209,46 +259,96 @@ impl Model {
     }
 
     fn parameter_rows(&self) -> Vec<(String, Vec<i64>, i64)> {
-        let mut rows: Vec<(String, Vec<i64>, i64)> =
-            self.vs.variables().into_iter().map(|(k, t)| (k, t.size(), t.numel() as i64)).collect();
-        rows.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+        let mut rows: Vec<(String, Vec<i64>, i64)> = self
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(k, t)| (k, t.size(), t.numel() as i64))
+            .collect();
+        rows.sort_by_key(|r| natural_key(&r.0));
         rows
     }
 }
 
 fn natural_key(name: &str) -> Vec<(u64, String)> {
-    name.split('.').map(|p| p.parse::<u64>().map_or((u64::MAX, p.to_string()), |n| (n, String::new()))).collect()
+    name.split('.')
+        .map(|p| {
+            p.parse::<u64>()
+                .map_or((u64::MAX, p.to_string()), |n| (n, String::new()))
+        })
+        .collect()
 }
 
 impl Rich for Model {
     fn html(&self) -> String {
         let c = &self.lm.config;
         let cfg_rows = vec![
-            ("architecture", format!("{:?} ({})", c.arch, escape(&self.hf_config.model_type))),
-            ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
+            (
+                "architecture",
+                format!("{:?} ({})", c.arch, escape(&self.hf_config.model_type)),
+            ),
+            (
+                "parameters",
+                format!("{:.2} M", c.num_parameters() as f64 / 1e6),
+            ),
             ("dtype", format!("{:?}", self.kind())),
-            ("layers / hidden / intermediate", format!("{} / {} / {}", c.num_layers, c.hidden_size, c.intermediate_size)),
-            ("heads / kv heads / head dim", format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim)),
+            (
+                "layers / hidden / intermediate",
+                format!(
+                    "{} / {} / {}",
+                    c.num_layers, c.hidden_size, c.intermediate_size
+                ),
+            ),
+            (
+                "heads / kv heads / head dim",
+                format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim),
+            ),
             ("vocab", c.vocab_size.to_string()),
-            ("RoPE", format!("theta {} {:?}", c.rope_theta, c.rope_scaling)),
+            (
+                "RoPE",
+                format!("theta {} {:?}", c.rope_theta, c.rope_scaling),
+            ),
             ("tied embeddings", c.tie_word_embeddings.to_string()),
-            ("source", escape(&self.source.as_ref().map_or("(in memory)".into(), |p| p.display().to_string()))),
+            (
+                "source",
+                escape(
+                    &self
+                        .source
+                        .as_ref()
+                        .map_or("(in memory)".into(), |p| p.display().to_string()),
+                ),
+            ),
         ];
         let rows: Vec<Vec<String>> = self
             .parameter_rows()
             .into_iter()
             .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
-            .map(|(n, s, k)| vec![format!("<code>{}</code>", escape(&n)), format!("{s:?}"), k.to_string()])
+            .map(|(n, s, k)| {
+                vec![
+                    format!("<code>{}</code>", escape(&n)),
+                    format!("{s:?}"),
+                    k.to_string(),
+                ]
+            })
             .collect();
         let note = if c.num_layers > 1 {
-            format!("<p class=\"muted\">model.layers.1 to model.layers.{} have the same parameters as layer 0.</p>", c.num_layers - 1)
+            format!(
+                "<p class=\"muted\">model.layers.1 to model.layers.{} have the same parameters as layer 0.</p>",
+                c.num_layers - 1
+            )
         } else {
             String::new()
         };
         display::style::container(&format!(
             "{}{}",
             display::section("Model", &display::kv_table(&cfg_rows)),
-            display::section("Parameters", &format!("{}{note}", display::table(&["name", "shape", "numel"], &rows)))
+            display::section(
+                "Parameters",
+                &format!(
+                    "{}{note}",
+                    display::table(&["name", "shape", "numel"], &rows)
+                )
+            )
         ))
     }
 

@@ -1,0 +1,15 @@
+//! Tokenizers (`tokenizer.json` via the tokenizers crate) with their `tokenizer_config.json` and
+//! chat template, rendered as transformers' `apply_chat_template` does, with assistant-token
+//! masks from `{% generation %}` blocks.
+
+mod chat_template;
+mod error;
+mod files;
+mod hf_tokenizer;
+mod pyjson;
+
+pub use chat_template::{ChatTemplate, RenderedChat};
+pub use error::TokenizerError;
+pub use files::TOKENIZER_FILES;
+pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
+pub use pyjson::dumps as python_json;

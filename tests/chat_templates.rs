@@ -1,0 +1,194 @@
+//! Chat templates rendered by treetrain against transformers' `apply_chat_template` on the same
+//! conversations (tests/fixtures/chat_templates.json, made by
+//! scripts/fixtures/make_chat_fixtures.py from the templates TRL 1.16.0 ships).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use treetrain::tokenizer::{ChatOptions, ChatTemplate, Tokenizer};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// TRL's templates are fetched (never committed): make sure they are there.
+fn templates_dir() -> PathBuf {
+    let dir = root().join(".deps/chat_templates");
+    if !dir.join(".trl-1.16.0").exists() {
+        let ok = Command::new("bash")
+            .arg(root().join("scripts/fetch-chat-templates.sh"))
+            .status()
+            .unwrap();
+        assert!(ok.success(), "scripts/fetch-chat-templates.sh failed");
+    }
+    dir
+}
+
+fn tiny_tokenizer() -> Tokenizer {
+    Tokenizer::from_dir(&root().join("datasets/tiny-qwen3")).unwrap()
+}
+
+fn options(fixture: &Value, case: &Value) -> ChatOptions {
+    let opts = &fixture["options"][case["options"].as_str().unwrap()];
+    let mut extra = fixture["extra_kwargs"].as_object().unwrap().clone();
+    if let Some(v) = opts.get("enable_thinking") {
+        extra.insert("enable_thinking".into(), v.clone());
+    }
+    ChatOptions {
+        add_generation_prompt: opts
+            .get("add_generation_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        tools: (case["conversation"] == "tools").then(|| fixture["tools"].clone()),
+        extra,
+    }
+}
+
+#[test]
+fn renders_like_transformers_for_real_model_templates() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = templates_dir();
+    let mut tok = tiny_tokenizer();
+    let own = tok.chat_template.take().unwrap();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut masks_checked = 0;
+    for case in fixture["cases"].as_array().unwrap() {
+        let name = case["template"].as_str().unwrap();
+        let label = format!(
+            "{name}/{}/{}",
+            case["conversation"].as_str().unwrap(),
+            case["options"].as_str().unwrap()
+        );
+        tok.chat_template = Some(if name == "tiny-qwen3" {
+            ChatTemplate::new(&own.source).unwrap()
+        } else {
+            ChatTemplate::new(&std::fs::read_to_string(dir.join(format!("{name}.jinja"))).unwrap())
+                .unwrap()
+        });
+        let messages = &fixture["conversations"][case["conversation"].as_str().unwrap()];
+        let opts = options(&fixture, case);
+        let rendered = match tok.apply_chat_template(messages, &opts) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{label}: {e}"));
+                continue;
+            }
+        };
+        checked += 1;
+        let want = case["text"].as_str().unwrap();
+        if rendered.text != want {
+            let at = rendered
+                .text
+                .chars()
+                .zip(want.chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let ctx = |s: &str| {
+                s.chars()
+                    .skip(at.saturating_sub(20))
+                    .take(60)
+                    .collect::<String>()
+            };
+            failures.push(format!(
+                "{label}: differs at char {at}: got {:?}, want {:?}",
+                ctx(&rendered.text),
+                ctx(want)
+            ));
+            continue;
+        }
+        if let Some(ids) = case.get("input_ids") {
+            let got = tok.tokenize_chat(messages, &opts).unwrap();
+            let want_ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+            let want_mask: Vec<u8> =
+                serde_json::from_value(case["assistant_masks"].clone()).unwrap();
+            if got.input_ids != want_ids {
+                failures.push(format!("{label}: token ids differ"));
+            } else if got.assistant_masks != want_mask {
+                failures.push(format!(
+                    "{label}: assistant masks differ: got {:?}, want {:?}",
+                    got.assistant_masks, want_mask
+                ));
+            }
+            masks_checked += 1;
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        checked,
+        failures.join("\n")
+    );
+    assert!(
+        checked >= 350 && masks_checked >= 100,
+        "{checked} cases, {masks_checked} with masks"
+    );
+}
+
+#[test]
+fn tiny_template_masks_exactly_the_assistant_replies() {
+    let tok = tiny_tokenizer();
+    let messages = serde_json::json!([
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "Answer: 2"},
+    ]);
+    let chat = tok
+        .tokenize_chat(&messages, &ChatOptions::default())
+        .unwrap();
+    let masked: Vec<u32> = chat
+        .input_ids
+        .iter()
+        .zip(&chat.assistant_masks)
+        .filter(|(_, m)| **m == 1)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(tok.decode(&masked, false).unwrap(), "Answer: 2<|im_end|>");
+    assert!(
+        chat.text
+            .ends_with("<|im_start|>assistant\nAnswer: 2<|im_end|>\n")
+    );
+    let prompt = tok
+        .apply_chat_template(
+            &Value::Array(messages.as_array().unwrap()[..2].to_vec()),
+            &ChatOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(prompt.text.ends_with("<|im_start|>assistant\n") && prompt.generation_spans.is_empty());
+}
+
+#[test]
+fn malformed_messages_are_named() {
+    let tok = tiny_tokenizer();
+    let err = tok.apply_chat_template(
+        &serde_json::json!([{"role": "user", "content": "x"}, {"content": "y"}]),
+        &ChatOptions::default(),
+    );
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "message 1: missing string field `role`"
+    );
+    let err = tok.apply_chat_template(
+        &serde_json::json!({"role": "user"}),
+        &ChatOptions::default(),
+    );
+    assert!(err.unwrap_err().to_string().contains("must be a list"));
+    let bare = Tokenizer {
+        chat_template: None,
+        ..tiny_tokenizer()
+    };
+    assert!(
+        bare.apply_chat_template(&serde_json::json!([]), &ChatOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("no chat template")
+    );
+}
