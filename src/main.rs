@@ -28,6 +28,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Log-probability of every token given its prefix, for rows of a JSONL file.
+    Score(ScoreArgs),
+    /// Load a model and write it back as a Hugging Face folder (e.g. to change its dtype).
+    Convert {
+        /// A model folder or repo id.
+        #[arg(long)]
+        model: String,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// Output dtype: fp32, bf16 or fp16 (default: unchanged).
+        #[arg(long)]
+        dtype: Option<String>,
+    },
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
     Shapes(ShapesArgs),
     /// Regenerate the shipped datasets and tiny model files from their seeds (maintainers).
@@ -43,6 +57,25 @@ enum Command {
         #[arg(long, default_value = "demo-out")]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ScoreArgs {
+    /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long)]
+    model: String,
+    /// JSONL input: `{"input_ids": [...]}` or `{"text": "..."}` per line (`-` for stdin).
+    #[arg(long)]
+    input: PathBuf,
+    /// Parameter dtype: fp32, bf16 or fp16 (default: the checkpoint's).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// none: one forward per row; flat: rows packed into shared forwards (same numbers).
+    #[arg(long, default_value = "none", value_parser = ["none", "flat"])]
+    packing: String,
+    /// Token budget of one packed forward (flat packing).
+    #[arg(long, default_value_t = 8192)]
+    max_tokens: usize,
 }
 
 #[derive(clap::Args)]
@@ -78,6 +111,23 @@ fn main() -> Result<()> {
                 print!("{}", report.text());
             }
         }
+        Command::Score(args) => score(&args)?,
+        Command::Convert { model, out, dtype } => {
+            let dir = treetrain::hub::HubCache::from_env().model_dir(&model)?;
+            let dtype = dtype
+                .as_deref()
+                .map(treetrain::model::parse_kind)
+                .transpose()?;
+            let m = treetrain::model::Model::load(
+                &dir,
+                treetrain::model::LoadOptions {
+                    dtype,
+                    device: tch::Device::Cpu,
+                },
+            )?;
+            m.save(&out, Some(&dir))?;
+            println!("wrote {} ({:?})", out.display(), m.kind());
+        }
         Command::Shapes(args) => print!("{}", shapes(&args)?.text()),
         Command::Demo { out } => demo(&out)?,
         Command::MakeShippedData { out } => {
@@ -86,6 +136,92 @@ fn main() -> Result<()> {
                 .map_err(anyhow::Error::msg)?;
             println!("wrote {}", out.display());
         }
+    }
+    Ok(())
+}
+
+fn score(args: &ScoreArgs) -> Result<()> {
+    use std::io::{BufRead, Write};
+    let dir = treetrain::hub::HubCache::from_env().model_dir(&args.model)?;
+    let dtype = args
+        .dtype
+        .as_deref()
+        .map(treetrain::model::parse_kind)
+        .transpose()?;
+    let model = treetrain::model::Model::load(
+        &dir,
+        treetrain::model::LoadOptions {
+            dtype,
+            device: tch::Device::Cpu,
+        },
+    )?;
+    let tokenizer = dir
+        .join("tokenizer.json")
+        .exists()
+        .then(|| treetrain::tokenizer::Tokenizer::from_dir(&dir))
+        .transpose()?;
+    let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(&args.input)
+                .with_context(|| format!("opening {}", args.input.display()))?,
+        ))
+    };
+    let mut rows: Vec<Vec<i64>> = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let where_ = || format!("{}:{}", args.input.display(), i + 1);
+        let v: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("{}: not JSON", where_()))?;
+        let ids: Vec<i64> = if let Some(ids) = v.get("input_ids") {
+            serde_json::from_value(ids.clone())
+                .with_context(|| format!("{}: input_ids must be a list of integers", where_()))?
+        } else if let Some(text) = v.get("text").and_then(|t| t.as_str()) {
+            let tok = tokenizer.as_ref().with_context(|| {
+                format!(
+                    "{}: a text row needs tokenizer.json in {}",
+                    where_(),
+                    dir.display()
+                )
+            })?;
+            tok.encode(text, true)?.into_iter().map(i64::from).collect()
+        } else {
+            bail!("{}: expected an \"input_ids\" or \"text\" field", where_());
+        };
+        rows.push(ids);
+    }
+    let scored: Vec<Vec<f32>> = if args.packing == "flat" {
+        let mut out = Vec::with_capacity(rows.len());
+        let mut start = 0;
+        while start < rows.len() {
+            let mut end = start + 1;
+            let mut tokens = rows[start].len();
+            while end < rows.len() && tokens + rows[end].len() <= args.max_tokens {
+                tokens += rows[end].len();
+                end += 1;
+            }
+            let batch: Vec<&[i64]> = rows[start..end].iter().map(Vec::as_slice).collect();
+            out.extend(
+                model
+                    .score_packed(&batch)
+                    .with_context(|| format!("rows {}..{}", start + 1, end))?,
+            );
+            start = end;
+        }
+        out
+    } else {
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| model.score(r).with_context(|| format!("row {}", i + 1)))
+            .collect::<Result<_>>()?
+    };
+    let mut stdout = std::io::stdout().lock();
+    for lp in scored {
+        writeln!(stdout, "{}", serde_json::json!({ "logprobs": lp }))?;
     }
     Ok(())
 }

@@ -70,3 +70,95 @@ fn bad_arguments_fail_with_a_message() {
     let (ok, _, err) = treetrain(&["shapes", "--lengths", "/nonexistent.txt"]);
     assert!(!ok && err.contains("/nonexistent.txt"), "{err}");
 }
+
+fn scores(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn score_flat_packing_equals_separate_rows() {
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-score-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("rows.jsonl");
+    std::fs::write(&input, "{\"input_ids\": [5, 17, 99, 3, 250]}\n\n{\"input_ids\": [1]}\n{\"input_ids\": [7, 8, 9, 10, 11, 12, 13]}\n").unwrap();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/qwen2");
+    let run = |packing: &str, extra: &[&str]| {
+        let mut args = vec![
+            "score",
+            "--model",
+            model,
+            "--input",
+            input.to_str().unwrap(),
+            "--packing",
+            packing,
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = treetrain(&args);
+        assert!(ok, "{err}");
+        scores(&out)
+    };
+    let none = run("none", &[]);
+    assert_eq!(none.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 0, 6]);
+    for flat in [run("flat", &[]), run("flat", &["--max-tokens", "6"])] {
+        for (a, b) in none.iter().zip(&flat) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn score_text_rows_use_the_tokenizer_and_errors_name_the_line() {
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-text-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = treetrain::shipped::tiny_model_dir().unwrap();
+    let input = dir.join("text.jsonl");
+    std::fs::write(&input, "{\"text\": \"What is 2 + 3?\"}\n").unwrap();
+    let (ok, out, err) = treetrain(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let tok = treetrain::tokenizer::Tokenizer::from_dir(&model).unwrap();
+    assert_eq!(
+        scores(&out)[0].len(),
+        tok.encode("What is 2 + 3?", true).unwrap().len() - 1
+    );
+    std::fs::write(&input, "{\"input_ids\": [1, 2]}\n{\"ids\": [1]}\n").unwrap();
+    let (ok, _, err) = treetrain(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("text.jsonl:2") && err.contains("input_ids"),
+        "{err}"
+    );
+    std::fs::write(&input, "{\"input_ids\": [1, 99999]}\n").unwrap();
+    let (ok, _, err) = treetrain(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("row 1") && err.contains("0..2048"),
+        "{err}"
+    );
+}

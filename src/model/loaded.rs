@@ -54,6 +54,39 @@ fn kind_name(kind: Kind) -> &'static str {
     }
 }
 
+/// Marks a seeded checkpoint folder (see [`Model::load`]).
+pub const SEED_FILE: &str = "treetrain_init.json";
+
+fn materialise_seeded(dir: &Path, hf_config: &HfConfig) -> Result<(), ModelError> {
+    let path = dir.join(SEED_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let (Some(seed), Some(std)) = (v["seed"].as_u64(), v["std"].as_f64()) else {
+        return Err(ModelError::Json {
+            path,
+            message: "expected {\"seed\": integer, \"std\": number}".into(),
+        });
+    };
+    let model = Model::seeded(
+        hf_config.clone(),
+        LoadOptions {
+            dtype: Some(Kind::Float),
+            device: Device::Cpu,
+        },
+        seed,
+        std,
+    )?;
+    // Written beside the config under a temporary name, then renamed: concurrent first uses
+    // (two notebook kernels) each write identical bytes and never see a partial file.
+    let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
+    write_safetensors(&tmp, &model.vs.variables(), Kind::Float)?;
+    let dest = dir.join("model.safetensors");
+    std::fs::rename(&tmp, &dest).map_err(|e| ModelError::io(&dest, e))
+}
+
 /// A causal LM with its var store and original config.
 #[derive(Debug)]
 pub struct Model {
@@ -69,9 +102,19 @@ pub struct Model {
 
 impl Model {
     /// Loads a checkpoint folder (`config.json` + safetensors, sharded or not).
+    ///
+    /// A folder without weights but with `treetrain_init.json` (`{"seed": u64, "std": f64}`) is
+    /// a seeded checkpoint: its weights are made from the seed, written to `model.safetensors`
+    /// once (when the folder is writable), and loaded. The shipped tiny model works this way.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
-        let files = weight_files(dir)?;
+        let files = match weight_files(dir) {
+            Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
+                materialise_seeded(dir, &hf_config)?;
+                weight_files(dir)?
+            }
+            other => other?,
+        };
         let mut model = Self::declare(hf_config, opts)?;
         load_into(&model.vs, &files, dir)?;
         model.source = Some(dir.to_path_buf());

@@ -27,6 +27,6 @@ pub use decoder::{CausalLm, DecoderLayer};
 pub use error::ModelError;
 pub use layers::{Linear, Mlp, RmsNorm};
 pub use layout::AttentionLayout;
-pub use loaded::{LoadOptions, Model, parse_kind};
+pub use loaded::{LoadOptions, Model, SEED_FILE, parse_kind};
 pub use logprobs::{LogprobChunks, target_logprobs};
 pub use weights::{weight_files, write_safetensors};

@@ -11,7 +11,7 @@ use tokenizers::{
 };
 
 use super::datasets::corpus;
-use crate::model::{HfConfig, LoadOptions, Model, ModelError, write_safetensors};
+use crate::model::{LoadOptions, Model, ModelError, SEED_FILE};
 
 /// Vocabulary size of the tiny tokenizer and model.
 pub const VOCAB_SIZE: usize = 2048;
@@ -148,19 +148,16 @@ pub fn write_model_files(dir: &Path) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     tok.save(dir.join("tokenizer.json"), true)
         .map_err(|e| e.to_string())?;
+    let init = serde_json::json!({"seed": WEIGHT_SEED, "std": WEIGHT_STD});
+    std::fs::write(dir.join(SEED_FILE), pretty(&init)?).map_err(|e| e.to_string())?;
     Ok(())
 }
 
-/// Makes `model.safetensors` in the tiny model's folder from the fixed seed if it is missing
-/// (identical bytes on every machine), and returns the folder.
+/// The tiny model's folder, checked loadable (its weights are made from the seed in
+/// `treetrain_init.json` on first load).
 pub fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {
-    let weights = dir.join("model.safetensors");
-    if !weights.exists() {
-        let cfg = HfConfig::from_file(&dir.join("config.json"))?;
-        let model = Model::seeded(cfg, LoadOptions::default(), WEIGHT_SEED, WEIGHT_STD)?;
-        let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
-        write_safetensors(&tmp, &model.vs.variables(), tch::Kind::Float)?;
-        std::fs::rename(&tmp, &weights).map_err(|e| ModelError::io(&weights, e))?;
+    if !dir.join("model.safetensors").exists() {
+        Model::load(dir, LoadOptions::default())?;
     }
     Ok(dir.to_path_buf())
 }
