@@ -15,4 +15,7 @@ pub mod shipped;
 pub mod tokenizer;
 pub mod util;
 
+/// Re-exported so notebooks can build messages with `treetrain::serde_json::json!` without another `:dep`.
+pub use serde_json;
+
 pub use env_report::{EnvReport, TCH_VERSION};
