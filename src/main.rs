@@ -286,10 +286,40 @@ fn demo(out: &Path) -> Result<()> {
     let comparison = PaddingComparison::new(&lengths, 8, PadTo::Auto, Platform::Neuron, 60.0)?;
     print!("{}", comparison.text());
 
+    println!("\n== 3. The shipped tiny Qwen3 scores the shipped conversations\n");
+    let dir = treetrain::shipped::tiny_model_dir()?;
+    let model = treetrain::model::Model::load(&dir, treetrain::model::LoadOptions::default())?;
+    let tok = treetrain::tokenizer::Tokenizer::from_dir(&dir)?;
+    print!("{}", model.text());
+    let (mut total, mut trained_tokens) = (0f64, 0usize);
+    for (messages, _) in treetrain::shipped::datasets::sft_conversations(16, 1) {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let chat = tok.tokenize_chat(&serde_json::Value::Array(messages), &Default::default())?;
+        let ids: Vec<i64> = chat.input_ids.iter().map(|&i| i64::from(i)).collect();
+        let lp = model.score(&ids)?;
+        // Assistant-only: token t+1 is trained when its mask is 1.
+        for (t, v) in lp.iter().enumerate() {
+            if chat.assistant_masks[t + 1] == 1 {
+                total += f64::from(*v);
+                trained_tokens += 1;
+            }
+        }
+    }
+    let nll = -total / trained_tokens as f64;
+    println!(
+        "assistant tokens of 16 conversations: {trained_tokens}, mean NLL {nll:.3} (perplexity {:.1}; uniform over the vocabulary would be {:.1})",
+        nll.exp(),
+        model.lm.config.vocab_size
+    );
+
     let html = format!(
-        "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}",
+        "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}{}",
         report.html(),
-        comparison.html()
+        comparison.html(),
+        model.html()
     );
     std::fs::write(out.join("report.html"), html)?;
     std::fs::write(out.join("shapes.svg"), comparison.chart().to_svg())?;
@@ -303,6 +333,11 @@ fn demo(out: &Path) -> Result<()> {
             "compiles_with_auto_padding": comparison.with.compiles(),
             "padding_fraction_with_auto": comparison.with.padding_fraction(),
             "compile_minutes_saved": comparison.seconds_saved() / 60.0,
+        },
+        "tiny_model": {
+            "parameters": model.lm.config.num_parameters(),
+            "assistant_tokens_scored": trained_tokens,
+            "mean_nll": nll,
         }
     });
     std::fs::write(
