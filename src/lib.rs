@@ -10,6 +10,7 @@ pub mod display;
 mod env_report;
 pub mod hub;
 pub mod model;
+pub mod pack;
 pub mod shapes;
 pub mod shipped;
 pub mod tokenizer;

@@ -94,6 +94,7 @@ impl LineChart {
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 16))
             .margin(8)
+            .margin_right(24)
             .x_label_area_size(36)
             .y_label_area_size(56)
             .build_cartesian_2d(x0..x1, y0..y1)?;

@@ -4,6 +4,7 @@ use tch::{Tensor, nn};
 
 use super::config::ModelConfig;
 use super::layers::{Linear, RmsNorm};
+use super::layout::{AttentionLayout, KeySource, SegmentAttention};
 use super::rope;
 
 /// `self_attn` of one decoder layer.
@@ -96,9 +97,69 @@ impl Attention {
         )
     }
 
-    /// Full self-attention of `x` `[batch, seq, hidden]`.
-    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    /// Full self-attention of `x` `[batch, seq, hidden]` under `layout` (`mask` is the SDPA
+    /// mask precomputed from it for non-segment layouts).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        layout: &AttentionLayout,
+    ) -> Tensor {
         let (q, k, v) = self.qkv(x, cos, sin);
-        self.attend(&q, &k, &v, mask)
+        match layout {
+            AttentionLayout::Segments(segs) => self.attend_segments(&q, &k, &v, segs),
+            _ => self.attend(&q, &k, &v, mask),
+        }
+    }
+
+    /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
+    /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
+    fn attend_segments(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        segs: &[SegmentAttention],
+    ) -> Tensor {
+        let rep = self.num_heads / self.num_kv_heads;
+        let (k, v) = if rep > 1 {
+            (
+                k.repeat_interleave_self_int(rep, 1, None),
+                v.repeat_interleave_self_int(rep, 1, None),
+            )
+        } else {
+            (k.shallow_clone(), v.shallow_clone())
+        };
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let outs: Vec<Tensor> = segs
+            .iter()
+            .map(|s| {
+                let qs = q.narrow(2, s.q_start, s.q_len);
+                let (ks, vs) = match &s.keys {
+                    KeySource::Contiguous { start, len } => {
+                        (k.narrow(2, *start, *len), v.narrow(2, *start, *len))
+                    }
+                    KeySource::Gather(idx) => (k.index_select(2, idx), v.index_select(2, idx)),
+                };
+                Tensor::scaled_dot_product_attention(
+                    &qs,
+                    &ks,
+                    &vs,
+                    s.mask.as_ref(),
+                    0.0,
+                    s.mask.is_none(),
+                    scale,
+                    false,
+                )
+            })
+            .collect();
+        let out = Tensor::cat(&outs, 2);
+        let n = q.size()[2];
+        self.o_proj.forward(
+            &out.transpose(1, 2)
+                .reshape([1, n, self.num_heads * self.head_dim]),
+        )
     }
 }

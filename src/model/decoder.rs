@@ -41,10 +41,18 @@ impl DecoderLayer {
     }
 
     /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`.
-    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Tensor {
-        let h = x + self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x), cos, sin, mask);
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        layout: &AttentionLayout,
+    ) -> Tensor {
+        let h =
+            x + self
+                .self_attn
+                .forward(&self.input_layernorm.forward(x), cos, sin, mask, layout);
         let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
         h + out
     }
@@ -152,7 +160,7 @@ impl CausalLm {
             rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
         let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
         for layer in &self.layers {
-            x = layer.forward(&x, &cos, &sin, mask.as_ref());
+            x = layer.forward(&x, &cos, &sin, mask.as_ref(), layout);
         }
         Ok(self.norm.forward(&x))
     }

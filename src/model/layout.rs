@@ -30,6 +30,71 @@ pub enum AttentionLayout {
         /// `[batch, seq, seq]`, bool.
         mask: Tensor,
     },
+    /// One row (batch 1) cut into contiguous query segments, each attending to its own list of
+    /// key positions, causally aligned to the bottom right: tree packing (a segment sees its
+    /// root-to-segment path) and flat packing (a sequence sees itself). Attention costs the
+    /// sum over segments of `q_len x k_len`, not `seq x seq`. Build with
+    /// [`AttentionLayout::segments`].
+    Segments(Vec<SegmentAttention>),
+}
+
+/// Where one segment's keys come from.
+#[derive(Debug)]
+pub enum KeySource {
+    /// Positions `start..start + len` of the row: a slice, no copy.
+    Contiguous {
+        /// First key position.
+        start: i64,
+        /// Number of keys.
+        len: i64,
+    },
+    /// Arbitrary positions `[k_len]` (int64), gathered.
+    Gather(Tensor),
+}
+
+/// One segment of an [`AttentionLayout::Segments`] layout.
+#[derive(Debug)]
+pub struct SegmentAttention {
+    /// First query position.
+    pub q_start: i64,
+    /// Queries.
+    pub q_len: i64,
+    /// Keys and values seen.
+    pub keys: KeySource,
+    /// Bottom-right causal mask `[q_len, k_len]` when `k_len > q_len`; `None` means plain causal.
+    pub mask: Option<Tensor>,
+}
+
+impl AttentionLayout {
+    /// A segments layout from `cu_q` (`S + 1` segment boundaries), `cu_k` (`S + 1` boundaries in
+    /// `kv_index`) and `kv_index` (key positions of every segment, concatenated), the tensors of
+    /// TRL's tree packing. Paths that are one contiguous run of positions are sliced, not gathered.
+    pub fn segments(cu_q: Vec<i64>, cu_k: Vec<i64>, kv_index: &[i64], device: Device) -> Self {
+        let mut segs = Vec::with_capacity(cu_q.len().saturating_sub(1));
+        for s in 0..cu_q.len().saturating_sub(1) {
+            let (q_start, q_len) = (cu_q[s], cu_q[s + 1] - cu_q[s]);
+            let path = &kv_index[cu_k[s] as usize..cu_k[s + 1] as usize];
+            let k_len = path.len() as i64;
+            let contiguous = path.windows(2).all(|w| w[1] == w[0] + 1);
+            let keys = if contiguous && !path.is_empty() {
+                KeySource::Contiguous {
+                    start: path[0],
+                    len: k_len,
+                }
+            } else {
+                KeySource::Gather(Tensor::from_slice(path).to_device(device))
+            };
+            let mask = (k_len != q_len)
+                .then(|| Tensor::ones([q_len, k_len], (Kind::Bool, device)).tril(k_len - q_len));
+            segs.push(SegmentAttention {
+                q_start,
+                q_len,
+                keys,
+                mask,
+            });
+        }
+        AttentionLayout::Segments(segs)
+    }
 }
 
 impl AttentionLayout {
@@ -87,6 +152,20 @@ impl AttentionLayout {
             AttentionLayout::Dense { mask } => {
                 check(mask, "mask", &[batch, seq, seq])?;
                 mask.to_device(device).to_kind(Kind::Bool)
+            }
+            AttentionLayout::Segments(segs) => {
+                let covered: i64 = segs.iter().map(|s| s.q_len).sum();
+                let ordered = segs.iter().scan(0, |at, s| {
+                    let ok = s.q_start == *at;
+                    *at += s.q_len;
+                    Some(ok)
+                });
+                if batch != 1 || covered != seq || !ordered.clone().all(|ok| ok) {
+                    return Err(ModelError::Input(format!(
+                        "a segments layout needs one row whose segments tile it in order: batch {batch}, {seq} tokens, segments cover {covered}"
+                    )));
+                }
+                return Ok(None);
             }
         };
         Ok(Some(mask.unsqueeze(1)))

@@ -1,0 +1,19 @@
+//! Packing GRPO rollouts into micro-batch rows: prefix trees (shared prefixes forwarded once)
+//! and flat sequence packing, the token-budget planner, and the GRPO loss over packed rows.
+
+mod error;
+mod fxhash;
+mod loss;
+mod planner;
+mod rollout;
+mod row;
+mod sequence;
+mod tree;
+
+pub use error::PackError;
+pub use loss::{GrpoLoss, GrpoLossConfig, grpo_loss, row_logprobs};
+pub use planner::{PackPlan, plan};
+pub use rollout::Rollout;
+pub use row::{PackKind, PackedRow, Segment};
+pub use sequence::pack_flat;
+pub use tree::PrefixTree;

@@ -1,0 +1,191 @@
+use tch::{Device, Kind, Tensor};
+
+use crate::model::AttentionLayout;
+
+/// One maximal chain of the prefix tree: contiguous packed positions `start..start + len`
+/// whose keys/values, with those of its ancestors, are what its queries attend to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// First packed position.
+    pub start: usize,
+    /// Tokens in the segment.
+    pub len: usize,
+    /// Parent segment (None for a root).
+    pub parent: Option<usize>,
+    /// Root-to-segment path length (ancestors' tokens + own).
+    pub path_len: usize,
+    /// Rollouts passing through the segment.
+    pub rollouts: usize,
+}
+
+/// How a row was packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackKind {
+    /// Prefix tree: shared prefixes forwarded once.
+    Tree,
+    /// Sequence packing: rollouts laid end to end.
+    Flat,
+}
+
+/// One packed micro-batch row: the data contract of TRL v1.16's tree packing.
+///
+/// With `N` forwarded tokens, `S` segments, `K` gathered key/value rows and `M` loss terms:
+/// - `input_ids`, `position_ids` (`N`): unique tokens in DFS pre-order and their depth (= their
+///   position in every rollout containing them).
+/// - `shift_labels` (`N`): the token each position predicts where some rollout trains it, else -100.
+/// - `tree_kv_index` (`K`): for each segment in order, the packed positions of its root-to-segment
+///   path; `tree_cu_seqlens_q` / `tree_cu_seqlens_k` (`S + 1`): segment boundaries in the row and
+///   path boundaries in `tree_kv_index`; `tree_max_seqlens`: longest segment, longest path.
+/// - `token_index` (`M`): packed position whose hidden state predicts each trained token, rollouts
+///   in insertion order, tokens in order; `old_log_probs`, `advantages`, `segment_id` (`M`): the
+///   generator log-prob, the rollout's advantage and the rollout's index per loss term. A token
+///   trained in several rollouts is several loss terms.
+///
+/// Attention: segment `s`'s queries see the keys `tree_kv_index[cu_k[s]..cu_k[s+1]]`, causally
+/// aligned to the bottom right. Flat packing is the same contract with one segment per rollout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedRow {
+    /// Tree or flat.
+    pub kind: PackKind,
+    /// `[N]`.
+    pub input_ids: Vec<i64>,
+    /// `[N]`.
+    pub position_ids: Vec<i64>,
+    /// `[N]`.
+    pub shift_labels: Vec<i64>,
+    /// `[K]`.
+    pub tree_kv_index: Vec<i64>,
+    /// `[S + 1]`.
+    pub tree_cu_seqlens_q: Vec<i32>,
+    /// `[S + 1]`.
+    pub tree_cu_seqlens_k: Vec<i32>,
+    /// Longest segment, longest path.
+    pub tree_max_seqlens: [i32; 2],
+    /// `[M]`.
+    pub token_index: Vec<i64>,
+    /// `[M]`.
+    pub old_log_probs: Vec<f32>,
+    /// `[M]`.
+    pub advantages: Vec<f32>,
+    /// `[M]`.
+    pub segment_id: Vec<i64>,
+    /// `[S]`, for displays and planning.
+    pub segments: Vec<Segment>,
+    /// Tokens a flat packing of the same rollouts forwards.
+    pub raw_tokens: usize,
+    /// Rollouts in the row.
+    pub rollouts: usize,
+}
+
+impl PackedRow {
+    /// Forwarded tokens `N`.
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// Whether the row holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    /// Flat tokens / forwarded tokens.
+    pub fn packing_ratio(&self) -> f64 {
+        if self.input_ids.is_empty() {
+            1.0
+        } else {
+            self.raw_tokens as f64 / self.input_ids.len() as f64
+        }
+    }
+
+    /// Attention score pairs the row costs: per segment `q * k - q * (q - 1) / 2` (causal).
+    pub fn attention_pairs(&self) -> u64 {
+        self.segments
+            .iter()
+            .map(|s| {
+                let (q, k) = (s.len as u64, s.path_len as u64);
+                q * k - q * (q.saturating_sub(1)) / 2
+            })
+            .sum()
+    }
+
+    /// Ancestor-interval form of the mask: query `q` sees key `k` iff
+    /// `enter[k] <= enter[q] < leave[k]`. `enter` is the packed position itself.
+    pub fn intervals(&self) -> (Vec<i64>, Vec<i64>) {
+        let mut end: Vec<usize> = self.segments.iter().map(|s| s.start + s.len).collect();
+        for s in (0..self.segments.len()).rev() {
+            if let Some(p) = self.segments[s].parent {
+                end[p] = end[p].max(end[s]);
+            }
+        }
+        let mut leave = vec![0i64; self.len()];
+        for (s, seg) in self.segments.iter().enumerate() {
+            for l in &mut leave[seg.start..seg.start + seg.len] {
+                *l = end[s] as i64;
+            }
+        }
+        ((0..self.len() as i64).collect(), leave)
+    }
+
+    /// The dense boolean mask `[N, N]` (true = query row sees key column), built from the
+    /// intervals: the test oracle for [`PackedRow::layout`].
+    pub fn dense_mask(&self) -> Tensor {
+        let (_, leave) = self.intervals();
+        let n = self.len() as i64;
+        let q = Tensor::arange(n, (Kind::Int64, Device::Cpu));
+        let leave = Tensor::from_slice(&leave);
+        let k = q.view([1, n]);
+        let qq = q.view([n, 1]);
+        k.le_tensor(&qq)
+            .logical_and(&qq.lt_tensor(&leave.view([1, n])))
+    }
+
+    /// `(input_ids, position_ids)` `[1, N]` and the segment layout for the model's forward.
+    pub fn layout(&self, device: Device) -> (Tensor, Tensor, AttentionLayout) {
+        let n = self.len() as i64;
+        let ids = Tensor::from_slice(&self.input_ids)
+            .view([1, n])
+            .to_device(device);
+        let pos = Tensor::from_slice(&self.position_ids)
+            .view([1, n])
+            .to_device(device);
+        let layout = AttentionLayout::segments(
+            self.tree_cu_seqlens_q
+                .iter()
+                .map(|&x| i64::from(x))
+                .collect(),
+            self.tree_cu_seqlens_k
+                .iter()
+                .map(|&x| i64::from(x))
+                .collect(),
+            &self.tree_kv_index,
+            device,
+        );
+        (ids, pos, layout)
+    }
+
+    /// Targets of the loss terms `[M]`: the label at each term's position.
+    pub fn targets(&self) -> Vec<i64> {
+        self.token_index
+            .iter()
+            .map(|&p| self.shift_labels[p as usize])
+            .collect()
+    }
+
+    /// The row as TRL names its fields (plain lists), for `treetrain pack`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "shift_labels": self.shift_labels,
+            "tree_kv_index": self.tree_kv_index,
+            "tree_cu_seqlens_q": self.tree_cu_seqlens_q,
+            "tree_cu_seqlens_k": self.tree_cu_seqlens_k,
+            "tree_max_seqlens": self.tree_max_seqlens,
+            "token_index": self.token_index,
+            "old_log_probs": self.old_log_probs,
+            "advantages": self.advantages,
+            "segment_id": self.segment_id,
+            "packing_ratio": self.packing_ratio(),
+        })
+    }
+}
