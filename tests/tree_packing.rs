@@ -204,7 +204,7 @@ fn planner_bounds_unique_tokens_keeps_groups_and_balances_ranks() {
     for g in 0..6 {
         let prompt: Vec<i64> = (0..20).map(|t| 1000 * g + t).collect();
         for k in 0..4 {
-            let mut r = rollout(&prompt, &[(g * 10 + k) as i64 + 500, 7, 8], 1.0);
+            let mut r = rollout(&prompt, &[g * 10 + k + 500, 7, 8], 1.0);
             r.group_id = format!("g{g}");
             rollouts.push(r);
         }

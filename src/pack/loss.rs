@@ -33,7 +33,8 @@ pub struct GrpoLoss {
     pub logprobs: Tensor,
     /// Loss terms `M`.
     pub num_terms: usize,
-    /// Share of terms whose ratio was clipped.
+    /// Share of terms where clipping is active: ratio above `1 + eps_high` with a positive
+    /// advantage, or below `1 - eps_low` with a negative one (TRL's clip-region metric).
     pub clip_fraction: f64,
 }
 
@@ -81,8 +82,9 @@ pub fn grpo_loss(
         0.0
     } else {
         tch::no_grad(|| {
-            ratio
-                .ne_tensor(&clipped)
+            let high = ratio.gt(1.0 + cfg.epsilon_high).logical_and(&adv.gt(0.0));
+            let low = ratio.lt(1.0 - cfg.epsilon_low).logical_and(&adv.lt(0.0));
+            high.logical_or(&low)
                 .to_kind(Kind::Float)
                 .mean(Kind::Float)
                 .double_value(&[])

@@ -75,6 +75,8 @@ pub struct PackedRow {
     pub raw_tokens: usize,
     /// Rollouts in the row.
     pub rollouts: usize,
+    /// For each rollout, the packed position of each of its tokens.
+    pub rollout_positions: Vec<Vec<u32>>,
 }
 
 impl PackedRow {

@@ -21,6 +21,7 @@ pub fn pack_flat(rollouts: &[Rollout]) -> Result<PackedRow, PackError> {
         segments: Vec::with_capacity(rollouts.len()),
         raw_tokens: raw,
         rollouts: rollouts.len(),
+        rollout_positions: Vec::with_capacity(rollouts.len()),
     };
     for (i, r) in rollouts.iter().enumerate() {
         r.validate(i)?;
@@ -37,6 +38,8 @@ pub fn pack_flat(rollouts: &[Rollout]) -> Result<PackedRow, PackError> {
                 row.segment_id.push(i as i64);
             }
         }
+        row.rollout_positions
+            .push((start as u32..(start + r.input_ids.len()) as u32).collect());
         let end = row.input_ids.len() as i32;
         row.tree_cu_seqlens_q.push(end);
         row.tree_cu_seqlens_k.push(end);

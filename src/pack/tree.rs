@@ -242,6 +242,11 @@ impl PrefixTree {
             segments,
             raw_tokens: self.raw_tokens,
             rollouts: self.rollouts.len(),
+            rollout_positions: self
+                .rollout_nodes
+                .iter()
+                .map(|nodes| nodes.iter().map(|&n| packed[n as usize]).collect())
+                .collect(),
         }
     }
 

@@ -1,0 +1,201 @@
+//! Tree-packed forwards and gradients equal separate per-rollout forwards (fp32), on a tiny
+//! random Qwen3 checkpoint (GQA, head_dim != hidden / heads).
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
+use treetrain::pack::{
+    GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat, row_logprobs,
+};
+
+fn model() -> Model {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
+    Model::load(
+        &dir,
+        LoadOptions {
+            dtype: Some(Kind::Float),
+            device: Device::Cpu,
+        },
+    )
+    .unwrap()
+}
+
+fn r(ids: &[i64], prompt: usize, advantage: f32, group: &str) -> Rollout {
+    let mut mask = vec![0u8; prompt];
+    mask.resize(ids.len(), 1);
+    let old_log_probs = (0..ids.len())
+        .map(|i| -0.3 - 0.1 * (i % 5) as f32)
+        .collect();
+    Rollout {
+        input_ids: ids.to_vec(),
+        completion_mask: mask,
+        old_log_probs,
+        advantage,
+        group_id: group.into(),
+    }
+}
+
+/// Shared prompt, nested forks, a rollout that is a prefix of another, a duplicate, a
+/// single-token completion, an untrained rollout and a second group sharing a system prefix.
+fn rollouts() -> Vec<Rollout> {
+    let sys = [9, 8, 7];
+    let p1: Vec<i64> = [&sys[..], &[20, 21, 22, 23]].concat();
+    let p2: Vec<i64> = [&sys[..], &[30, 31]].concat();
+    let c = |p: &[i64], tail: &[i64]| [p, tail].concat();
+    let mut untrained = r(&c(&p2, &[44, 45]), p2.len(), 0.7, "b");
+    untrained.completion_mask = vec![0; untrained.input_ids.len()];
+    vec![
+        r(&c(&p1, &[100, 101, 102, 103]), p1.len(), 1.0, "a"),
+        r(&c(&p1, &[100, 101, 110, 111, 112]), p1.len(), -0.5, "a"),
+        r(&c(&p1, &[100, 120]), p1.len(), 0.25, "a"),
+        r(&c(&p1, &[100, 101, 102]), p1.len(), -1.0, "a"),
+        r(&c(&p1, &[100, 101, 110, 111, 112]), p1.len(), -0.5, "a"),
+        r(&c(&p1, &[200]), p1.len(), 2.0, "a"),
+        r(&c(&p2, &[40, 41, 42]), p2.len(), 0.3, "b"),
+        untrained,
+    ]
+}
+
+fn tree_row(rs: &[Rollout]) -> PackedRow {
+    let mut t = PrefixTree::new();
+    for (i, x) in rs.iter().enumerate() {
+        t.add(x.clone(), i).unwrap();
+    }
+    t.pack()
+}
+
+/// Per-rollout forwards: the log-prob of every trained token, in loss-term order.
+fn reference_logprobs(m: &Model, rs: &[Rollout]) -> Tensor {
+    let mut out = Vec::new();
+    for x in rs {
+        let n = x.input_ids.len() as i64;
+        let ids = Tensor::from_slice(&x.input_ids).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+        let logits =
+            m.lm.forward(&ids, &pos, &AttentionLayout::Causal)
+                .unwrap()
+                .squeeze_dim(0);
+        let lsm = logits.log_softmax(-1, Kind::Float);
+        for p in 1..x.input_ids.len() {
+            if x.completion_mask[p] == 1 {
+                out.push(lsm.get(p as i64 - 1).get(x.input_ids[p]));
+            }
+        }
+    }
+    Tensor::stack(&out, 0)
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn tree_flat_and_dense_oracle_logprobs_equal_separate_forwards() {
+    let m = model();
+    let rs = rollouts();
+    let tree = tree_row(&rs);
+    assert!(tree.packing_ratio() > 1.5, "{}", tree.packing_ratio());
+    let reference = tch::no_grad(|| reference_logprobs(&m, &rs));
+    let chunks = LogprobChunks {
+        tokens: 5,
+        vocab: 100,
+    };
+    let tree_lp = tch::no_grad(|| row_logprobs(&m.lm, &tree, chunks)).unwrap();
+    let flat_lp = tch::no_grad(|| row_logprobs(&m.lm, &pack_flat(&rs).unwrap(), chunks)).unwrap();
+    assert!(
+        max_diff(&tree_lp, &reference) <= 1e-5,
+        "tree {}",
+        max_diff(&tree_lp, &reference)
+    );
+    assert!(
+        max_diff(&flat_lp, &reference) <= 1e-5,
+        "flat {}",
+        max_diff(&flat_lp, &reference)
+    );
+    // The segment layout and the dense ancestor mask (the oracle) give the same hidden states.
+    let (ids, pos, layout) = tree.layout(Device::Cpu);
+    let seg = tch::no_grad(|| m.lm.forward_hidden(&ids, &pos, &layout)).unwrap();
+    let dense = AttentionLayout::Dense {
+        mask: tree.dense_mask().unsqueeze(0),
+    };
+    let oracle = tch::no_grad(|| m.lm.forward_hidden(&ids, &pos, &dense)).unwrap();
+    assert!(max_diff(&seg, &oracle) <= 1e-5);
+}
+
+fn grads(m: &Model) -> (Tensor, Tensor) {
+    let e = m.lm.embed_tokens.grad().copy();
+    let h = m.lm.lm_head.as_ref().unwrap().weight.grad().copy();
+    (e, h)
+}
+
+#[test]
+fn tree_gradients_equal_separate_forwards() {
+    let rs = rollouts();
+    let cfg = GrpoLossConfig {
+        epsilon_low: 0.2,
+        epsilon_high: 0.28,
+        chunks: LogprobChunks {
+            tokens: 7,
+            vocab: 64,
+        },
+    };
+    // Reference: per-rollout forwards, the same clipped surrogate, the same normaliser.
+    let a = model();
+    let lp = reference_logprobs(&a, &rs);
+    let flat = pack_flat(&rs).unwrap();
+    let old = Tensor::from_slice(&flat.old_log_probs);
+    let adv = Tensor::from_slice(&flat.advantages);
+    let ratio = (&lp - old).exp();
+    let clipped = ratio.clamp(1.0 - 0.2, 1.0 + 0.28);
+    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float)
+        / flat.token_index.len() as f64;
+    loss_ref.backward();
+    let (e_ref, h_ref) = grads(&a);
+    for row in [tree_row(&rs), flat] {
+        let b = model();
+        let loss = grpo_loss(&b.lm, &row, &cfg, None).unwrap();
+        assert!((loss.loss.double_value(&[]) - loss_ref.double_value(&[])).abs() <= 1e-6);
+        loss.loss.backward();
+        let (e, h) = grads(&b);
+        assert!(e.abs().max().double_value(&[]) > 1e-3, "gradients flow");
+        assert!(
+            max_diff(&e, &e_ref) <= 1e-4,
+            "{:?} embed grad {}",
+            row.kind,
+            max_diff(&e, &e_ref)
+        );
+        assert!(
+            max_diff(&h, &h_ref) <= 1e-4,
+            "{:?} lm_head grad {}",
+            row.kind,
+            max_diff(&h, &h_ref)
+        );
+    }
+}
+
+#[test]
+fn clipping_and_normalisation() {
+    let m = model();
+    let rs = rollouts();
+    let row = tree_row(&rs);
+    let cfg = GrpoLossConfig::default();
+    let own = tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, None)).unwrap();
+    let window =
+        tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, Some(2.0 * row.token_index.len() as f64)))
+            .unwrap();
+    assert!((own.loss.double_value(&[]) - 2.0 * window.loss.double_value(&[])).abs() < 1e-6);
+    // Old log-probs far below the policy's make every ratio huge: exactly the terms with a
+    // positive advantage are clipped, and their gradient vanishes.
+    let mut shifted = row.clone();
+    shifted.old_log_probs.iter_mut().for_each(|x| *x -= 50.0);
+    let out = tch::no_grad(|| grpo_loss(&m.lm, &shifted, &cfg, None)).unwrap();
+    let positive =
+        row.advantages.iter().filter(|&&a| a > 0.0).count() as f64 / row.advantages.len() as f64;
+    assert!(
+        (out.clip_fraction - positive).abs() < 1e-6,
+        "{} vs {positive}",
+        out.clip_fraction
+    );
+    assert_eq!(out.num_terms, row.token_index.len());
+}
