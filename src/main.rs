@@ -42,6 +42,8 @@ enum Command {
         #[arg(long)]
         dtype: Option<String>,
     },
+    /// Pack GRPO rollouts (JSONL) into rows as TRL v1.16 does; one JSON object per row.
+    Pack(PackArgs),
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
     Shapes(ShapesArgs),
     /// Regenerate the shipped datasets and tiny model files from their seeds (maintainers).
@@ -70,12 +72,26 @@ struct ScoreArgs {
     /// Parameter dtype: fp32, bf16 or fp16 (default: the checkpoint's).
     #[arg(long)]
     dtype: Option<String>,
-    /// none: one forward per row; flat: rows packed into shared forwards (same numbers).
-    #[arg(long, default_value = "none", value_parser = ["none", "flat"])]
+    /// none: one forward per row; flat: rows laid end to end in shared forwards; tree: shared
+    /// prefixes forwarded once. All give the same numbers.
+    #[arg(long, default_value = "none", value_parser = ["none", "flat", "tree"])]
     packing: String,
     /// Token budget of one packed forward (flat packing).
     #[arg(long, default_value_t = 8192)]
     max_tokens: usize,
+}
+
+#[derive(clap::Args)]
+struct PackArgs {
+    /// JSONL: `{"input_ids", "completion_mask", "old_log_probs", "advantage", "group_id"}` per line.
+    #[arg(long)]
+    input: PathBuf,
+    /// Unique-token budget per row; without it every rollout goes into one row, in input order.
+    #[arg(long)]
+    budget: Option<usize>,
+    /// Flat sequence packing instead of the prefix tree.
+    #[arg(long)]
+    flat: bool,
 }
 
 #[derive(clap::Args)]
@@ -112,6 +128,7 @@ fn main() -> Result<()> {
             }
         }
         Command::Score(args) => score(&args)?,
+        Command::Pack(args) => pack(&args)?,
         Command::Convert { model, out, dtype } => {
             let dir = treetrain::hub::HubCache::from_env().model_dir(&model)?;
             let dtype = dtype
@@ -194,7 +211,9 @@ fn score(args: &ScoreArgs) -> Result<()> {
         };
         rows.push(ids);
     }
-    let scored: Vec<Vec<f32>> = if args.packing == "flat" {
+    let scored: Vec<Vec<f32>> = if args.packing == "tree" {
+        score_tree(&model, &rows, args.max_tokens)?
+    } else if args.packing == "flat" {
         let mut out = Vec::with_capacity(rows.len());
         let mut start = 0;
         while start < rows.len() {
@@ -222,6 +241,79 @@ fn score(args: &ScoreArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     for lp in scored {
         writeln!(stdout, "{}", serde_json::json!({ "logprobs": lp }))?;
+    }
+    Ok(())
+}
+
+/// Scores rows through tree packing: every token after the first is a loss term; rows are
+/// planned into packed forwards of at most `max_tokens` unique tokens.
+fn score_tree(
+    model: &treetrain::model::Model,
+    rows: &[Vec<i64>],
+    max_tokens: usize,
+) -> Result<Vec<Vec<f32>>> {
+    use treetrain::pack::{Rollout, plan, row_logprobs};
+    let rollouts: Vec<Rollout> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| Rollout {
+            input_ids: ids.clone(),
+            completion_mask: (0..ids.len()).map(|p| u8::from(p > 0)).collect(),
+            old_log_probs: vec![0.0; ids.len()],
+            advantage: 0.0,
+            // Distinct groups: the planner then places each row where it adds fewest tokens.
+            group_id: i.to_string(),
+        })
+        .collect();
+    let mut out = vec![Vec::new(); rows.len()];
+    for tree in plan(rollouts, max_tokens, 1)?.rows() {
+        let row = tree.pack();
+        let lp = tch::no_grad(|| row_logprobs(&model.lm, &row, Default::default()))?;
+        let values = Vec::<f32>::try_from(&lp)?;
+        for (v, &seg) in values.iter().zip(&row.segment_id) {
+            let original: usize = tree.rollouts()[seg as usize].group_id.parse()?;
+            out[original].push(*v);
+        }
+    }
+    Ok(out)
+}
+
+fn pack(args: &PackArgs) -> Result<()> {
+    use std::io::{BufRead, Write};
+    use treetrain::pack::{Rollout, pack_flat, plan};
+    let file = std::fs::File::open(&args.input)
+        .with_context(|| format!("opening {}", args.input.display()))?;
+    let mut rollouts = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Rollout = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not a rollout (input_ids, completion_mask, old_log_probs, advantage, group_id)", args.input.display(), i + 1))?;
+        r.validate(rollouts.len())
+            .with_context(|| format!("{}:{}", args.input.display(), i + 1))?;
+        rollouts.push(r);
+    }
+    let groups: Vec<Vec<Rollout>> = match args.budget {
+        None => vec![rollouts],
+        Some(b) => plan(rollouts, b, 1)?
+            .rows()
+            .map(|t| t.rollouts().to_vec())
+            .collect(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    for rs in groups {
+        let row = if args.flat {
+            pack_flat(&rs)?
+        } else {
+            let mut t = treetrain::pack::PrefixTree::new();
+            for (i, r) in rs.into_iter().enumerate() {
+                t.add(r, i)?;
+            }
+            t.pack()
+        };
+        writeln!(stdout, "{}", row.to_json())?;
     }
     Ok(())
 }

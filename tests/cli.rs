@@ -85,7 +85,7 @@ fn scores(out: &str) -> Vec<Vec<f64>> {
 }
 
 #[test]
-fn score_flat_packing_equals_separate_rows() {
+fn score_flat_and_tree_packing_equal_separate_rows() {
     let dir = std::env::temp_dir().join(format!("treetrain-cli-score-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("rows.jsonl");
@@ -108,7 +108,12 @@ fn score_flat_packing_equals_separate_rows() {
     };
     let none = run("none", &[]);
     assert_eq!(none.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 0, 6]);
-    for flat in [run("flat", &[]), run("flat", &["--max-tokens", "6"])] {
+    for flat in [
+        run("flat", &[]),
+        run("flat", &["--max-tokens", "6"]),
+        run("tree", &[]),
+        run("tree", &["--max-tokens", "7"]),
+    ] {
         for (a, b) in none.iter().zip(&flat) {
             for (x, y) in a.iter().zip(b) {
                 assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
@@ -159,6 +164,60 @@ fn score_text_rows_use_the_tokenizer_and_errors_name_the_line() {
     ]);
     assert!(
         !ok && err.contains("row 1") && err.contains("0..2048"),
+        "{err}"
+    );
+}
+
+#[test]
+fn pack_reproduces_the_trl_fixture_and_names_bad_lines() {
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-pack-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("rollouts.jsonl");
+    let line = |ids: &[i64], adv: f64| {
+        let n = ids.len();
+        let mask: Vec<u8> = (0..n).map(|i| u8::from(i >= 3)).collect();
+        let lp: Vec<f64> = (0..n).map(|i| if i >= 3 { -0.5 } else { 0.0 }).collect();
+        serde_json::json!({"input_ids": ids, "completion_mask": mask, "old_log_probs": lp, "advantage": adv, "group_id": 0}).to_string()
+    };
+    let rows = [
+        line(&[101, 102, 103, 201, 202], 1.0),
+        line(&[101, 102, 103, 301, 302], -1.0),
+        line(&[101, 102, 103, 201, 202, 401], 0.5),
+    ];
+    std::fs::write(&input, rows.join("\n")).unwrap();
+    let (ok, out, err) = treetrain(&["pack", "--input", input.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        v["input_ids"],
+        serde_json::json!([101, 102, 103, 201, 202, 202, 401, 103, 301, 302])
+    );
+    assert_eq!(
+        v["tree_cu_seqlens_k"],
+        serde_json::json!([0, 2, 6, 11, 17, 22])
+    );
+    let (ok, out, _) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--flat"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["input_ids"].as_array().unwrap().len(), 16);
+    // Budget 8: A and B share 101 102 (5 + 3 unique tokens); C would add 2 more, so it opens a row.
+    let (ok, out, _) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--budget", "8"]);
+    assert!(ok);
+    let packed: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(packed.len(), 2, "{out}");
+    assert_eq!(
+        packed[0]["input_ids"],
+        serde_json::json!([101, 102, 103, 201, 202, 103, 301, 302])
+    );
+    let (ok, _, err) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--budget", "4"]);
+    assert!(!ok && err.contains("exceed the row budget of 4"), "{err}");
+    std::fs::write(&input, format!("{}\n{{\"input_ids\": [1, 2], \"completion_mask\": [0], \"old_log_probs\": [0, 0], \"advantage\": 1}}\n", rows[0])).unwrap();
+    let (ok, _, err) = treetrain(&["pack", "--input", input.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("rollouts.jsonl:2") && err.contains("completion_mask"),
         "{err}"
     );
 }

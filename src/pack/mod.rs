@@ -9,6 +9,7 @@ mod rollout;
 mod row;
 mod sequence;
 mod tree;
+mod view;
 
 pub use error::PackError;
 pub use loss::{GrpoLoss, GrpoLossConfig, grpo_loss, row_logprobs};
@@ -17,3 +18,4 @@ pub use rollout::Rollout;
 pub use row::{PackKind, PackedRow, Segment};
 pub use sequence::pack_flat;
 pub use tree::PrefixTree;
+pub use view::TreeView;

@@ -65,11 +65,16 @@ pub fn plan(rollouts: Vec<Rollout>, budget: usize, ranks: usize) -> Result<PackP
         ranks: (0..ranks).map(|_| Vec::new()).collect(),
     };
     let mut loads = vec![0u64; ranks];
+    let mut placed: Vec<Vec<usize>> = vec![Vec::new(); ranks];
     for j in order {
         let r = (0..ranks).min_by_key(|&r| (loads[r], r)).unwrap_or(0);
-        let tree = slots[j].take().expect("each row is placed once");
-        loads[r] += tree.load();
-        plan.ranks[r].push(tree);
+        loads[r] += slots[j].as_ref().map_or(0, PrefixTree::load);
+        placed[r].push(j);
+    }
+    // Within a rank, rows keep the order they were opened in.
+    for (r, mut rows) in placed.into_iter().enumerate() {
+        rows.sort_unstable();
+        plan.ranks[r] = rows.into_iter().filter_map(|j| slots[j].take()).collect();
     }
     Ok(plan)
 }
