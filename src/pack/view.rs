@@ -134,8 +134,8 @@ impl TreeView {
             "<rect width=\"{side:.1}\" height=\"{side:.1}\" fill=\"currentColor\" fill-opacity=\"0.06\"/>"
         ));
         for q in 0..n {
-            for k in 0..=q {
-                if (q as i64) < leave[k] {
+            for (k, &l) in leave.iter().enumerate().take(q + 1) {
+                if (q as i64) < l {
                     svg.push_str(&format!(
                         "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{cell:.1}\" height=\"{cell:.1}\" fill=\"#1f77b4\"/>",
                         k as f64 * cell,
