@@ -24,18 +24,9 @@ fn main() {
         );
     }
     let version = std::fs::read_to_string(libtorch.join("build-version")).unwrap_or_default();
-    println!(
-        "cargo:rerun-if-changed={}",
-        libtorch.join("build-version").display()
-    );
-    println!(
-        "cargo:rustc-env=TREETRAIN_LIBTORCH_VERSION={}",
-        version.trim()
-    );
-    println!(
-        "cargo:rustc-env=TREETRAIN_LIBTORCH_DIR={}",
-        libtorch.display()
-    );
+    println!("cargo:rerun-if-changed={}", libtorch.join("build-version").display());
+    println!("cargo:rustc-env=TREETRAIN_LIBTORCH_VERSION={}", version.trim());
+    println!("cargo:rustc-env=TREETRAIN_LIBTORCH_DIR={}", libtorch.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     // Keep libtorch.so NEEDED (the linker's --as-needed would drop it): on a GPU machine a real
     // libtorch.so found first on LD_LIBRARY_PATH then pulls in libtorch_cuda.so and CUDA works.

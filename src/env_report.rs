@@ -36,10 +36,8 @@ impl EnvReport {
         let pretty = probe
             .read("/etc/os-release")
             .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("PRETTY_NAME=")
-                        .map(|v| v.trim_matches('"').to_string())
-                })
+                s.lines()
+                    .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
             })
             .unwrap_or_else(|| std::env::consts::OS.to_string());
         let libtorch_loaded = probe.read("/proc/self/maps").and_then(|maps| {
@@ -72,9 +70,7 @@ impl EnvReport {
             ("libtorch", self.libtorch_version.clone()),
             (
                 "libtorch loaded from",
-                self.libtorch_loaded
-                    .clone()
-                    .unwrap_or_else(|| "unknown".into()),
+                self.libtorch_loaded.clone().unwrap_or_else(|| "unknown".into()),
             ),
             ("OS", self.os.clone()),
             ("CPU", cpu.model.clone().unwrap_or_else(|| "unknown".into())),
@@ -92,12 +88,7 @@ impl EnvReport {
             ),
             (
                 "OpenMP / MKL / oneDNN",
-                format!(
-                    "{} / {} / {}",
-                    yes(cpu.openmp),
-                    yes(cpu.mkl),
-                    yes(cpu.mkldnn)
-                ),
+                format!("{} / {} / {}", yes(cpu.openmp), yes(cpu.mkl), yes(cpu.mkldnn)),
             ),
         ]
     }
@@ -133,18 +124,12 @@ impl EnvReport {
             Some(n) => format!(
                 "{} device(s){}: {} physical cores ({}), {} logical (NEURON_LOGICAL_NC_CONFIG={}{}), {} usable{}",
                 n.devices.len(),
-                n.instance_type
-                    .as_ref()
-                    .map_or(String::new(), |t| format!(" on {t}")),
+                n.instance_type.as_ref().map_or(String::new(), |t| format!(" on {t}")),
                 n.physical_cores(),
                 n.cores_source,
                 n.logical_cores(),
                 n.logical_nc_config,
-                if n.logical_nc_from_env {
-                    ""
-                } else {
-                    ", default"
-                },
+                if n.logical_nc_from_env { "" } else { ", default" },
                 n.usable_logical_cores(),
                 n.visible_cores
                     .as_ref()
@@ -159,10 +144,7 @@ impl EnvReport {
         let p = self.platform();
         vec![
             ("platform", p.to_string()),
-            (
-                "tch device",
-                format!("{:?}", self.accelerators.tch_device()),
-            ),
+            ("tch device", format!("{:?}", self.accelerators.tch_device())),
             ("preferred dtype", format!("{:?}", p.preferred_kind())),
             (
                 "pad_to_multiple_of=auto",
@@ -185,11 +167,7 @@ impl EnvReport {
     /// The report as JSON (for `treetrain env --json` and bug reports).
     pub fn to_json(&self) -> serde_json::Value {
         let obj = |rows: Vec<(&str, String)>| {
-            serde_json::Value::Object(
-                rows.into_iter()
-                    .map(|(k, v)| (k.to_string(), v.into()))
-                    .collect(),
-            )
+            serde_json::Value::Object(rows.into_iter().map(|(k, v)| (k.to_string(), v.into())).collect())
         };
         serde_json::json!({
             "versions": obj(self.version_rows()),
@@ -209,10 +187,7 @@ impl Rich for EnvReport {
         let esc = |rows: Vec<(&'static str, String)>| -> Vec<(&'static str, String)> {
             rows.into_iter().map(|(k, v)| (k, escape(&v))).collect()
         };
-        let mut body = display::section(
-            "treetrain environment",
-            &display::kv_table(&esc(self.version_rows())),
-        );
+        let mut body = display::section("treetrain environment", &display::kv_table(&esc(self.version_rows())));
         body.push_str(&display::section(
             "Accelerators",
             &display::kv_table(&esc(self.accelerator_rows())),

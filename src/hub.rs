@@ -101,10 +101,7 @@ impl HubCache {
 
     /// The cache an environment points at (tests pass a fake one).
     pub fn from_probe(probe: &HostProbe) -> Self {
-        let root = if let Some(c) = probe
-            .var("HF_HUB_CACHE")
-            .or(probe.var("HUGGINGFACE_HUB_CACHE"))
-        {
+        let root = if let Some(c) = probe.var("HF_HUB_CACHE").or(probe.var("HUGGINGFACE_HUB_CACHE")) {
             PathBuf::from(c)
         } else if let Some(h) = probe.var("HF_HOME") {
             Path::new(h).join("hub")
@@ -115,8 +112,7 @@ impl HubCache {
         };
         HubCache {
             root,
-            offline: truthy(probe.var("HF_HUB_OFFLINE"))
-                || truthy(probe.var("TRANSFORMERS_OFFLINE")),
+            offline: truthy(probe.var("HF_HUB_OFFLINE")) || truthy(probe.var("TRANSFORMERS_OFFLINE")),
         }
     }
 
@@ -142,13 +138,7 @@ impl HubCache {
 
     /// The path of `file` in `repo` at `revision`: from the cache, else downloaded (unless
     /// offline), else an error naming repo, revision and file.
-    pub fn file(
-        &self,
-        kind: RepoType,
-        repo: &str,
-        revision: &str,
-        file: &str,
-    ) -> Result<PathBuf, HubError> {
+    pub fn file(&self, kind: RepoType, repo: &str, revision: &str, file: &str) -> Result<PathBuf, HubError> {
         if let Some(snap) = self.snapshot(kind, repo, revision) {
             let p = snap.join(file);
             if p.exists() {
@@ -166,21 +156,13 @@ impl HubCache {
             }))
         };
         if self.offline {
-            return Err(missing(
-                " (HF_HUB_OFFLINE is set, so nothing is downloaded)".into(),
-            ));
+            return Err(missing(" (HF_HUB_OFFLINE is set, so nothing is downloaded)".into()));
         }
         self.download(kind, repo, revision, file)
             .map_err(|e| missing(format!(" and downloading it failed: {e}")))
     }
 
-    fn download(
-        &self,
-        kind: RepoType,
-        repo: &str,
-        revision: &str,
-        file: &str,
-    ) -> Result<PathBuf, String> {
+    fn download(&self, kind: RepoType, repo: &str, revision: &str, file: &str) -> Result<PathBuf, String> {
         let api = hf_hub::api::sync::ApiBuilder::new()
             .with_cache_dir(self.root.clone())
             .with_progress(false)
@@ -190,13 +172,9 @@ impl HubCache {
             RepoType::Model => hf_hub::RepoType::Model,
             RepoType::Dataset => hf_hub::RepoType::Dataset,
         };
-        api.repo(hf_hub::Repo::with_revision(
-            repo.into(),
-            repo_type,
-            revision.into(),
-        ))
-        .get(file)
-        .map_err(|e| e.to_string())
+        api.repo(hf_hub::Repo::with_revision(repo.into(), repo_type, revision.into()))
+            .get(file)
+            .map_err(|e| e.to_string())
     }
 
     /// A model folder for `spec`: an existing local folder as is, or `org/name[@revision]`
@@ -211,22 +189,13 @@ impl HubCache {
         let config = self.file(RepoType::Model, &repo, &revision, "config.json")?;
         let snap = config.parent().map(Path::to_path_buf).unwrap_or_default();
         // Weights: an index names its shards; otherwise a single file.
-        match self.file(
-            RepoType::Model,
-            &repo,
-            &revision,
-            "model.safetensors.index.json",
-        ) {
+        match self.file(RepoType::Model, &repo, &revision, "model.safetensors.index.json") {
             Ok(index) => {
                 let text = std::fs::read_to_string(&index).unwrap_or_default();
                 let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                 let mut shards: Vec<String> = json["weight_map"]
                     .as_object()
-                    .map(|m| {
-                        m.values()
-                            .filter_map(|v| v.as_str().map(str::to_string))
-                            .collect()
-                    })
+                    .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_string)).collect())
                     .unwrap_or_default();
                 shards.sort();
                 shards.dedup();
@@ -254,15 +223,9 @@ impl HubCache {
 /// Splits `org/name@revision` (revision defaults to `main`).
 pub fn parse_spec(spec: &str) -> Result<(String, String), HubError> {
     let (repo, revision) = spec.split_once('@').unwrap_or((spec, "main"));
-    let valid = |s: &str| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
+    let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     match repo.split_once('/') {
-        Some((org, name)) if valid(org) && valid(name) && !revision.is_empty() => {
-            Ok((repo.into(), revision.into()))
-        }
+        Some((org, name)) if valid(org) && valid(name) && !revision.is_empty() => Ok((repo.into(), revision.into())),
         _ => Err(HubError::BadSpec(spec.into())),
     }
 }

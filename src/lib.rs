@@ -18,5 +18,7 @@ pub mod util;
 
 /// Re-exported so notebooks can build messages with `treetrain::serde_json::json!` without another `:dep`.
 pub use serde_json;
+/// Re-exported so notebooks use the same tch as treetrain without another `:dep`.
+pub use tch;
 
 pub use env_report::{EnvReport, TCH_VERSION};

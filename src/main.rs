@@ -131,10 +131,7 @@ fn main() -> Result<()> {
         Command::Pack(args) => pack(&args)?,
         Command::Convert { model, out, dtype } => {
             let dir = treetrain::hub::HubCache::from_env().model_dir(&model)?;
-            let dtype = dtype
-                .as_deref()
-                .map(treetrain::model::parse_kind)
-                .transpose()?;
+            let dtype = dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
             let m = treetrain::model::Model::load(
                 &dir,
                 treetrain::model::LoadOptions {
@@ -149,8 +146,7 @@ fn main() -> Result<()> {
         Command::Demo { out } => demo(&out)?,
         Command::MakeShippedData { out } => {
             treetrain::shipped::datasets::write_all(&out).map_err(anyhow::Error::msg)?;
-            treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3"))
-                .map_err(anyhow::Error::msg)?;
+            treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
             println!("wrote {}", out.display());
         }
     }
@@ -160,11 +156,7 @@ fn main() -> Result<()> {
 fn score(args: &ScoreArgs) -> Result<()> {
     use std::io::{BufRead, Write};
     let dir = treetrain::hub::HubCache::from_env().model_dir(&args.model)?;
-    let dtype = args
-        .dtype
-        .as_deref()
-        .map(treetrain::model::parse_kind)
-        .transpose()?;
+    let dtype = args.dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
     let model = treetrain::model::Model::load(
         &dir,
         treetrain::model::LoadOptions {
@@ -181,8 +173,7 @@ fn score(args: &ScoreArgs) -> Result<()> {
         Box::new(std::io::stdin().lock())
     } else {
         Box::new(std::io::BufReader::new(
-            std::fs::File::open(&args.input)
-                .with_context(|| format!("opening {}", args.input.display()))?,
+            std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?,
         ))
     };
     let mut rows: Vec<Vec<i64>> = Vec::new();
@@ -192,19 +183,14 @@ fn score(args: &ScoreArgs) -> Result<()> {
             continue;
         }
         let where_ = || format!("{}:{}", args.input.display(), i + 1);
-        let v: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| format!("{}: not JSON", where_()))?;
+        let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("{}: not JSON", where_()))?;
         let ids: Vec<i64> = if let Some(ids) = v.get("input_ids") {
             serde_json::from_value(ids.clone())
                 .with_context(|| format!("{}: input_ids must be a list of integers", where_()))?
         } else if let Some(text) = v.get("text").and_then(|t| t.as_str()) {
-            let tok = tokenizer.as_ref().with_context(|| {
-                format!(
-                    "{}: a text row needs tokenizer.json in {}",
-                    where_(),
-                    dir.display()
-                )
-            })?;
+            let tok = tokenizer
+                .as_ref()
+                .with_context(|| format!("{}: a text row needs tokenizer.json in {}", where_(), dir.display()))?;
             tok.encode(text, true)?.into_iter().map(i64::from).collect()
         } else {
             bail!("{}: expected an \"input_ids\" or \"text\" field", where_());
@@ -247,11 +233,7 @@ fn score(args: &ScoreArgs) -> Result<()> {
 
 /// Scores rows through tree packing: every token after the first is a loss term; rows are
 /// planned into packed forwards of at most `max_tokens` unique tokens.
-fn score_tree(
-    model: &treetrain::model::Model,
-    rows: &[Vec<i64>],
-    max_tokens: usize,
-) -> Result<Vec<Vec<f32>>> {
+fn score_tree(model: &treetrain::model::Model, rows: &[Vec<i64>], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
     use treetrain::pack::{Rollout, plan, row_logprobs};
     let rollouts: Vec<Rollout> = rows
         .iter()
@@ -281,26 +263,27 @@ fn score_tree(
 fn pack(args: &PackArgs) -> Result<()> {
     use std::io::{BufRead, Write};
     use treetrain::pack::{Rollout, pack_flat, plan};
-    let file = std::fs::File::open(&args.input)
-        .with_context(|| format!("opening {}", args.input.display()))?;
+    let file = std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
     let mut rollouts = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let r: Rollout = serde_json::from_str(&line)
-            .with_context(|| format!("{}:{}: not a rollout (input_ids, completion_mask, old_log_probs, advantage, group_id)", args.input.display(), i + 1))?;
+        let r: Rollout = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "{}:{}: not a rollout (input_ids, completion_mask, old_log_probs, advantage, group_id)",
+                args.input.display(),
+                i + 1
+            )
+        })?;
         r.validate(rollouts.len())
             .with_context(|| format!("{}:{}", args.input.display(), i + 1))?;
         rollouts.push(r);
     }
     let groups: Vec<Vec<Rollout>> = match args.budget {
         None => vec![rollouts],
-        Some(b) => plan(rollouts, b, 1)?
-            .rows()
-            .map(|t| t.rollouts().to_vec())
-            .collect(),
+        Some(b) => plan(rollouts, b, 1)?.rows().map(|t| t.rollouts().to_vec()).collect(),
     };
     let mut stdout = std::io::stdout().lock();
     for rs in groups {
@@ -335,21 +318,15 @@ fn shapes(args: &ShapesArgs) -> Result<PaddingComparison> {
 }
 
 fn read_lengths(path: &Path) -> Result<Vec<usize>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut lengths = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let line = line.trim();
         let len = if let Ok(n) = line.parse::<usize>() {
             n
         } else {
-            let v: serde_json::Value = serde_json::from_str(line).with_context(|| {
-                format!("{}:{}: neither an integer nor JSON", path.display(), i + 1)
-            })?;
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: neither an integer nor JSON", path.display(), i + 1))?;
             if let Some(n) = v.get("length").and_then(|n| n.as_u64()) {
                 n as usize
             } else if let Some(ids) = v.get("input_ids").and_then(|a| a.as_array()) {
@@ -432,10 +409,7 @@ fn demo(out: &Path) -> Result<()> {
             "mean_nll": nll,
         }
     });
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
-    )?;
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
     println!(
         "\nWrote {0}/report.html, {0}/shapes.svg, {0}/summary.json",
         out.display()

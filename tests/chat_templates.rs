@@ -47,10 +47,9 @@ fn options(fixture: &Value, case: &Value) -> ChatOptions {
 
 #[test]
 fn renders_like_transformers_for_real_model_templates() {
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates.json")).unwrap(),
-    )
-    .unwrap();
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures/chat_templates.json")).unwrap())
+            .unwrap();
     let dir = templates_dir();
     let mut tok = tiny_tokenizer();
     let own = tok.chat_template.take().unwrap();
@@ -67,8 +66,7 @@ fn renders_like_transformers_for_real_model_templates() {
         tok.chat_template = Some(if name == "tiny-qwen3" {
             ChatTemplate::new(&own.source).unwrap()
         } else {
-            ChatTemplate::new(&std::fs::read_to_string(dir.join(format!("{name}.jinja"))).unwrap())
-                .unwrap()
+            ChatTemplate::new(&std::fs::read_to_string(dir.join(format!("{name}.jinja"))).unwrap()).unwrap()
         });
         let messages = &fixture["conversations"][case["conversation"].as_str().unwrap()];
         let opts = options(&fixture, case);
@@ -88,12 +86,7 @@ fn renders_like_transformers_for_real_model_templates() {
                 .zip(want.chars())
                 .take_while(|(a, b)| a == b)
                 .count();
-            let ctx = |s: &str| {
-                s.chars()
-                    .skip(at.saturating_sub(20))
-                    .take(60)
-                    .collect::<String>()
-            };
+            let ctx = |s: &str| s.chars().skip(at.saturating_sub(20)).take(60).collect::<String>();
             failures.push(format!(
                 "{label}: differs at char {at}: got {:?}, want {:?}",
                 ctx(&rendered.text),
@@ -104,8 +97,7 @@ fn renders_like_transformers_for_real_model_templates() {
         if let Some(ids) = case.get("input_ids") {
             let got = tok.tokenize_chat(messages, &opts).unwrap();
             let want_ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
-            let want_mask: Vec<u8> =
-                serde_json::from_value(case["assistant_masks"].clone()).unwrap();
+            let want_mask: Vec<u8> = serde_json::from_value(case["assistant_masks"].clone()).unwrap();
             if got.input_ids != want_ids {
                 failures.push(format!("{label}: token ids differ"));
             } else if got.assistant_masks != want_mask {
@@ -138,9 +130,7 @@ fn tiny_template_masks_exactly_the_assistant_replies() {
         {"role": "user", "content": "What is 1 + 1?"},
         {"role": "assistant", "content": "Answer: 2"},
     ]);
-    let chat = tok
-        .tokenize_chat(&messages, &ChatOptions::default())
-        .unwrap();
+    let chat = tok.tokenize_chat(&messages, &ChatOptions::default()).unwrap();
     let masked: Vec<u32> = chat
         .input_ids
         .iter()
@@ -149,10 +139,7 @@ fn tiny_template_masks_exactly_the_assistant_replies() {
         .map(|(i, _)| *i)
         .collect();
     assert_eq!(tok.decode(&masked, false).unwrap(), "Answer: 2<|im_end|>");
-    assert!(
-        chat.text
-            .ends_with("<|im_start|>assistant\nAnswer: 2<|im_end|>\n")
-    );
+    assert!(chat.text.ends_with("<|im_start|>assistant\nAnswer: 2<|im_end|>\n"));
     let prompt = tok
         .apply_chat_template(
             &Value::Array(messages.as_array().unwrap()[..2].to_vec()),
@@ -172,14 +159,8 @@ fn malformed_messages_are_named() {
         &serde_json::json!([{"role": "user", "content": "x"}, {"content": "y"}]),
         &ChatOptions::default(),
     );
-    assert_eq!(
-        err.unwrap_err().to_string(),
-        "message 1: missing string field `role`"
-    );
-    let err = tok.apply_chat_template(
-        &serde_json::json!({"role": "user"}),
-        &ChatOptions::default(),
-    );
+    assert_eq!(err.unwrap_err().to_string(), "message 1: missing string field `role`");
+    let err = tok.apply_chat_template(&serde_json::json!({"role": "user"}), &ChatOptions::default());
     assert!(err.unwrap_err().to_string().contains("must be a list"));
     let bare = Tokenizer {
         chat_template: None,

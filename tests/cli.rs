@@ -30,11 +30,7 @@ fn shapes_reads_a_lengths_file() {
     let dir = std::env::temp_dir().join(format!("treetrain-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("lengths.jsonl");
-    std::fs::write(
-        &file,
-        "100\n{\"length\": 130}\n{\"input_ids\": [1,2,3]}\n\n300\n",
-    )
-    .unwrap();
+    std::fs::write(&file, "100\n{\"length\": 130}\n{\"input_ids\": [1,2,3]}\n\n300\n").unwrap();
     let (ok, out, err) = treetrain(&[
         "shapes",
         "--lengths",
@@ -58,15 +54,9 @@ fn shapes_reads_a_lengths_file() {
 #[test]
 fn bad_arguments_fail_with_a_message() {
     let (ok, _, err) = treetrain(&["shapes", "--pad", "sometimes"]);
-    assert!(
-        !ok && err.contains("invalid pad_to_multiple_of \"sometimes\""),
-        "{err}"
-    );
+    assert!(!ok && err.contains("invalid pad_to_multiple_of \"sometimes\""), "{err}");
     let (ok, _, err) = treetrain(&["shapes", "--batch-size", "0"]);
-    assert!(
-        !ok && err.contains("batch_size must be at least 1"),
-        "{err}"
-    );
+    assert!(!ok && err.contains("batch_size must be at least 1"), "{err}");
     let (ok, _, err) = treetrain(&["shapes", "--lengths", "/nonexistent.txt"]);
     assert!(!ok && err.contains("/nonexistent.txt"), "{err}");
 }
@@ -89,7 +79,11 @@ fn score_flat_and_tree_packing_equal_separate_rows() {
     let dir = std::env::temp_dir().join(format!("treetrain-cli-score-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("rows.jsonl");
-    std::fs::write(&input, "{\"input_ids\": [5, 17, 99, 3, 250]}\n\n{\"input_ids\": [1]}\n{\"input_ids\": [7, 8, 9, 10, 11, 12, 13]}\n").unwrap();
+    std::fs::write(
+        &input,
+        "{\"input_ids\": [5, 17, 99, 3, 250]}\n\n{\"input_ids\": [1]}\n{\"input_ids\": [7, 8, 9, 10, 11, 12, 13]}\n",
+    )
+    .unwrap();
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/qwen2");
     let run = |packing: &str, extra: &[&str]| {
         let mut args = vec![
@@ -162,10 +156,7 @@ fn score_text_rows_use_the_tokenizer_and_errors_name_the_line() {
         "--input",
         input.to_str().unwrap(),
     ]);
-    assert!(
-        !ok && err.contains("row 1") && err.contains("0..2048"),
-        "{err}"
-    );
+    assert!(!ok && err.contains("row 1") && err.contains("0..2048"), "{err}");
 }
 
 #[test]
@@ -192,10 +183,7 @@ fn pack_reproduces_the_trl_fixture_and_names_bad_lines() {
         v["input_ids"],
         serde_json::json!([101, 102, 103, 201, 202, 202, 401, 103, 301, 302])
     );
-    assert_eq!(
-        v["tree_cu_seqlens_k"],
-        serde_json::json!([0, 2, 6, 11, 17, 22])
-    );
+    assert_eq!(v["tree_cu_seqlens_k"], serde_json::json!([0, 2, 6, 11, 17, 22]));
     let (ok, out, _) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--flat"]);
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -203,10 +191,7 @@ fn pack_reproduces_the_trl_fixture_and_names_bad_lines() {
     // Budget 8: A and B share 101 102 (5 + 3 unique tokens); C would add 2 more, so it opens a row.
     let (ok, out, _) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--budget", "8"]);
     assert!(ok);
-    let packed: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let packed: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(packed.len(), 2, "{out}");
     assert_eq!(
         packed[0]["input_ids"],
@@ -214,7 +199,14 @@ fn pack_reproduces_the_trl_fixture_and_names_bad_lines() {
     );
     let (ok, _, err) = treetrain(&["pack", "--input", input.to_str().unwrap(), "--budget", "4"]);
     assert!(!ok && err.contains("exceed the row budget of 4"), "{err}");
-    std::fs::write(&input, format!("{}\n{{\"input_ids\": [1, 2], \"completion_mask\": [0], \"old_log_probs\": [0, 0], \"advantage\": 1}}\n", rows[0])).unwrap();
+    std::fs::write(
+        &input,
+        format!(
+            "{}\n{{\"input_ids\": [1, 2], \"completion_mask\": [0], \"old_log_probs\": [0, 0], \"advantage\": 1}}\n",
+            rows[0]
+        ),
+    )
+    .unwrap();
     let (ok, _, err) = treetrain(&["pack", "--input", input.to_str().unwrap()]);
     assert!(
         !ok && err.contains("rollouts.jsonl:2") && err.contains("completion_mask"),

@@ -4,9 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use treetrain::EnvReport;
-use treetrain::device::{
-    Accelerators, HostProbe, PadTo, Platform, TorchFacts, parse_visible_cores,
-};
+use treetrain::device::{Accelerators, HostProbe, PadTo, Platform, TorchFacts, parse_visible_cores};
 use treetrain::display::Rich;
 
 fn cpu_only_torch() -> TorchFacts {
@@ -38,15 +36,8 @@ fn fake_root(name: &str) -> std::path::PathBuf {
 #[test]
 fn bare_machine_is_cpu_and_says_why_no_cuda() {
     let root = fake_root("bare");
-    touch(
-        &root,
-        "proc/cpuinfo",
-        "processor\t: 0\nmodel name\t: Test CPU 9000\n",
-    );
-    let acc = Accelerators::detect_with(
-        &HostProbe::fake(&root, &[("OMP_NUM_THREADS", "2")]),
-        &cpu_only_torch(),
-    );
+    touch(&root, "proc/cpuinfo", "processor\t: 0\nmodel name\t: Test CPU 9000\n");
+    let acc = Accelerators::detect_with(&HostProbe::fake(&root, &[("OMP_NUM_THREADS", "2")]), &cpu_only_torch());
     assert_eq!(acc.platform(), Platform::Cpu);
     assert_eq!(acc.tch_device(), tch::Device::Cpu);
     assert_eq!(acc.cpu.model.as_deref(), Some("Test CPU 9000"));
@@ -85,12 +76,7 @@ fn driver_without_cuda_libtorch_points_at_the_fix() {
         "7f00 r-xp 0 0 0 /opt/torch/lib/libtorch_cuda.so\n",
     );
     let acc = Accelerators::detect_with(&HostProbe::fake(&root, &[]), &cpu_only_torch());
-    assert!(
-        acc.cuda
-            .unavailable_reason
-            .unwrap()
-            .contains("reports no device")
-    );
+    assert!(acc.cuda.unavailable_reason.unwrap().contains("reports no device"));
 }
 
 #[test]
@@ -119,21 +105,13 @@ fn cuda_devices_get_driver_names() {
 fn trn2_groups_eight_physical_cores_into_four_logical() {
     let root = fake_root("trn2");
     touch(&root, "dev/neuron0", "");
-    touch(
-        &root,
-        "sys/devices/virtual/dmi/id/product_name",
-        "trn2.3xlarge\n",
-    );
+    touch(&root, "sys/devices/virtual/dmi/id/product_name", "trn2.3xlarge\n");
     let acc = Accelerators::detect_with(&HostProbe::fake(&root, &[]), &cpu_only_torch());
     let n = acc.neuron.as_ref().unwrap();
     assert_eq!(n.devices, vec![0]);
     assert_eq!(n.instance_type.as_deref(), Some("trn2.3xlarge"));
     assert_eq!(
-        (
-            n.physical_cores(),
-            n.logical_cores(),
-            n.usable_logical_cores()
-        ),
+        (n.physical_cores(), n.logical_cores(), n.usable_logical_cores()),
         (8, 4, 4)
     );
     assert!(!n.logical_nc_from_env);
@@ -151,21 +129,12 @@ fn neuron_environment_variables_are_honoured_and_checked() {
     for i in 0..2 {
         touch(&root, &format!("dev/neuron{i}"), "");
     }
-    touch(
-        &root,
-        "sys/devices/virtual/dmi/id/product_name",
-        "trn2.48xlarge",
-    );
+    touch(&root, "sys/devices/virtual/dmi/id/product_name", "trn2.48xlarge");
     let probe = HostProbe::fake(
         &root,
-        &[
-            ("NEURON_LOGICAL_NC_CONFIG", "1"),
-            ("NEURON_RT_VISIBLE_CORES", "0-3,9"),
-        ],
+        &[("NEURON_LOGICAL_NC_CONFIG", "1"), ("NEURON_RT_VISIBLE_CORES", "0-3,9")],
     );
-    let n = Accelerators::detect_with(&probe, &cpu_only_torch())
-        .neuron
-        .unwrap();
+    let n = Accelerators::detect_with(&probe, &cpu_only_torch()).neuron.unwrap();
     assert_eq!((n.physical_cores(), n.logical_cores()), (16, 16));
     assert!(n.logical_nc_from_env);
     assert_eq!(n.visible_cores, Some(vec![0, 1, 2, 3, 9]));
@@ -174,34 +143,18 @@ fn neuron_environment_variables_are_honoured_and_checked() {
 
     let probe = HostProbe::fake(
         &root,
-        &[
-            ("NEURON_LOGICAL_NC_CONFIG", "3"),
-            ("NEURON_RT_VISIBLE_CORES", "7-2"),
-        ],
+        &[("NEURON_LOGICAL_NC_CONFIG", "3"), ("NEURON_RT_VISIBLE_CORES", "7-2")],
     );
-    let n = Accelerators::detect_with(&probe, &cpu_only_torch())
-        .neuron
-        .unwrap();
-    assert_eq!(
-        n.logical_nc_config, 2,
-        "invalid value falls back to the trn2 default"
-    );
+    let n = Accelerators::detect_with(&probe, &cpu_only_torch()).neuron.unwrap();
+    assert_eq!(n.logical_nc_config, 2, "invalid value falls back to the trn2 default");
     assert_eq!(n.visible_cores, None);
     assert_eq!(n.warnings.len(), 2, "{:?}", n.warnings);
-    assert!(
-        n.warnings
-            .iter()
-            .any(|w| w.contains("NEURON_RT_VISIBLE_CORES"))
-    );
+    assert!(n.warnings.iter().any(|w| w.contains("NEURON_RT_VISIBLE_CORES")));
 
     let probe = HostProbe::fake(&root, &[("NEURON_RT_VISIBLE_CORES", "0-40")]);
-    let n = Accelerators::detect_with(&probe, &cpu_only_torch())
-        .neuron
-        .unwrap();
+    let n = Accelerators::detect_with(&probe, &cpu_only_torch()).neuron.unwrap();
     assert!(
-        n.warnings
-            .iter()
-            .any(|w| w.contains("only 8 logical cores")),
+        n.warnings.iter().any(|w| w.contains("only 8 logical cores")),
         "{:?}",
         n.warnings
     );
@@ -211,20 +164,12 @@ fn neuron_environment_variables_are_honoured_and_checked() {
 fn sysfs_core_count_beats_instance_family() {
     let root = fake_root("trn1");
     touch(&root, "dev/neuron0", "");
-    touch(
-        &root,
-        "sys/devices/virtual/dmi/id/product_name",
-        "trn1.2xlarge",
-    );
+    touch(&root, "sys/devices/virtual/dmi/id/product_name", "trn1.2xlarge");
     let n = Accelerators::detect_with(&HostProbe::fake(&root, &[]), &cpu_only_torch())
         .neuron
         .unwrap();
     assert_eq!((n.physical_cores(), n.logical_cores()), (2, 2));
-    touch(
-        &root,
-        "sys/devices/virtual/neuron_device/neuron0/core_count",
-        "4\n",
-    );
+    touch(&root, "sys/devices/virtual/neuron_device/neuron0/core_count", "4\n");
     let n = Accelerators::detect_with(&HostProbe::fake(&root, &[]), &cpu_only_torch())
         .neuron
         .unwrap();
@@ -247,14 +192,9 @@ fn visible_core_lists_parse() {
 fn env_report_renders_every_section() {
     let root = fake_root("report");
     touch(&root, "dev/neuron0", "");
-    touch(
-        &root,
-        "etc/os-release",
-        "NAME=Test\nPRETTY_NAME=\"Test OS <1>\"\n",
-    );
+    touch(&root, "etc/os-release", "NAME=Test\nPRETTY_NAME=\"Test OS <1>\"\n");
     let probe = HostProbe::fake(&root, &[]);
-    let report =
-        EnvReport::from_parts(&probe, Accelerators::detect_with(&probe, &cpu_only_torch()));
+    let report = EnvReport::from_parts(&probe, Accelerators::detect_with(&probe, &cpu_only_torch()));
     let text = report.text();
     for needle in [
         "treetrain",
@@ -268,10 +208,7 @@ fn env_report_renders_every_section() {
         assert!(text.contains(needle), "{needle} missing in\n{text}");
     }
     let html = report.html();
-    assert!(
-        html.contains("Test OS &lt;1&gt;"),
-        "OS name must be escaped"
-    );
+    assert!(html.contains("Test OS &lt;1&gt;"), "OS name must be escaped");
     assert!(html.contains("<h4>Accelerators</h4>") && html.contains("<h4>Notes</h4>"));
     let json = report.to_json();
     assert_eq!(json["policies"]["platform"], "neuron");

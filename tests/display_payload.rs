@@ -22,9 +22,6 @@ fn html_is_theme_aware_and_self_contained() {
     let html = c.html();
     assert!(html.starts_with("<style>") && html.contains("var(--jp-ui-font-color1"));
     assert!(!html.contains("<script"));
-    assert!(
-        !html.contains("\"#000000\""),
-        "black strokes vanish on dark themes"
-    );
+    assert!(!html.contains("\"#000000\""), "black strokes vanish on dark themes");
     assert!(html.contains("pad to 64"));
 }

@@ -31,10 +31,7 @@ fn cache_location_follows_the_environment() {
         PathBuf::from("/c")
     );
     assert_eq!(p(&[("HF_HOME", "/h")]).root, PathBuf::from("/h/hub"));
-    assert_eq!(
-        p(&[("XDG_CACHE_HOME", "/x")]).root,
-        PathBuf::from("/x/huggingface/hub")
-    );
+    assert_eq!(p(&[("XDG_CACHE_HOME", "/x")]).root, PathBuf::from("/x/huggingface/hub"));
     assert_eq!(
         p(&[("HOME", "/home/u")]).root,
         PathBuf::from("/home/u/.cache/huggingface/hub")
@@ -52,12 +49,7 @@ fn repo_id_resolves_offline_and_loads() {
     ));
     let dir = cache.model_dir("acme/tiny-qwen3").unwrap();
     assert!(dir.ends_with(format!("snapshots/{COMMIT}")));
-    assert_eq!(
-        cache
-            .model_dir(&format!("acme/tiny-qwen3@{COMMIT}"))
-            .unwrap(),
-        dir
-    );
+    assert_eq!(cache.model_dir(&format!("acme/tiny-qwen3@{COMMIT}")).unwrap(), dir);
     let model = Model::load(&dir, LoadOptions::default()).unwrap();
     assert_eq!(model.lm.config.num_layers, 2);
     // A local folder is taken as is.
@@ -75,9 +67,7 @@ fn missing_file_names_repo_revision_and_file() {
     let msg = err.to_string();
     assert!(matches!(err, HubError::Missing(_)));
     assert!(
-        msg.contains("acme/tiny-qwen3")
-            && msg.contains("`main`")
-            && msg.contains("model.safetensors"),
+        msg.contains("acme/tiny-qwen3") && msg.contains("`main`") && msg.contains("model.safetensors"),
         "{msg}"
     );
     assert!(msg.contains("HF_HUB_OFFLINE"), "{msg}");
@@ -101,9 +91,6 @@ fn specs_are_validated() {
     );
     assert_eq!(parse_spec("a/b@v1.0").unwrap().1, "v1.0");
     for bad in ["no-slash", "a/b/c", "/b", "a/b@", "a b/c"] {
-        assert!(
-            matches!(parse_spec(bad), Err(HubError::BadSpec(_))),
-            "{bad}"
-        );
+        assert!(matches!(parse_spec(bad), Err(HubError::BadSpec(_))), "{bad}");
     }
 }

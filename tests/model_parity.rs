@@ -4,9 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
-use treetrain::model::{
-    AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs,
-};
+use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs};
 
 const CASES: [&str; 5] = [
     "qwen3",
@@ -28,10 +26,8 @@ struct Expected {
 }
 
 fn expected(name: &str) -> Expected {
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture(name).join("expected.json")).unwrap(),
-    )
-    .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap();
     let rows: Vec<Vec<i64>> = serde_json::from_value(v["rows"].clone()).unwrap();
     let logits = v["logits"]
         .as_array()
@@ -79,11 +75,7 @@ fn logits_match_transformers_to_1e4() {
         for (row, want) in exp.rows.iter().zip(&exp.logits) {
             let got = row_logits(&model, row);
             let d = max_diff(&got, want);
-            assert!(
-                d <= 1e-4,
-                "{case}, row of {}: max |diff| = {d:e}",
-                row.len()
-            );
+            assert!(d <= 1e-4, "{case}, row of {}: max |diff| = {d:e}", row.len());
         }
     }
 }
@@ -92,10 +84,7 @@ fn logits_match_transformers_to_1e4() {
 fn checkpoint_dtype_is_kept_unless_asked() {
     let bf16 = Model::load(&fixture("qwen3_tied_gqa_bf16"), LoadOptions::default()).unwrap();
     assert_eq!(bf16.kind(), Kind::BFloat16);
-    assert!(
-        bf16.lm.lm_head.is_none(),
-        "tied model has no separate lm_head"
-    );
+    assert!(bf16.lm.lm_head.is_none(), "tied model has no separate lm_head");
     let f32 = load_f32("qwen3_tied_gqa_bf16");
     assert_eq!(f32.kind(), Kind::Float);
     // bf16 compute stays close to the fp32 reference.
@@ -121,10 +110,7 @@ fn packed_and_padded_layouts_equal_separate_rows() {
             .squeeze_dim(0);
         let mut at = 0;
         for (single, &len) in singles.iter().zip(&lengths) {
-            assert!(
-                max_diff(&packed.narrow(0, at, len), single) <= 1e-5,
-                "{case} packed"
-            );
+            assert!(max_diff(&packed.narrow(0, at, len), single) <= 1e-5, "{case} packed");
             at += len;
         }
         // Padded batches, left and right padding.
@@ -165,10 +151,7 @@ fn packed_and_padded_layouts_equal_separate_rows() {
             for (i, (single, &len)) in singles.iter().zip(&lengths).enumerate() {
                 let start = if left { t - len } else { 0 };
                 let got = out.get(i as i64).narrow(0, start, len);
-                assert!(
-                    max_diff(&got, single) <= 1e-5,
-                    "{case} padded left={left} row {i}"
-                );
+                assert!(max_diff(&got, single) <= 1e-5, "{case} padded left={left} row {i}");
             }
         }
     }
@@ -179,9 +162,7 @@ fn dense_mask_oracle_equals_causal() {
     let model = load_f32("qwen3");
     let row = &expected("qwen3").rows[1];
     let n = row.len() as i64;
-    let mask = Tensor::ones([n, n], (Kind::Bool, Device::Cpu))
-        .tril(0)
-        .unsqueeze(0);
+    let mask = Tensor::ones([n, n], (Kind::Bool, Device::Cpu)).tril(0).unsqueeze(0);
     let ids = Tensor::from_slice(row).view([1, n]);
     let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
     let dense = model
@@ -213,10 +194,7 @@ fn chunked_logprobs_equal_full_log_softmax() {
         .gather(1, &targets.unsqueeze(1), false)
         .squeeze_dim(1);
     for chunks in [
-        LogprobChunks {
-            tokens: 3,
-            vocab: 7,
-        },
+        LogprobChunks { tokens: 3, vocab: 7 },
         LogprobChunks {
             tokens: 1024,
             vocab: 100,
@@ -253,10 +231,7 @@ fn score_packed_matches_transformers_log_softmax() {
                     .get(i as i64)
                     .log_softmax(-1, Kind::Float)
                     .double_value(&[row[i + 1]]);
-                assert!(
-                    (*lp as f64 - want).abs() <= 1e-4,
-                    "{case} token {i}: {lp} vs {want}"
-                );
+                assert!((*lp as f64 - want).abs() <= 1e-4, "{case} token {i}: {lp} vs {want}");
             }
         }
     }
@@ -275,15 +250,11 @@ fn save_round_trips_and_keeps_config_fields() {
     assert_eq!(cfg["pretraining_tp"], 1, "unknown fields are written back");
     assert_eq!(cfg["torch_dtype"], "float32");
     let generation: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap()).unwrap();
     assert_eq!(generation["eos_token_id"], 2);
     let again = load_f32(dir.to_str().unwrap());
     let row = &expected("llama3_scaled_v4config").rows[0];
-    assert_eq!(
-        max_diff(&row_logits(&again, row), &row_logits(&model, row)),
-        0.0
-    );
+    assert_eq!(max_diff(&row_logits(&again, row), &row_logits(&model, row)), 0.0);
 }
 
 fn scratch_checkpoint(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
@@ -303,16 +274,8 @@ fn scratch_checkpoint(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Path
 fn unsupported_configs_name_their_field() {
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
-        (
-            "gpt2",
-            Box::new(|c| c["model_type"] = "gpt2".into()),
-            "model_type",
-        ),
-        (
-            "gelu",
-            Box::new(|c| c["hidden_act"] = "gelu".into()),
-            "hidden_act",
-        ),
+        ("gpt2", Box::new(|c| c["model_type"] = "gpt2".into()), "model_type"),
+        ("gelu", Box::new(|c| c["hidden_act"] = "gelu".into()), "hidden_act"),
         (
             "yarn",
             Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()),
@@ -336,10 +299,7 @@ fn unsupported_configs_name_their_field() {
     ];
     for (name, edit, field) in cases {
         let err = Model::load(&scratch_checkpoint(name, edit), LoadOptions::default()).unwrap_err();
-        assert!(
-            matches!(err, ModelError::Unsupported { .. }),
-            "{name}: {err}"
-        );
+        assert!(matches!(err, ModelError::Unsupported { .. }), "{name}: {err}");
         assert!(err.to_string().contains(field), "{name}: {err}");
     }
     // A shape the weights contradict.
@@ -359,18 +319,12 @@ fn unsupported_configs_name_their_field() {
         dir.join("model.safetensors"),
     )
     .unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("qwen3_tied_gqa_bf16/config.json")).unwrap(),
-    )
-    .unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_tied_gqa_bf16/config.json")).unwrap()).unwrap();
     cfg["tie_word_embeddings"] = false.into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     let err = Model::load(&dir, LoadOptions::default()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("tensor `lm_head.weight` not found"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("tensor `lm_head.weight` not found"), "{err}");
 }
 
 #[test]
@@ -382,15 +336,11 @@ fn pickle_and_empty_folders_are_refused_clearly() {
     std::fs::write(dir.join("pytorch_model.bin"), b"not really").unwrap();
     let err = Model::load(&dir, LoadOptions::default()).unwrap_err();
     assert!(
-        err.to_string().contains("safetensors only")
-            && err.to_string().contains("pytorch_model.bin"),
+        err.to_string().contains("safetensors only") && err.to_string().contains("pytorch_model.bin"),
         "{err}"
     );
     let err = Model::load(Path::new("/nonexistent/model"), LoadOptions::default()).unwrap_err();
-    assert!(
-        err.to_string().contains("/nonexistent/model/config.json"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("/nonexistent/model/config.json"), "{err}");
 }
 
 #[test]

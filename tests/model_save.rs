@@ -28,14 +28,10 @@ fn saved_tiny_model_matches_what_transformers_computed_on_it() {
     }
     let model = Model::load(&out, LoadOptions::default()).unwrap();
     let tok = Tokenizer::from_dir(&out).unwrap();
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/saved_tiny_qwen3.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        fixture["eos_token_id"].as_i64(),
-        Some(model.lm.config.eos_token_ids[0])
-    );
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/saved_tiny_qwen3.json")).unwrap())
+            .unwrap();
+    assert_eq!(fixture["eos_token_id"].as_i64(), Some(model.lm.config.eos_token_ids[0]));
     for row in fixture["rows"].as_array().unwrap() {
         let opts = ChatOptions {
             add_generation_prompt: row["add_generation_prompt"].as_bool().unwrap(),

@@ -20,10 +20,7 @@ fn run_setup(dir: &Path, python: &str) -> (bool, String) {
         .env("TREETRAIN_LIBTORCH", dir.join("libtorch"))
         .output()
         .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// A stand-in python whose pip works but whose downloads are refused.
@@ -88,10 +85,7 @@ fn own_layout_of_an_old_version_is_rebuilt() {
     let python = refusing_python(&dir);
     let (ok, err) = run_setup(&dir, &python);
     assert!(!ok, "the refusing pip stops the rebuild");
-    assert!(
-        err.contains("is version 2.10.0, need 2.11.0: rebuilding"),
-        "{err}"
-    );
+    assert!(err.contains("is version 2.10.0, need 2.11.0: rebuilding"), "{err}");
 }
 
 #[test]

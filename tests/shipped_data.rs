@@ -53,16 +53,8 @@ fn seeded_weights_are_deterministic_and_shaped_as_initialised() {
     assert_eq!(e.size(), [2048, 256]);
     let std = e.std(true).double_value(&[]);
     assert!((std - 0.02).abs() < 0.001, "{std}");
-    assert_eq!(
-        fresh.lm.norm.weight.sum(Kind::Float).double_value(&[]),
-        256.0
-    );
+    assert_eq!(fresh.lm.norm.weight.sum(Kind::Float).double_value(&[]), 256.0);
     assert_eq!(shipped.lm.config.num_parameters(), 3_672_832);
-    let params: i64 = shipped
-        .vs
-        .variables()
-        .values()
-        .map(|t| t.numel() as i64)
-        .sum();
+    let params: i64 = shipped.vs.variables().values().map(|t| t.numel() as i64).sum();
     assert_eq!(params, shipped.lm.config.num_parameters());
 }

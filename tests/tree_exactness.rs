@@ -5,9 +5,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
-use treetrain::pack::{
-    GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat, row_logprobs,
-};
+use treetrain::pack::{GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat, row_logprobs};
 
 fn model() -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
@@ -24,9 +22,7 @@ fn model() -> Model {
 fn r(ids: &[i64], prompt: usize, advantage: f32, group: &str) -> Rollout {
     let mut mask = vec![0u8; prompt];
     mask.resize(ids.len(), 1);
-    let old_log_probs = (0..ids.len())
-        .map(|i| -0.3 - 0.1 * (i % 5) as f32)
-        .collect();
+    let old_log_probs = (0..ids.len()).map(|i| -0.3 - 0.1 * (i % 5) as f32).collect();
     Rollout {
         input_ids: ids.to_vec(),
         completion_mask: mask,
@@ -97,10 +93,7 @@ fn tree_flat_and_dense_oracle_logprobs_equal_separate_forwards() {
     let tree = tree_row(&rs);
     assert!(tree.packing_ratio() > 1.5, "{}", tree.packing_ratio());
     let reference = tch::no_grad(|| reference_logprobs(&m, &rs));
-    let chunks = LogprobChunks {
-        tokens: 5,
-        vocab: 100,
-    };
+    let chunks = LogprobChunks { tokens: 5, vocab: 100 };
     let tree_lp = tch::no_grad(|| row_logprobs(&m.lm, &tree, chunks)).unwrap();
     let flat_lp = tch::no_grad(|| row_logprobs(&m.lm, &pack_flat(&rs).unwrap(), chunks)).unwrap();
     assert!(
@@ -135,10 +128,7 @@ fn tree_gradients_equal_separate_forwards() {
     let cfg = GrpoLossConfig {
         epsilon_low: 0.2,
         epsilon_high: 0.28,
-        chunks: LogprobChunks {
-            tokens: 7,
-            vocab: 64,
-        },
+        chunks: LogprobChunks { tokens: 7, vocab: 64 },
     };
     // Reference: per-rollout forwards, the same clipped surrogate, the same normaliser.
     let a = model();
@@ -148,8 +138,7 @@ fn tree_gradients_equal_separate_forwards() {
     let adv = Tensor::from_slice(&flat.advantages);
     let ratio = (&lp - old).exp();
     let clipped = ratio.clamp(1.0 - 0.2, 1.0 + 0.28);
-    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float)
-        / flat.token_index.len() as f64;
+    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float) / flat.token_index.len() as f64;
     loss_ref.backward();
     let (e_ref, h_ref) = grads(&a);
     for row in [tree_row(&rs), flat] {
@@ -181,21 +170,42 @@ fn clipping_and_normalisation() {
     let row = tree_row(&rs);
     let cfg = GrpoLossConfig::default();
     let own = tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, None)).unwrap();
-    let window =
-        tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, Some(2.0 * row.token_index.len() as f64)))
-            .unwrap();
+    let window = tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, Some(2.0 * row.token_index.len() as f64))).unwrap();
     assert!((own.loss.double_value(&[]) - 2.0 * window.loss.double_value(&[])).abs() < 1e-6);
     // Old log-probs far below the policy's make every ratio huge: exactly the terms with a
     // positive advantage are clipped, and their gradient vanishes.
     let mut shifted = row.clone();
     shifted.old_log_probs.iter_mut().for_each(|x| *x -= 50.0);
     let out = tch::no_grad(|| grpo_loss(&m.lm, &shifted, &cfg, None)).unwrap();
-    let positive =
-        row.advantages.iter().filter(|&&a| a > 0.0).count() as f64 / row.advantages.len() as f64;
+    let positive = row.advantages.iter().filter(|&&a| a > 0.0).count() as f64 / row.advantages.len() as f64;
     assert!(
         (out.clip_fraction - positive).abs() < 1e-6,
         "{} vs {positive}",
         out.clip_fraction
     );
     assert_eq!(out.num_terms, row.token_index.len());
+}
+
+#[test]
+fn long_segments_split_into_query_blocks_stay_exact() {
+    let m = model();
+    let mut rng = treetrain::util::SplitMix64::new(5);
+    let mut tok = |n: usize| -> Vec<i64> { (0..n).map(|_| rng.below(256) as i64).collect() };
+    let prompt = tok(300);
+    let mid = tok(20);
+    // Children longer than one query block (256) continue a 300-token path.
+    let rs = vec![
+        r(&[prompt.clone(), mid.clone(), tok(600)].concat(), 300, 1.0, "a"),
+        r(&[prompt.clone(), mid, tok(530)].concat(), 300, -1.0, "a"),
+        r(&[prompt, tok(257)].concat(), 300, 0.5, "a"),
+    ];
+    let tree = tree_row(&rs);
+    assert!(
+        tree.segments
+            .iter()
+            .any(|s| s.len > 2 * treetrain::model::QUERY_BLOCK as usize)
+    );
+    let reference = tch::no_grad(|| reference_logprobs(&m, &rs));
+    let got = tch::no_grad(|| row_logprobs(&m.lm, &tree, LogprobChunks::default())).unwrap();
+    assert!(max_diff(&got, &reference) <= 1e-5, "{}", max_diff(&got, &reference));
 }

@@ -37,10 +37,7 @@ fn reference_fixture_field_by_field() {
         tree.add(r, i).unwrap();
     }
     let row = tree.pack();
-    assert_eq!(
-        row.input_ids,
-        [101, 102, 103, 201, 202, 202, 401, 103, 301, 302]
-    );
+    assert_eq!(row.input_ids, [101, 102, 103, 201, 202, 202, 401, 103, 301, 302]);
     assert_eq!(row.position_ids, [0, 1, 2, 3, 4, 4, 5, 2, 3, 4]);
     assert_eq!(
         row.shift_labels,
@@ -53,8 +50,7 @@ fn reference_fixture_field_by_field() {
     assert_eq!(
         row.tree_kv_index,
         [
-            0, 1, /**/ 0, 1, 2, 3, /**/ 0, 1, 2, 3, 4, /**/ 0, 1, 2, 3, 5, 6,
-            /**/ 0, 1, 7, 8, 9
+            0, 1, /**/ 0, 1, 2, 3, /**/ 0, 1, 2, 3, 4, /**/ 0, 1, 2, 3, 5, 6, /**/ 0, 1, 7, 8, 9
         ]
     );
     assert_eq!(row.tree_cu_seqlens_q, [0, 2, 4, 5, 7, 10]);
@@ -77,8 +73,7 @@ fn rollout_from(v: &Value) -> Rollout {
 
 #[test]
 fn matches_trl_packer_on_seeded_rollout_sets() {
-    let fixture: Value =
-        serde_json::from_str(include_str!("fixtures/trl_tree_packing.json")).unwrap();
+    let fixture: Value = serde_json::from_str(include_str!("fixtures/trl_tree_packing.json")).unwrap();
     let budgets: Vec<usize> = serde_json::from_value(fixture["budgets"].clone()).unwrap();
     let cases = fixture["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 70);
@@ -114,11 +109,7 @@ fn matches_trl_packer_on_seeded_rollout_sets() {
             "token_index",
             "segment_id",
         ] {
-            assert_eq!(
-                got[field], want[field],
-                "case {c} ({}) field {field}",
-                case["kind"]
-            );
+            assert_eq!(got[field], want[field], "case {c} ({}) field {field}", case["kind"]);
         }
         for field in ["old_log_probs", "advantages"] {
             let g: Vec<f64> = serde_json::from_value(got[field].clone()).unwrap();
@@ -168,12 +159,7 @@ fn bad_rollouts_are_typed_errors_naming_the_row() {
     ));
     let mut nan = good.clone();
     nan.old_log_probs[4] = f32::NAN;
-    assert!(
-        tree.add(nan, 0)
-            .unwrap_err()
-            .to_string()
-            .contains("position 4")
-    );
+    assert!(tree.add(nan, 0).unwrap_err().to_string().contains("position 4"));
     let mut bad_mask = good.clone();
     bad_mask.completion_mask[3] = 2;
     assert!(tree.add(bad_mask, 0).is_err());
@@ -188,14 +174,8 @@ fn bad_rollouts_are_typed_errors_naming_the_row() {
             budget: 4
         }
     );
-    assert_eq!(
-        plan(vec![good.clone()], 0, 1).unwrap_err(),
-        PackError::Zero("budget")
-    );
-    assert_eq!(
-        plan(vec![good], 8, 0).unwrap_err(),
-        PackError::Zero("ranks")
-    );
+    assert_eq!(plan(vec![good.clone()], 0, 1).unwrap_err(), PackError::Zero("budget"));
+    assert_eq!(plan(vec![good], 8, 0).unwrap_err(), PackError::Zero("ranks"));
 }
 
 #[test]
@@ -218,10 +198,7 @@ fn planner_bounds_unique_tokens_keeps_groups_and_balances_ranks() {
         assert_eq!(t.groups().len(), 1);
         assert_eq!(t.len(), 4);
     }
-    assert!(
-        p.ranks.iter().all(|r| r.len() == 2),
-        "6 equal rows over 3 ranks"
-    );
+    assert!(p.ranks.iter().all(|r| r.len() == 2), "6 equal rows over 3 ranks");
     // Identical rollouts add no unique token: the trained-token bound still closes rows.
     let same = vec![rollouts[0].clone(); 10];
     let p = plan(same, 23, 1).unwrap();

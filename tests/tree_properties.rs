@@ -11,11 +11,7 @@ fn rollout_sets() -> impl Strategy<Value = Vec<Rollout>> {
     let group = (
         prop::collection::vec(0i64..4, 1..6),
         prop::collection::vec(
-            (
-                prop::collection::vec(0i64..3, 0..6),
-                any::<bool>(),
-                -2.0f32..2.0,
-            ),
+            (prop::collection::vec(0i64..3, 0..6), any::<bool>(), -2.0f32..2.0),
             1..5,
         ),
     );
@@ -63,15 +59,12 @@ fn check_visibility(row: &PackedRow, rollouts: &[Rollout]) {
             assert_eq!(row.position_ids[q], p as i64);
             let want: Vec<usize> = positions[..=p].iter().map(|&x| x as usize).collect();
             // Interval form.
-            let seen: Vec<usize> = (0..row.len())
-                .filter(|&k| k <= q && (q as i64) < leave[k])
-                .collect();
+            let seen: Vec<usize> = (0..row.len()).filter(|&k| k <= q && (q as i64) < leave[k]).collect();
             assert_eq!(seen, want, "interval mask");
             // Segment form: bottom-right causal over the segment's path.
             let s = seg_of(q);
             let seg = &row.segments[s];
-            let path = &row.tree_kv_index
-                [row.tree_cu_seqlens_k[s] as usize..row.tree_cu_seqlens_k[s + 1] as usize];
+            let path = &row.tree_kv_index[row.tree_cu_seqlens_k[s] as usize..row.tree_cu_seqlens_k[s + 1] as usize];
             let visible = path.len() - seg.len + (q - seg.start) + 1;
             let path_seen: Vec<usize> = path[..visible].iter().map(|&x| x as usize).collect();
             assert_eq!(path_seen, want, "segment path");

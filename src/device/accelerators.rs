@@ -83,9 +83,7 @@ impl Accelerators {
         let probe = HostProbe::system();
         let cuda_load = probe.var("TREETRAIN_TORCH_CUDA").map(|dir| {
             let dir = PathBuf::from(dir);
-            load_torch_cuda(&dir)
-                .map(|()| dir)
-                .map_err(|e| e.to_string())
+            load_torch_cuda(&dir).map(|()| dir).map_err(|e| e.to_string())
         });
         let mut acc = Self::detect_with(&probe, &TorchFacts::query());
         acc.cuda_load = cuda_load;
@@ -102,9 +100,7 @@ impl Accelerators {
         });
         let cpu = CpuInfo {
             model,
-            logical_cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            logical_cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             torch_threads: torch.threads,
             torch_interop_threads: torch.interop_threads,
             omp_num_threads: probe.var("OMP_NUM_THREADS").map(str::to_string),

@@ -104,8 +104,7 @@ pub fn load_torch_cuda(lib_dir: &Path) -> Result<(), DeviceError> {
             "no such file (expected a torch 2.11.0+cu130 torch/lib folder)".into(),
         ));
     }
-    let c_path =
-        CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| load_error(e.to_string()))?;
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| load_error(e.to_string()))?;
     // SAFETY: dlopen with a valid NUL-terminated path; the handle is deliberately never closed
     // because libtorch keeps pointers into the library for the life of the process.
     let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };

@@ -88,10 +88,7 @@ impl NeuronInfo {
             },
             None => (default_lnc, false),
         };
-        let visible_cores = match probe
-            .var("NEURON_RT_VISIBLE_CORES")
-            .map(parse_visible_cores)
-        {
+        let visible_cores = match probe.var("NEURON_RT_VISIBLE_CORES").map(parse_visible_cores) {
             Some(Ok(v)) => Some(v),
             Some(Err(e)) => {
                 warnings.push(format!("{e}; ignoring it"));

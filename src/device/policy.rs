@@ -153,14 +153,8 @@ mod tests {
         for s in ["auto", "none", "128"] {
             assert_eq!(s.parse::<PadTo>().unwrap().to_string(), s);
         }
-        assert!(matches!(
-            "0".parse::<PadTo>(),
-            Err(DeviceError::InvalidPadTo(_))
-        ));
-        assert!(matches!(
-            "-3".parse::<PadTo>(),
-            Err(DeviceError::InvalidPadTo(_))
-        ));
+        assert!(matches!("0".parse::<PadTo>(), Err(DeviceError::InvalidPadTo(_))));
+        assert!(matches!("-3".parse::<PadTo>(), Err(DeviceError::InvalidPadTo(_))));
         assert_eq!("Trainium".parse::<Platform>().unwrap(), Platform::Neuron);
         assert!("tpu".parse::<Platform>().is_err());
     }

@@ -24,10 +24,7 @@ impl HostProbe {
     pub fn fake(root: impl Into<PathBuf>, env: &[(&str, &str)]) -> Self {
         Self {
             root: root.into(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         }
     }
 
@@ -55,10 +52,7 @@ impl HostProbe {
 
     /// An environment variable, if set and not empty.
     pub fn var(&self, name: &str) -> Option<&str> {
-        self.env
-            .get(name)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
+        self.env.get(name).map(String::as_str).filter(|v| !v.is_empty())
     }
 }
 

@@ -107,17 +107,11 @@ impl LineChart {
         for (i, s) in self.series.iter().enumerate() {
             let (r, g, b) = PALETTE[i % PALETTE.len()];
             let color = RGBColor(r, g, b);
-            let points = s
-                .points
-                .iter()
-                .copied()
-                .filter(|(x, y)| x.is_finite() && y.is_finite());
+            let points = s.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite());
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(2)))?
                 .label(&s.name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
         }
         if !self.series.is_empty() {
             chart

@@ -37,12 +37,8 @@ impl Attention {
             k_proj: Linear::new(&path / "k_proj", h, kv, cfg.qkv_bias),
             v_proj: Linear::new(&path / "v_proj", h, kv, cfg.qkv_bias),
             o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
-            q_norm: cfg
-                .qk_norm
-                .then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
-            k_norm: cfg
-                .qk_norm
-                .then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
+            q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
+            k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -80,21 +76,10 @@ impl Attention {
             (k.shallow_clone(), v.shallow_clone())
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = Tensor::scaled_dot_product_attention(
-            q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none(),
-            scale,
-            false,
-        );
+        let out = Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), scale, false);
         let (b, t) = (q.size()[0], q.size()[2]);
-        self.o_proj.forward(
-            &out.transpose(1, 2)
-                .reshape([b, t, self.num_heads * self.head_dim]),
-        )
+        self.o_proj
+            .forward(&out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim]))
     }
 
     /// Full self-attention of `x` `[batch, seq, hidden]` under `layout` (`mask` is the SDPA
@@ -116,13 +101,7 @@ impl Attention {
 
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
     /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
-    fn attend_segments(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        segs: &[SegmentAttention],
-    ) -> Tensor {
+    fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, segs: &[SegmentAttention]) -> Tensor {
         let rep = self.num_heads / self.num_kv_heads;
         let (k, v) = if rep > 1 {
             (
@@ -133,33 +112,31 @@ impl Attention {
             (k.shallow_clone(), v.shallow_clone())
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let outs: Vec<Tensor> = segs
-            .iter()
-            .map(|s| {
-                let qs = q.narrow(2, s.q_start, s.q_len);
-                let (ks, vs) = match &s.keys {
-                    KeySource::Contiguous { start, len } => {
-                        (k.narrow(2, *start, *len), v.narrow(2, *start, *len))
-                    }
-                    KeySource::Gather(idx) => (k.index_select(2, idx), v.index_select(2, idx)),
-                };
-                Tensor::scaled_dot_product_attention(
+        let mut outs: Vec<Tensor> = Vec::new();
+        for s in segs {
+            let (ks, vs) = match &s.keys {
+                KeySource::Contiguous { start, len } => (k.narrow(2, *start, *len), v.narrow(2, *start, *len)),
+                KeySource::Gather(idx) => (k.index_select(2, idx), v.index_select(2, idx)),
+            };
+            for b in &s.blocks {
+                let qs = q.narrow(2, s.q_start + b.q_offset, b.q_len);
+                let (kb, vb) = (ks.narrow(2, 0, b.k_len), vs.narrow(2, 0, b.k_len));
+                let causal = b.mask.is_none();
+                outs.push(Tensor::scaled_dot_product_attention(
                     &qs,
-                    &ks,
-                    &vs,
-                    s.mask.as_ref(),
+                    &kb,
+                    &vb,
+                    b.mask.as_ref(),
                     0.0,
-                    s.mask.is_none(),
+                    causal,
                     scale,
                     false,
-                )
-            })
-            .collect();
+                ));
+            }
+        }
         let out = Tensor::cat(&outs, 2);
         let n = q.size()[2];
-        self.o_proj.forward(
-            &out.transpose(1, 2)
-                .reshape([1, n, self.num_heads * self.head_dim]),
-        )
+        self.o_proj
+            .forward(&out.transpose(1, 2).reshape([1, n, self.num_heads * self.head_dim]))
     }
 }

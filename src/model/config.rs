@@ -293,11 +293,7 @@ impl HfConfig {
             o_bias: arch != Architecture::Qwen2 && attention_bias,
             mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            eos_token_ids: self
-                .eos_token_id
-                .as_ref()
-                .map(OneOrMany::to_vec)
-                .unwrap_or_default(),
+            eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
             bos_token_id: self.bos_token_id,
             pad_token_id: self.pad_token_id,
         })
@@ -334,9 +330,7 @@ impl HfConfig {
         };
         let scaling = match kind {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: num("factor")?,
-            },
+            "linear" => RopeScaling::Linear { factor: num("factor")? },
             "llama3" => RopeScaling::Llama3 {
                 factor: num("factor")?,
                 low_freq_factor: num("low_freq_factor")?,
@@ -359,10 +353,7 @@ impl ModelConfig {
     /// Parameters in the model (tied embeddings counted once).
     pub fn num_parameters(&self) -> i64 {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (q, kv) = (
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-        );
+        let (q, kv) = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
         let mut attn = h * q + 2 * h * kv + q * h;
         if self.qkv_bias {
             attn += q + 2 * kv;

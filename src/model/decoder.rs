@@ -27,11 +27,7 @@ impl DecoderLayer {
         DecoderLayer {
             self_attn: Attention::new(&path / "self_attn", cfg),
             mlp: Mlp::new(&path / "mlp", cfg),
-            input_layernorm: RmsNorm::new(
-                &path / "input_layernorm",
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            ),
+            input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
             post_attention_layernorm: RmsNorm::new(
                 &path / "post_attention_layernorm",
                 cfg.hidden_size,
@@ -49,10 +45,9 @@ impl DecoderLayer {
         mask: Option<&Tensor>,
         layout: &AttentionLayout,
     ) -> Tensor {
-        let h =
-            x + self
-                .self_attn
-                .forward(&self.input_layernorm.forward(x), cos, sin, mask, layout);
+        let h = x + self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x), cos, sin, mask, layout);
         let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
         h + out
     }
@@ -80,23 +75,14 @@ impl CausalLm {
     pub fn new(vs: &nn::VarStore, config: ModelConfig) -> Self {
         let root = vs.root();
         let model = &root / "model";
-        let embed_tokens = (&model / "embed_tokens").var(
-            "weight",
-            &[config.vocab_size, config.hidden_size],
-            nn::Init::Const(0.0),
-        );
+        let embed_tokens =
+            (&model / "embed_tokens").var("weight", &[config.vocab_size, config.hidden_size], nn::Init::Const(0.0));
         let layers = (0..config.num_layers)
             .map(|i| DecoderLayer::new(&model / "layers" / i, &config))
             .collect();
         let norm = RmsNorm::new(&model / "norm", config.hidden_size, config.rms_norm_eps);
-        let lm_head = (!config.tie_word_embeddings).then(|| {
-            Linear::new(
-                &root / "lm_head",
-                config.hidden_size,
-                config.vocab_size,
-                false,
-            )
-        });
+        let lm_head = (!config.tie_word_embeddings)
+            .then(|| Linear::new(&root / "lm_head", config.hidden_size, config.vocab_size, false));
         let inv_freq = rope::inv_freq(&config, vs.device());
         CausalLm {
             config,
@@ -110,9 +96,7 @@ impl CausalLm {
 
     /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
     pub fn lm_head_weight(&self) -> &Tensor {
-        self.lm_head
-            .as_ref()
-            .map_or(&self.embed_tokens, |l| &l.weight)
+        self.lm_head.as_ref().map_or(&self.embed_tokens, |l| &l.weight)
     }
 
     /// The device the parameters live on.
@@ -156,8 +140,7 @@ impl CausalLm {
             )));
         }
         let mask = layout.sdpa_mask(batch, seq, device)?;
-        let (cos, sin) =
-            rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
         let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
         for layer in &self.layers {
             x = layer.forward(&x, &cos, &sin, mask.as_ref(), layout);

@@ -59,11 +59,32 @@ pub struct SegmentAttention {
     pub q_start: i64,
     /// Queries.
     pub q_len: i64,
-    /// Keys and values seen.
+    /// Keys and values of the whole path (gathered once per layer).
     pub keys: KeySource,
-    /// Bottom-right causal mask `[q_len, k_len]` when `k_len > q_len`; `None` means plain causal.
+    /// Query blocks, each attending to a prefix of the path.
+    pub blocks: Vec<QueryBlock>,
+}
+
+/// A block of a segment's queries and the prefix of the path it attends to.
+///
+/// A segment's queries see the whole path of their ancestors plus a causal part of their own
+/// tokens. One masked call over the full path would compute every (query, key) pair of that
+/// rectangle; cutting the queries into blocks that each take only the keys they can see keeps
+/// the computed pairs within one block's triangle of the causal count.
+#[derive(Debug)]
+pub struct QueryBlock {
+    /// Offset of the block's first query in the segment.
+    pub q_offset: i64,
+    /// Queries in the block.
+    pub q_len: i64,
+    /// Keys it attends to: the first `k_len` of the path.
+    pub k_len: i64,
+    /// Bottom-right causal mask `[q_len, k_len]`; `None` when `q_len == k_len` (plain causal).
     pub mask: Option<Tensor>,
 }
+
+/// Queries per block of a segment that continues a path.
+pub const QUERY_BLOCK: i64 = 256;
 
 impl AttentionLayout {
     /// A segments layout from `cu_q` (`S + 1` segment boundaries), `cu_k` (`S + 1` boundaries in
@@ -84,13 +105,35 @@ impl AttentionLayout {
             } else {
                 KeySource::Gather(Tensor::from_slice(path).to_device(device))
             };
-            let mask = (k_len != q_len)
-                .then(|| Tensor::ones([q_len, k_len], (Kind::Bool, device)).tril(k_len - q_len));
+            let prefix = k_len - q_len;
+            let blocks = if prefix == 0 {
+                vec![QueryBlock {
+                    q_offset: 0,
+                    q_len,
+                    k_len,
+                    mask: None,
+                }]
+            } else {
+                (0..q_len)
+                    .step_by(QUERY_BLOCK as usize)
+                    .map(|off| {
+                        let len = QUERY_BLOCK.min(q_len - off);
+                        let k = prefix + off + len;
+                        let mask = Tensor::ones([len, k], (Kind::Bool, device)).tril(k - len);
+                        QueryBlock {
+                            q_offset: off,
+                            q_len: len,
+                            k_len: k,
+                            mask: Some(mask),
+                        }
+                    })
+                    .collect()
+            };
             segs.push(SegmentAttention {
                 q_start,
                 q_len,
                 keys,
-                mask,
+                blocks,
             });
         }
         AttentionLayout::Segments(segs)
@@ -114,12 +157,7 @@ impl AttentionLayout {
     }
 
     /// The boolean mask `[batch, 1, seq, seq]` SDPA takes, or `None` for plain causal.
-    pub(crate) fn sdpa_mask(
-        &self,
-        batch: i64,
-        seq: i64,
-        device: Device,
-    ) -> Result<Option<Tensor>, ModelError> {
+    pub(crate) fn sdpa_mask(&self, batch: i64, seq: i64, device: Device) -> Result<Option<Tensor>, ModelError> {
         let causal = || Tensor::ones([seq, seq], (Kind::Bool, device)).tril(0);
         let check = |t: &Tensor, what: &str, want: &[i64]| {
             if t.size() != want {

@@ -30,11 +30,7 @@ impl Default for LoadOptions {
 /// Parses a dtype name as transformers writes it (`float32`, `bfloat16`, `float16`) or as
 /// users type it (`fp32`, `bf16`, `fp16`).
 pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
-    match name
-        .trim()
-        .to_ascii_lowercase()
-        .trim_start_matches("torch.")
-    {
+    match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
         "float32" | "fp32" | "f32" | "float" => Ok(Kind::Float),
         "bfloat16" | "bf16" => Ok(Kind::BFloat16),
         "float16" | "fp16" | "f16" | "half" => Ok(Kind::Half),
@@ -122,12 +118,7 @@ impl Model {
     }
 
     /// A model with seeded random weights (N(0, `std`), norms 1): identical on every machine.
-    pub fn seeded(
-        hf_config: HfConfig,
-        opts: LoadOptions,
-        seed: u64,
-        std: f64,
-    ) -> Result<Self, ModelError> {
+    pub fn seeded(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {
         let model = Self::declare(hf_config, opts)?;
         init_seeded(&model.vs, seed, std)?;
         Ok(model)
@@ -284,10 +275,7 @@ impl Model {
         if let Some(p) = c.pad_token_id {
             generation.insert("pad_token_id".into(), p.into());
         }
-        json(
-            &serde_json::Value::Object(generation),
-            "generation_config.json",
-        )?;
+        json(&serde_json::Value::Object(generation), "generation_config.json")?;
         let tensors = self.vs.variables();
         write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
         if let Some(src) = tokenizer_from {
@@ -330,27 +318,18 @@ impl Rich for Model {
                 "architecture",
                 format!("{:?} ({})", c.arch, escape(&self.hf_config.model_type)),
             ),
-            (
-                "parameters",
-                format!("{:.2} M", c.num_parameters() as f64 / 1e6),
-            ),
+            ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
             ("dtype", format!("{:?}", self.kind())),
             (
                 "layers / hidden / intermediate",
-                format!(
-                    "{} / {} / {}",
-                    c.num_layers, c.hidden_size, c.intermediate_size
-                ),
+                format!("{} / {} / {}", c.num_layers, c.hidden_size, c.intermediate_size),
             ),
             (
                 "heads / kv heads / head dim",
                 format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim),
             ),
             ("vocab", c.vocab_size.to_string()),
-            (
-                "RoPE",
-                format!("theta {} {:?}", c.rope_theta, c.rope_scaling),
-            ),
+            ("RoPE", format!("theta {} {:?}", c.rope_theta, c.rope_scaling)),
             ("tied embeddings", c.tie_word_embeddings.to_string()),
             (
                 "source",
@@ -366,13 +345,7 @@ impl Rich for Model {
             .parameter_rows()
             .into_iter()
             .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
-            .map(|(n, s, k)| {
-                vec![
-                    format!("<code>{}</code>", escape(&n)),
-                    format!("{s:?}"),
-                    k.to_string(),
-                ]
-            })
+            .map(|(n, s, k)| vec![format!("<code>{}</code>", escape(&n)), format!("{s:?}"), k.to_string()])
             .collect();
         let note = if c.num_layers > 1 {
             format!(
@@ -387,10 +360,7 @@ impl Rich for Model {
             display::section("Model", &display::kv_table(&cfg_rows)),
             display::section(
                 "Parameters",
-                &format!(
-                    "{}{note}",
-                    display::table(&["name", "shape", "numel"], &rows)
-                )
+                &format!("{}{note}", display::table(&["name", "shape", "numel"], &rows))
             )
         ))
     }

@@ -46,10 +46,7 @@ pub fn target_logprobs(
         return Ok(Tensor::zeros([0], (Kind::Float, hidden.device())));
     }
     let targets = targets.to_device(hidden.device()).to_kind(Kind::Int64);
-    let (lo, hi) = (
-        targets.f_min()?.int64_value(&[]),
-        targets.f_max()?.int64_value(&[]),
-    );
+    let (lo, hi) = (targets.f_min()?.int64_value(&[]), targets.f_max()?.int64_value(&[]));
     if lo < 0 || hi >= vocab {
         return Err(ModelError::Input(format!(
             "target ids must lie in 0..{vocab}, found {}",
@@ -76,19 +73,15 @@ pub fn target_logprobs(
                 (Some(m), Some(s)) => {
                     let m_new = m.maximum(&chunk_max);
                     let s_new = s * (&m - &m_new).exp()
-                        + (logits - m_new.unsqueeze(-1)).exp().sum_dim_intlist(
-                            -1,
-                            false,
-                            Kind::Float,
-                        );
+                        + (logits - m_new.unsqueeze(-1))
+                            .exp()
+                            .sum_dim_intlist(-1, false, Kind::Float);
                     (m_new, s_new)
                 }
                 _ => {
-                    let s = (logits - chunk_max.unsqueeze(-1)).exp().sum_dim_intlist(
-                        -1,
-                        false,
-                        Kind::Float,
-                    );
+                    let s = (logits - chunk_max.unsqueeze(-1))
+                        .exp()
+                        .sum_dim_intlist(-1, false, Kind::Float);
                     (chunk_max, s)
                 }
             };
@@ -96,10 +89,7 @@ pub fn target_logprobs(
             running_sum = Some(s);
             v0 += vl;
         }
-        let (m, s) = (
-            running_max.expect("vocab > 0"),
-            running_sum.expect("vocab > 0"),
-        );
+        let (m, s) = (running_max.expect("vocab > 0"), running_sum.expect("vocab > 0"));
         out.push(target_logit - (m + s.log()));
         start += len;
     }

@@ -8,9 +8,7 @@ use super::config::{ModelConfig, RopeScaling};
 /// same f32 operations transformers uses so angles match bit for bit.
 pub fn inv_freq(cfg: &ModelConfig, device: tch::Device) -> Tensor {
     let dim = cfg.head_dim;
-    let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device))
-        .to_kind(Kind::Float)
-        / dim as f64;
+    let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
     let base = Tensor::pow_scalar(cfg.rope_theta, &exponents);
     let inv = base.reciprocal();
     match cfg.rope_scaling {
@@ -27,8 +25,7 @@ pub fn inv_freq(cfg: &ModelConfig, device: tch::Device) -> Tensor {
             let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
             let long = wavelen.gt(low_freq_wavelen);
             let scaled = (&inv / factor).where_self(&long, &inv);
-            let smooth = ((wavelen.reciprocal() * old) - low_freq_factor)
-                / (high_freq_factor - low_freq_factor);
+            let smooth = ((wavelen.reciprocal() * old) - low_freq_factor) / (high_freq_factor - low_freq_factor);
             let smoothed = (smooth.ones_like() - &smooth) * &scaled / factor + &smooth * &scaled;
             let medium = wavelen
                 .lt(high_freq_wavelen)

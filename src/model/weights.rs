@@ -16,11 +16,10 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ModelError::Json {
-                path: index.clone(),
-                message: e.to_string(),
-            })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -28,10 +27,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
                 path: index.clone(),
                 message: "missing object field `weight_map`".into(),
             })?;
-        let mut files: Vec<String> = map
-            .values()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
+        let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
@@ -158,10 +154,7 @@ impl View for &RawTensor {
 }
 
 fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
-    let t = t
-        .f_to_kind(kind)?
-        .f_to_device(tch::Device::Cpu)?
-        .f_contiguous()?;
+    let t = t.f_to_kind(kind)?.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
     let dtype = match kind {
         Kind::Float => Dtype::F32,
         Kind::BFloat16 => Dtype::BF16,
@@ -180,20 +173,17 @@ fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
 
 /// Writes `tensors` (name -> tensor) as one safetensors file in `kind`, with the
 /// `{"format": "pt"}` metadata transformers checks.
-pub fn write_safetensors(
-    path: &Path,
-    tensors: &HashMap<String, Tensor>,
-    kind: Kind,
-) -> Result<(), ModelError> {
+pub fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>, kind: Kind) -> Result<(), ModelError> {
     let raws: BTreeMap<&String, RawTensor> = tensors
         .iter()
         .map(|(k, t)| Ok((k, raw(t, kind)?)))
         .collect::<Result<_, ModelError>>()?;
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::serialize(raws.iter().map(|(k, v)| (k.as_str(), v)), Some(meta))
-        .map_err(|e| ModelError::Safetensors {
+    let bytes = safetensors::serialize(raws.iter().map(|(k, v)| (k.as_str(), v)), Some(meta)).map_err(|e| {
+        ModelError::Safetensors {
             file: path.into(),
             message: e.to_string(),
-        })?;
+        }
+    })?;
     std::fs::write(path, bytes).map_err(|e| ModelError::io(path, e))
 }

@@ -40,22 +40,13 @@ pub struct GrpoLoss {
 
 /// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
 /// then the LM head only at the predicting positions.
-pub fn row_logprobs(
-    model: &CausalLm,
-    row: &PackedRow,
-    chunks: LogprobChunks,
-) -> Result<Tensor, ModelError> {
+pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
     let device = model.device();
     let (ids, pos, layout) = row.layout(device);
     let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
     let index = Tensor::from_slice(&row.token_index).to_device(device);
     let h = hidden.index_select(0, &index);
-    target_logprobs(
-        &h,
-        model.lm_head_weight(),
-        &Tensor::from_slice(&row.targets()),
-        chunks,
-    )
+    target_logprobs(&h, model.lm_head_weight(), &Tensor::from_slice(&row.targets()), chunks)
 }
 
 /// The clipped GRPO surrogate over a packed row:

@@ -31,11 +31,7 @@ impl Rollout {
     /// Checks lengths and values; `row` names the rollout in errors.
     pub fn validate(&self, row: usize) -> Result<(), PackError> {
         let n = self.input_ids.len();
-        let bad = |field: &'static str, message: String| PackError::InvalidRollout {
-            row,
-            field,
-            message,
-        };
+        let bad = |field: &'static str, message: String| PackError::InvalidRollout { row, field, message };
         if n == 0 {
             return Err(bad("input_ids", "empty".into()));
         }
@@ -52,10 +48,7 @@ impl Rollout {
             ));
         }
         if let Some(v) = self.completion_mask.iter().find(|&&m| m > 1) {
-            return Err(bad(
-                "completion_mask",
-                format!("holds {v}; only 0 and 1 are allowed"),
-            ));
+            return Err(bad("completion_mask", format!("holds {v}; only 0 and 1 are allowed")));
         }
         if let Some(t) = self.input_ids.iter().find(|&&t| t < 0) {
             return Err(bad("input_ids", format!("holds negative id {t}")));
@@ -69,10 +62,7 @@ impl Rollout {
             .enumerate()
             .find(|(i, lp)| self.completion_mask[*i] == 1 && !lp.is_finite())
         {
-            return Err(bad(
-                "old_log_probs",
-                format!("position {i} is {lp} on a trained token"),
-            ));
+            return Err(bad("old_log_probs", format!("position {i} is {lp} on a trained token")));
         }
         Ok(())
     }
@@ -80,10 +70,6 @@ impl Rollout {
     /// Trained tokens (loss terms) of this rollout: mask positions 1.. (position 0 has no
     /// predecessor).
     pub fn trained(&self) -> usize {
-        self.completion_mask
-            .iter()
-            .skip(1)
-            .filter(|&&m| m == 1)
-            .count()
+        self.completion_mask.iter().skip(1).filter(|&&m| m == 1).count()
     }
 }

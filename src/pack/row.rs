@@ -137,28 +137,17 @@ impl PackedRow {
         let leave = Tensor::from_slice(&leave);
         let k = q.view([1, n]);
         let qq = q.view([n, 1]);
-        k.le_tensor(&qq)
-            .logical_and(&qq.lt_tensor(&leave.view([1, n])))
+        k.le_tensor(&qq).logical_and(&qq.lt_tensor(&leave.view([1, n])))
     }
 
     /// `(input_ids, position_ids)` `[1, N]` and the segment layout for the model's forward.
     pub fn layout(&self, device: Device) -> (Tensor, Tensor, AttentionLayout) {
         let n = self.len() as i64;
-        let ids = Tensor::from_slice(&self.input_ids)
-            .view([1, n])
-            .to_device(device);
-        let pos = Tensor::from_slice(&self.position_ids)
-            .view([1, n])
-            .to_device(device);
+        let ids = Tensor::from_slice(&self.input_ids).view([1, n]).to_device(device);
+        let pos = Tensor::from_slice(&self.position_ids).view([1, n]).to_device(device);
         let layout = AttentionLayout::segments(
-            self.tree_cu_seqlens_q
-                .iter()
-                .map(|&x| i64::from(x))
-                .collect(),
-            self.tree_cu_seqlens_k
-                .iter()
-                .map(|&x| i64::from(x))
-                .collect(),
+            self.tree_cu_seqlens_q.iter().map(|&x| i64::from(x)).collect(),
+            self.tree_cu_seqlens_k.iter().map(|&x| i64::from(x)).collect(),
             &self.tree_kv_index,
             device,
         );

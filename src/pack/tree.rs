@@ -112,8 +112,7 @@ impl PrefixTree {
     /// Whether adding `rollout` keeps the row within `budget` unique tokens and `budget`
     /// trained tokens (the second bound closes rows of identical rollouts, which add no token).
     pub fn fits(&self, rollout: &Rollout, budget: usize) -> bool {
-        self.unique_tokens() + self.novel_tokens(rollout) <= budget
-            && self.trained + rollout.trained() <= budget
+        self.unique_tokens() + self.novel_tokens(rollout) <= budget && self.trained + rollout.trained() <= budget
     }
 
     /// Adds a rollout (validated; `row` names it in errors).
@@ -165,10 +164,7 @@ impl PrefixTree {
         // Stack of (first node of a segment, parent segment, depth); children pushed in reverse
         // so the first-inserted child is laid out first.
         let mut stack: Vec<(u32, Option<usize>, i64)> = Vec::new();
-        let push_children = |stack: &mut Vec<(u32, Option<usize>, i64)>,
-                             node: u32,
-                             seg: Option<usize>,
-                             depth: i64| {
+        let push_children = |stack: &mut Vec<(u32, Option<usize>, i64)>, node: u32, seg: Option<usize>, depth: i64| {
             let start = stack.len();
             let mut c = self.first_child[node as usize];
             while c != NONE {

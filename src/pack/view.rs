@@ -31,11 +31,7 @@ impl TreeView {
                 });
                 decoded.unwrap_or_else(|| {
                     let shown: Vec<String> = ids.iter().take(12).map(i64::to_string).collect();
-                    format!(
-                        "{}{}",
-                        shown.join(" "),
-                        if ids.len() > 12 { " …" } else { "" }
-                    )
+                    format!("{}{}", shown.join(" "), if ids.len() > 12 { " …" } else { "" })
                 })
             })
             .collect();
@@ -127,9 +123,7 @@ impl TreeView {
         let (_, leave) = self.row.intervals();
         let cell = (320.0 / n as f64).clamp(2.0, 14.0);
         let side = cell * n as f64;
-        let mut svg = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{side:.0}\" height=\"{side:.0}\">"
-        );
+        let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{side:.0}\" height=\"{side:.0}\">");
         svg.push_str(&format!(
             "<rect width=\"{side:.1}\" height=\"{side:.1}\" fill=\"currentColor\" fill-opacity=\"0.06\"/>"
         ));
@@ -161,10 +155,7 @@ impl TreeView {
         vec![
             ("packing", format!("{:?}", r.kind)),
             ("rollouts", r.rollouts.to_string()),
-            (
-                "tokens: flat / forwarded",
-                format!("{} / {}", r.raw_tokens, r.len()),
-            ),
+            ("tokens: flat / forwarded", format!("{} / {}", r.raw_tokens, r.len())),
             ("packing ratio", format!("{:.2}", r.packing_ratio())),
             (
                 "segments / longest path",
@@ -186,11 +177,7 @@ impl TreeView {
 
 impl Rich for TreeView {
     fn html(&self) -> String {
-        let rows: Vec<(&str, String)> = self
-            .summary_rows()
-            .into_iter()
-            .map(|(k, v)| (k, escape(&v)))
-            .collect();
+        let rows: Vec<(&str, String)> = self.summary_rows().into_iter().map(|(k, v)| (k, escape(&v))).collect();
         let trained = self.trained_per_segment();
         let table: Vec<Vec<String>> = self
             .row
@@ -234,10 +221,7 @@ impl Rich for TreeView {
             ),
         ));
         if let Some(mask) = self.mask_svg() {
-            body.push_str(&display::section(
-                "Attention mask (query rows, key columns)",
-                &mask,
-            ));
+            body.push_str(&display::section("Attention mask (query rows, key columns)", &mask));
         }
         display::style::container(&body)
     }

@@ -117,19 +117,13 @@ impl PaddingComparison {
             batch_size,
             sequences: lengths.len(),
             without: ShapeForecast::new(lengths, batch_size, None, seconds_per_compile)?,
-            with: ShapeForecast::new(
-                lengths,
-                batch_size,
-                pad.resolve(platform),
-                seconds_per_compile,
-            )?,
+            with: ShapeForecast::new(lengths, batch_size, pad.resolve(platform), seconds_per_compile)?,
         })
     }
 
     /// Compile time saved by the policy, seconds (negative if it costs more).
     pub fn seconds_saved(&self) -> f64 {
-        self.without.ledger.predicted_compile_seconds()
-            - self.with.ledger.predicted_compile_seconds()
+        self.without.ledger.predicted_compile_seconds() - self.with.ledger.predicted_compile_seconds()
     }
 
     /// The cumulative-compiles chart (one line per forecast).
@@ -199,11 +193,7 @@ impl Rich for PaddingComparison {
         );
         display::style::container(&display::section(
             "Shapes with and without padding",
-            &format!(
-                "{intro}{}{}",
-                display::table(&HEADERS, &rows),
-                self.chart().to_svg()
-            ),
+            &format!("{intro}{}{}", display::table(&HEADERS, &rows), self.chart().to_svg()),
         ))
     }
 
@@ -228,10 +218,7 @@ impl Rich for PaddingComparison {
                 r[0], r[1], r[2], r[3], r[4]
             ));
         }
-        s.push_str(&format!(
-            "compile time saved: {:.1} min\n",
-            self.seconds_saved() / 60.0
-        ));
+        s.push_str(&format!("compile time saved: {:.1} min\n", self.seconds_saved() / 60.0));
         s
     }
 }
@@ -262,8 +249,7 @@ mod tests {
     #[test]
     fn comparison_resolves_auto_per_platform() {
         let lengths = super::super::synthetic_lengths(512, 300.0, 0.6, 8, 2048, 1);
-        let neuron =
-            PaddingComparison::new(&lengths, 8, PadTo::Auto, Platform::Neuron, 60.0).unwrap();
+        let neuron = PaddingComparison::new(&lengths, 8, PadTo::Auto, Platform::Neuron, 60.0).unwrap();
         assert_eq!(neuron.with.multiple, Some(128));
         assert!(neuron.with.compiles() < neuron.without.compiles() / 3);
         assert!(neuron.seconds_saved() > 0.0);
@@ -277,18 +263,12 @@ mod tests {
 
     #[test]
     fn rejects_bad_arguments() {
-        assert_eq!(
-            ShapeForecast::new(&[1], 0, None, 60.0),
-            Err(ShapeError::ZeroBatchSize)
-        );
+        assert_eq!(ShapeForecast::new(&[1], 0, None, 60.0), Err(ShapeError::ZeroBatchSize));
         assert!(matches!(
             ShapeForecast::new(&[1], 1, None, f64::NAN),
             Err(ShapeError::BadCompileSeconds(_))
         ));
         let empty = ShapeForecast::new(&[], 4, Some(128), 60.0).unwrap();
-        assert_eq!(
-            (empty.compiles(), empty.batches, empty.padding_fraction()),
-            (0, 0, 0.0)
-        );
+        assert_eq!((empty.compiles(), empty.batches, empty.padding_fraction()), (0, 0, 0.0));
     }
 }

@@ -148,13 +148,7 @@ impl Rich for ShapeLedger {
             &format!(
                 "{summary}{}",
                 display::table(
-                    &[
-                        "graph",
-                        "calls",
-                        "distinct shapes",
-                        "compile s",
-                        "shapes (calls)"
-                    ],
+                    &["graph", "calls", "distinct shapes", "compile s", "shapes (calls)"],
                     &rows
                 )
             ),

@@ -5,14 +5,7 @@ use crate::util::SplitMix64;
 ///
 /// `median` is the distribution's median in tokens; `sigma` its log-space spread (0.5 to 0.8 is
 /// typical of conversation datasets).
-pub fn synthetic_lengths(
-    n: usize,
-    median: f64,
-    sigma: f64,
-    min: usize,
-    max: usize,
-    seed: u64,
-) -> Vec<usize> {
+pub fn synthetic_lengths(n: usize, median: f64, sigma: f64, min: usize, max: usize, seed: u64) -> Vec<usize> {
     let mut rng = SplitMix64::new(seed);
     let mu = median.max(1.0).ln();
     (0..n)

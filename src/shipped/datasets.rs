@@ -31,8 +31,7 @@ fn msg(role: &str, content: &str) -> ChatMessage {
 }
 
 /// System prompt used by part of the SFT conversations and by every GRPO prompt.
-pub const SYSTEM_PROMPT: &str =
-    "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
+pub const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
 
 /// SFT conversations: one or two question/answer turns, a system prompt on about a third.
 pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)> {
@@ -62,12 +61,7 @@ pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)>
 pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
     tasks(n, seed)
         .into_iter()
-        .map(|t| {
-            (
-                vec![msg("system", SYSTEM_PROMPT), msg("user", &t.question)],
-                t,
-            )
-        })
+        .map(|t| (vec![msg("system", SYSTEM_PROMPT), msg("user", &t.question)], t))
         .collect()
 }
 
@@ -82,17 +76,9 @@ fn messages_array(rows: &[&[ChatMessage]]) -> ArrayRef {
     let flat: Vec<&ChatMessage> = rows.iter().flat_map(|r| r.iter()).collect();
     let roles = StringArray::from_iter_values(flat.iter().map(|m| m.role.as_str()));
     let contents = StringArray::from_iter_values(flat.iter().map(|m| m.content.as_str()));
-    let structs = StructArray::new(
-        message_struct_fields(),
-        vec![Arc::new(roles), Arc::new(contents)],
-        None,
-    );
+    let structs = StructArray::new(message_struct_fields(), vec![Arc::new(roles), Arc::new(contents)], None);
     let offsets = OffsetBuffer::from_lengths(rows.iter().map(|r| r.len()));
-    let item = Arc::new(Field::new(
-        "item",
-        DataType::Struct(message_struct_fields()),
-        true,
-    ));
+    let item = Arc::new(Field::new("item", DataType::Struct(message_struct_fields()), true));
     Arc::new(ListArray::new(item, offsets, Arc::new(structs), None))
 }
 
@@ -103,15 +89,10 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
             .collect::<Vec<_>>(),
     ));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        columns.into_iter().map(|(_, a)| a).collect(),
-    )
-    .map_err(|e| e.to_string())?;
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect())
+        .map_err(|e| e.to_string())?;
     let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
+    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
     let mut w = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| e.to_string())?;
     w.write(&batch).map_err(|e| e.to_string())?;
     w.close().map_err(|e| e.to_string())?;
@@ -137,9 +118,7 @@ pub fn write_all(root: &Path) -> Result<(), String> {
             ("messages", messages_array(&msgs)),
             (
                 "task",
-                Arc::new(StringArray::from_iter_values(
-                    sft.iter().map(|(_, k)| k.as_str()),
-                )),
+                Arc::new(StringArray::from_iter_values(sft.iter().map(|(_, k)| k.as_str()))),
             ),
         ],
     )?;
@@ -158,9 +137,7 @@ pub fn write_all(root: &Path) -> Result<(), String> {
                 ),
                 (
                     "task",
-                    Arc::new(StringArray::from_iter_values(
-                        rows.iter().map(|(_, t)| t.kind.name()),
-                    )),
+                    Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, t)| t.kind.name()))),
                 ),
             ],
         )?;

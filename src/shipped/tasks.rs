@@ -52,8 +52,8 @@ pub struct Task {
 }
 
 const SYLLABLES: [&str; 24] = [
-    "ka", "lo", "mi", "ra", "te", "su", "no", "pe", "vi", "da", "ze", "bo", "fu", "gi", "ha", "jo",
-    "ku", "ly", "ma", "ne", "or", "pi", "sa", "tu",
+    "ka", "lo", "mi", "ra", "te", "su", "no", "pe", "vi", "da", "ze", "bo", "fu", "gi", "ha", "jo", "ku", "ly", "ma",
+    "ne", "or", "pi", "sa", "tu",
 ];
 
 /// A pronounceable made-up word of 2 to 4 syllables.
@@ -66,9 +66,7 @@ pub fn word(rng: &mut SplitMix64) -> String {
 
 /// Generates one task of `kind`; phrasing varies so the model must read the question.
 pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
-    let pick = |rng: &mut SplitMix64, options: &[&str]| {
-        options[rng.below(options.len() as u64) as usize].to_string()
-    };
+    let pick = |rng: &mut SplitMix64, options: &[&str]| options[rng.below(options.len() as u64) as usize].to_string();
     match kind {
         TaskKind::Add | TaskKind::Subtract => {
             let a = rng.below(50) as i64;
@@ -80,11 +78,7 @@ pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
             };
             let template = pick(
                 rng,
-                &[
-                    "What is {a} {op} {b}?",
-                    "Compute {a} {op} {b}.",
-                    "{a} {op} {b} = ?",
-                ],
+                &["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"],
             );
             Task {
                 kind,
@@ -106,10 +100,7 @@ pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
         }
         TaskKind::Uppercase => {
             let w = word(rng);
-            let template = pick(
-                rng,
-                &["Write {w} in capital letters.", "Uppercase the word {w}."],
-            );
+            let template = pick(rng, &["Write {w} in capital letters.", "Uppercase the word {w}."]);
             Task {
                 kind,
                 question: template.replace("{w}", &w),
@@ -141,9 +132,7 @@ pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
 /// The answer a completion gives: the text after the last `Answer:` (else the whole
 /// completion), trimmed, without a final period.
 pub fn extract_answer(completion: &str) -> &str {
-    let tail = completion
-        .rsplit_once("Answer:")
-        .map_or(completion, |(_, t)| t);
+    let tail = completion.rsplit_once("Answer:").map_or(completion, |(_, t)| t);
     tail.trim().trim_end_matches('.').trim()
 }
 

@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainer};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{
-    AddedToken, DecoderWrapper, ModelWrapper, PostProcessorWrapper, PreTokenizerWrapper,
-};
+use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, PostProcessorWrapper, PreTokenizerWrapper};
 
 use super::datasets::corpus;
 use crate::model::{LoadOptions, Model, ModelError, SEED_FILE};
@@ -43,17 +41,12 @@ pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\n\
 /// Trains the byte-level BPE tokenizer on the shipped corpus (deterministic).
 pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     let mut tok = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
-    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
-        false, true, true,
-    ))));
+    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))));
     tok.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
     tok.with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(
         false, false, true,
     ))));
-    let specials: Vec<AddedToken> = SPECIAL_TOKENS
-        .iter()
-        .map(|s| AddedToken::from(*s, true))
-        .collect();
+    let specials: Vec<AddedToken> = SPECIAL_TOKENS.iter().map(|s| AddedToken::from(*s, true)).collect();
     let mut trainer = TrainerWrapper::BpeTrainer(
         BpeTrainer::builder()
             .vocab_size(VOCAB_SIZE)
@@ -65,13 +58,8 @@ pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     );
     let mut texts = corpus();
     // Role names appear in every rendered chat.
-    texts.extend(
-        ["system\n", "user\n", "assistant\n"]
-            .iter()
-            .map(|s| s.repeat(50)),
-    );
-    tok.train(&mut trainer, texts.iter())
-        .map_err(|e| e.to_string())?;
+    texts.extend(["system\n", "user\n", "assistant\n"].iter().map(|s| s.repeat(50)));
+    tok.train(&mut trainer, texts.iter()).map_err(|e| e.to_string())?;
     tok.add_tokens(vec![
         AddedToken::from("<think>", false),
         AddedToken::from("</think>", false),
@@ -141,13 +129,8 @@ pub fn write_model_files(dir: &Path) -> Result<(), String> {
         pretty(&config(id("<|im_end|>")?, id("<|endoftext|>")?))?,
     )
     .map_err(|e| e.to_string())?;
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        pretty(&tokenizer_config())?,
-    )
-    .map_err(|e| e.to_string())?;
-    tok.save(dir.join("tokenizer.json"), true)
-        .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("tokenizer_config.json"), pretty(&tokenizer_config())?).map_err(|e| e.to_string())?;
+    tok.save(dir.join("tokenizer.json"), true).map_err(|e| e.to_string())?;
     let init = serde_json::json!({"seed": WEIGHT_SEED, "std": WEIGHT_STD});
     std::fs::write(dir.join(SEED_FILE), pretty(&init)?).map_err(|e| e.to_string())?;
     Ok(())

@@ -38,13 +38,8 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let _: Option<Value> = kwargs.get("ensure_ascii")?;
     let _: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(Value::from(pyjson::dumps(
-        &json,
-        indent,
-        sort_keys.unwrap_or(false),
-    )))
+    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from(pyjson::dumps(&json, indent, sort_keys.unwrap_or(false))))
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -216,23 +211,25 @@ mod tests {
             mark_generation_blocks("{%- generation -%} y {%-endgeneration%}"),
             "{{- \"\u{E000}\" -}} y {{- \"\u{E001}\" }}"
         );
-        assert_eq!(
-            mark_generation_blocks("{% if x %}{% endif %}"),
-            "{% if x %}{% endif %}"
-        );
+        assert_eq!(mark_generation_blocks("{% if x %}{% endif %}"), "{% if x %}{% endif %}");
     }
 
     #[test]
     fn spans_cover_generation_output() {
         let t = ChatTemplate::new("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}").unwrap();
-        let r = t.render(&json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})).unwrap();
+        let r = t
+            .render(&json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}))
+            .unwrap();
         assert_eq!(r.text, "<user>hi<assistant>yo</s>");
         assert_eq!(&r.text[r.generation_spans[0].clone()], "yo</s>");
     }
 
     #[test]
     fn python_methods_tojson_and_errors() {
-        let t = ChatTemplate::new("{{ s.strip().upper() }}|{{ s.split(',')[1] }}|{{ d | tojson }}|{{ xs[::-1] | join('') }}").unwrap();
+        let t = ChatTemplate::new(
+            "{{ s.strip().upper() }}|{{ s.split(',')[1] }}|{{ d | tojson }}|{{ xs[::-1] | join('') }}",
+        )
+        .unwrap();
         let r = t
             .render(&json!({"s": " a,b ", "d": {"k": [1, "x"]}, "xs": ["1", "2", "3"]}))
             .unwrap();

@@ -66,10 +66,7 @@ fn config_template(config: &Map<String, Value>) -> Option<String> {
     match config.get("chat_template")? {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => {
-            let named = |n: &str| {
-                list.iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some(n))
-            };
+            let named = |n: &str| list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n));
             named("default")
                 .or(list.first())?
                 .get("template")?
@@ -106,12 +103,10 @@ impl Tokenizer {
         let jinja = dir.join("chat_template.jinja");
         let json = dir.join("chat_template.json");
         let source = if jinja.exists() {
-            Some(
-                std::fs::read_to_string(&jinja).map_err(|e| TokenizerError::File {
-                    path: jinja,
-                    message: e.to_string(),
-                })?,
-            )
+            Some(std::fs::read_to_string(&jinja).map_err(|e| TokenizerError::File {
+                path: jinja,
+                message: e.to_string(),
+            })?)
         } else if let Some(t) = config_template(&config) {
             Some(t)
         } else if json.exists() {
@@ -143,14 +138,12 @@ impl Tokenizer {
 
     /// The EOS id named by tokenizer_config.json.
     pub fn eos_token_id(&self) -> Option<u32> {
-        self.special_token("eos_token")
-            .and_then(|t| self.token_id(&t))
+        self.special_token("eos_token").and_then(|t| self.token_id(&t))
     }
 
     /// The padding id named by tokenizer_config.json.
     pub fn pad_token_id(&self) -> Option<u32> {
-        self.special_token("pad_token")
-            .and_then(|t| self.token_id(&t))
+        self.special_token("pad_token").and_then(|t| self.token_id(&t))
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS...).
@@ -158,11 +151,7 @@ impl Tokenizer {
         Ok(self.encoding(text, add_special_tokens)?.get_ids().to_vec())
     }
 
-    fn encoding(
-        &self,
-        text: &str,
-        add_special_tokens: bool,
-    ) -> Result<tokenizers::Encoding, TokenizerError> {
+    fn encoding(&self, text: &str, add_special_tokens: bool) -> Result<tokenizers::Encoding, TokenizerError> {
         self.inner
             .encode(text, add_special_tokens)
             .map_err(|e| TokenizerError::Tokenize(e.to_string()))
@@ -177,11 +166,7 @@ impl Tokenizer {
 
     /// Renders a conversation (`messages`: a list of `{role, content, ...}` objects) through
     /// the chat template.
-    pub fn apply_chat_template(
-        &self,
-        messages: &Value,
-        opts: &ChatOptions,
-    ) -> Result<RenderedChat, TokenizerError> {
+    pub fn apply_chat_template(&self, messages: &Value, opts: &ChatOptions) -> Result<RenderedChat, TokenizerError> {
         let template = self
             .chat_template
             .as_ref()
@@ -205,10 +190,7 @@ impl Tokenizer {
             ctx.insert("additional_special_tokens".into(), extra.clone());
         }
         ctx.insert("messages".into(), messages.clone());
-        ctx.insert(
-            "add_generation_prompt".into(),
-            opts.add_generation_prompt.into(),
-        );
+        ctx.insert("add_generation_prompt".into(), opts.add_generation_prompt.into());
         if let Some(tools) = &opts.tools {
             ctx.insert("tools".into(), tools.clone());
         }
@@ -221,11 +203,7 @@ impl Tokenizer {
     /// Renders and tokenizes a conversation, with the assistant mask transformers returns for
     /// `return_assistant_tokens_mask=True`: tokens from the one holding a generation span's
     /// first byte to the one holding its last byte.
-    pub fn tokenize_chat(
-        &self,
-        messages: &Value,
-        opts: &ChatOptions,
-    ) -> Result<TokenizedChat, TokenizerError> {
+    pub fn tokenize_chat(&self, messages: &Value, opts: &ChatOptions) -> Result<TokenizedChat, TokenizerError> {
         let rendered = self.apply_chat_template(messages, opts)?;
         let enc = self.encoding(&rendered.text, false)?;
         let offsets = enc.get_offsets();
@@ -306,11 +284,7 @@ impl crate::display::Rich for Tokenizer {
             self.dir.display(),
             self.inner.get_vocab_size(true),
             self.special_token("eos_token"),
-            if self.chat_template.is_some() {
-                "yes"
-            } else {
-                "none"
-            }
+            if self.chat_template.is_some() { "yes" } else { "none" }
         )
     }
 }

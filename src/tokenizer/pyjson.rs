@@ -100,10 +100,7 @@ mod tests {
             dumps(&json!({"a": [1, 2]}), Some(2), false),
             "{\n  \"a\": [\n    1,\n    2\n  ]\n}"
         );
-        assert_eq!(
-            dumps(&json!({"b": 1, "a": 2}), None, true),
-            r#"{"a": 2, "b": 1}"#
-        );
+        assert_eq!(dumps(&json!({"b": 1, "a": 2}), None, true), r#"{"a": 2, "b": 1}"#);
         assert_eq!(dumps(&json!(1e-5), None, false), "1e-05");
         assert_eq!(dumps(&json!(2.5e16), None, false), "2.5e+16");
     }

@@ -47,11 +47,7 @@ mod tests {
         let mut a = SplitMix64::new(7);
         let mut b = SplitMix64::new(7);
         let xs: Vec<f64> = (0..10_000).map(|_| a.next_f64()).collect();
-        assert!(
-            xs.iter()
-                .zip((0..10_000).map(|_| b.next_f64()))
-                .all(|(x, y)| *x == y)
-        );
+        assert!(xs.iter().zip((0..10_000).map(|_| b.next_f64())).all(|(x, y)| *x == y));
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         assert!((mean - 0.5).abs() < 0.02, "{mean}");
         assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));

@@ -1,0 +1,332 @@
+//! Tree vs flat packing, forward + backward of the GRPO loss, on TRL v1.16's release scenarios
+//! (4 rollouts of L tokens; shared fraction f; no sharing, shared prompt, nested fork).
+//!
+//! cargo bench --bench tree_vs_flat -- [--config config.json] [--len 2048] [--repeats 5]
+//!     [--warmup 2] [--device cpu|cuda] [--dtype fp32|bf16] [--json out.json] [--only NAME]
+//!
+//! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
+//! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
+//! Prints, per scenario, median ms for both packings, the speedup, the packing ratio, the ideal
+//! speedup from the config (linear work per token plus causal attention pairs), measured / ideal,
+//! and peak memory; then the packer's own throughput. Writes everything as JSON. `pairs` is the
+//! ratio of causal attention score pairs alone, the bound when attention dominates the step.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tch::{Device, Kind};
+use treetrain::model::{HfConfig, LoadOptions, Model, ModelConfig};
+use treetrain::pack::{GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat};
+use treetrain::util::SplitMix64;
+
+struct Args {
+    config: PathBuf,
+    len: usize,
+    repeats: usize,
+    warmup: usize,
+    device: Device,
+    dtype: Kind,
+    json: PathBuf,
+    only: Option<String>,
+}
+
+fn parse_args() -> Args {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut a = Args {
+        config: root.join("datasets/tiny-qwen3/config.json"),
+        len: 2048,
+        repeats: 5,
+        warmup: 2,
+        device: Device::Cpu,
+        dtype: Kind::Float,
+        json: root.join("target/bench/tree_vs_flat.json"),
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--config" => a.config = PathBuf::from(val()),
+            "--len" => a.len = val().parse().expect("--len N"),
+            "--repeats" => a.repeats = val().parse().expect("--repeats N"),
+            "--warmup" => a.warmup = val().parse().expect("--warmup N"),
+            "--device" => a.device = if val() == "cuda" { Device::Cuda(0) } else { Device::Cpu },
+            "--dtype" => a.dtype = treetrain::model::parse_kind(&val()).expect("--dtype fp32|bf16"),
+            "--json" => a.json = PathBuf::from(val()),
+            "--only" => a.only = Some(val()),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// A rollout whose whole completion (everything after `prompt_len`) is trained.
+fn rollout(ids: Vec<i64>, prompt_len: usize, rng: &mut SplitMix64) -> Rollout {
+    let n = ids.len();
+    Rollout {
+        completion_mask: (0..n).map(|i| u8::from(i >= prompt_len)).collect(),
+        old_log_probs: (0..n).map(|_| -(rng.next_f64() as f32) * 4.0 - 1.0).collect(),
+        input_ids: ids,
+        advantage: (rng.next_f64() as f32) * 2.0 - 1.0,
+        group_id: "0".into(),
+    }
+}
+
+fn tokens(n: usize, vocab: i64, rng: &mut SplitMix64) -> Vec<i64> {
+    (0..n).map(|_| 3 + rng.below(vocab as u64 - 3) as i64).collect()
+}
+
+/// The release scenarios: (name, shared fraction, rollouts).
+fn scenarios(len: usize, vocab: i64) -> Vec<(String, f64, Vec<Rollout>)> {
+    let mut rng = SplitMix64::new(1016);
+    let mut out = Vec::new();
+    let rs: Vec<Rollout> = (0..4)
+        .map(|_| {
+            let ids = tokens(len, vocab, &mut rng);
+            rollout(ids, len / 4, &mut rng)
+        })
+        .collect();
+    out.push(("no sharing".to_string(), 0.0, rs));
+    for f in [0.25, 0.75, 0.9375] {
+        let p = (f * len as f64).round() as usize;
+        let prefix = tokens(p, vocab, &mut rng);
+        let rs = (0..4)
+            .map(|_| {
+                let ids = [prefix.clone(), tokens(len - p, vocab, &mut rng)].concat();
+                rollout(ids, p, &mut rng)
+            })
+            .collect();
+        out.push((format!("shared prompt f={f}"), f, rs));
+    }
+    for f in [0.25, 0.75, 0.9375] {
+        let p = (f * len as f64).round() as usize;
+        let c = len - p;
+        let prefix = tokens(p, vocab, &mut rng);
+        let mut rs = Vec::new();
+        for _ in 0..2 {
+            let mid = tokens(c / 2, vocab, &mut rng);
+            for _ in 0..2 {
+                let ids = [prefix.clone(), mid.clone(), tokens(c - c / 2, vocab, &mut rng)].concat();
+                rs.push(rollout(ids, p, &mut rng));
+            }
+        }
+        out.push((format!("nested fork f={f}"), f, rs));
+    }
+    out
+}
+
+/// Forward FLOPs of a packed row: per-token linear work, causal attention pairs, LM head per
+/// loss term (backward scales all three alike, so ratios hold for forward + backward).
+fn work(cfg: &ModelConfig, row: &PackedRow) -> f64 {
+    let (h, l) = (cfg.hidden_size as f64, cfg.num_layers as f64);
+    let q = (cfg.num_heads * cfg.head_dim) as f64;
+    let kv = (cfg.num_kv_heads * cfg.head_dim) as f64;
+    let per_token = 2.0 * l * (h * q * 2.0 + 2.0 * h * kv + 3.0 * h * cfg.intermediate_size as f64);
+    let per_pair = 4.0 * l * q;
+    let head = 2.0 * h * cfg.vocab_size as f64 * row.token_index.len() as f64;
+    row.len() as f64 * per_token + row.attention_pairs() as f64 * per_pair + head
+}
+
+enum AllocatorMode {
+    /// Freed memory stays with the process (steady-state speed).
+    Time,
+    /// Every large tensor is its own mapping, returned on free (honest resident peaks).
+    Measure,
+}
+
+fn allocator(mode: AllocatorMode) {
+    let (mmap, trim) = match mode {
+        AllocatorMode::Time => (64 << 20, 1 << 30),
+        AllocatorMode::Measure => (256 << 10, 1 << 20),
+    };
+    // SAFETY: mallopt and malloc_trim only tune and trim glibc's allocator.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
+        libc::malloc_trim(0);
+    }
+}
+
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn status_kib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Median milliseconds of forward + backward, and the resident-memory peak of one more step
+/// above what was resident before it (MiB; CPU only).
+fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
+    let cfg = GrpoLossConfig::default();
+    let step = || {
+        for v in model.vs.trainable_variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let loss = grpo_loss(&model.lm, row, &cfg, None).expect("loss");
+        loss.loss.backward();
+        if let Device::Cuda(i) = args.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    for _ in 0..args.warmup {
+        step();
+    }
+    let mut times = Vec::new();
+    for _ in 0..args.repeats {
+        let t = Instant::now();
+        step();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    if args.device != Device::Cpu {
+        return (median, f64::NAN);
+    }
+    // Peak memory in a separate step: large tensors are then always mmapped and unmapped on
+    // free, so resident memory follows live tensors and the peak after a reset is this step's.
+    // (Not during timing: mapping every tensor costs page faults.)
+    allocator(AllocatorMode::Measure);
+    let base = status_kib("VmRSS:");
+    reset_peak_rss();
+    step();
+    let peak = (status_kib("VmHWM:") - base) / 1024.0;
+    allocator(AllocatorMode::Time);
+    (median, peak)
+}
+
+fn tree_row(rs: &[Rollout]) -> PackedRow {
+    let mut t = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        t.add(r.clone(), i).expect("valid rollout");
+    }
+    t.pack()
+}
+
+fn packer_throughput() -> serde_json::Value {
+    let mut rng = SplitMix64::new(7);
+    // 64 groups x 8 rollouts of 4096 tokens, 3/4 shared: 2.1 M raw tokens.
+    let mut rs = Vec::new();
+    for _ in 0..64 {
+        let prefix = tokens(3072, 150_000, &mut rng);
+        for _ in 0..8 {
+            let ids = [prefix.clone(), tokens(1024, 150_000, &mut rng)].concat();
+            rs.push(rollout(ids, 3072, &mut rng));
+        }
+    }
+    let raw: usize = rs.iter().map(|r| r.input_ids.len()).sum();
+    let t = Instant::now();
+    let mut tree = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        tree.add(r.clone(), i).expect("valid");
+    }
+    let row = tree.pack();
+    let tree_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let flat = pack_flat(&rs).expect("valid");
+    let flat_s = t.elapsed().as_secs_f64();
+    println!(
+        "\npacker: {raw} raw tokens -> {} unique (ratio {:.2}); tree build + pack {:.0} ms = {:.1} M tokens/s; flat pack {:.0} ms = {:.1} M tokens/s",
+        row.len(),
+        row.packing_ratio(),
+        tree_s * 1e3,
+        raw as f64 / tree_s / 1e6,
+        flat_s * 1e3,
+        raw as f64 / flat_s / 1e6
+    );
+    assert_eq!(flat.len(), raw);
+    serde_json::json!({"raw_tokens": raw, "unique_tokens": row.len(), "tree_ms": tree_s * 1e3,
+        "tree_mtokens_per_s": raw as f64 / tree_s / 1e6, "flat_ms": flat_s * 1e3,
+        "flat_mtokens_per_s": raw as f64 / flat_s / 1e6})
+}
+
+fn main() {
+    let args = parse_args();
+    allocator(AllocatorMode::Time);
+    let hf = HfConfig::from_file(&args.config).expect("config.json");
+    let model = Model::seeded(
+        hf,
+        LoadOptions {
+            dtype: Some(args.dtype),
+            device: args.device,
+        },
+        0,
+        0.02,
+    )
+    .expect("model");
+    let cfg = model.lm.config.clone();
+    println!(
+        "tree vs flat, forward + backward of the GRPO loss: {:.1} M-parameter {:?}, 4 rollouts x {} tokens, {:?} {:?}, {} threads, median of {} after {} warm-ups",
+        cfg.num_parameters() as f64 / 1e6,
+        cfg.arch,
+        args.len,
+        args.dtype,
+        args.device,
+        tch::get_num_threads(),
+        args.repeats,
+        args.warmup
+    );
+    println!(
+        "{:<24}{:>10}{:>10}{:>9}{:>8}{:>8}{:>8}{:>10}{:>10}{:>11}{:>11}",
+        "scenario",
+        "flat ms",
+        "tree ms",
+        "speedup",
+        "ratio",
+        "pairs",
+        "ideal",
+        "sp/ideal",
+        "sp/ratio",
+        "flat MiB",
+        "tree MiB"
+    );
+    let mut results = Vec::new();
+    for (name, f, rs) in scenarios(args.len, cfg.vocab_size) {
+        if args.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
+        let flat = pack_flat(&rs).expect("valid");
+        let tree = tree_row(&rs);
+        let (flat_ms, flat_mib) = time_step(&model, &flat, &args);
+        let (tree_ms, tree_mib) = time_step(&model, &tree, &args);
+        let speedup = flat_ms / tree_ms;
+        let ideal = work(&cfg, &flat) / work(&cfg, &tree);
+        let ratio = tree.packing_ratio();
+        let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;
+        println!(
+            "{name:<24}{flat_ms:>10.1}{tree_ms:>10.1}{speedup:>9.2}{ratio:>8.2}{pair_ratio:>8.2}{ideal:>8.2}{:>10.2}{:>10.2}{flat_mib:>11.0}{tree_mib:>11.0}",
+            speedup / ideal,
+            speedup / ratio
+        );
+        results.push(serde_json::json!({
+            "scenario": name, "shared_fraction": f, "flat_ms": flat_ms, "tree_ms": tree_ms, "speedup": speedup,
+            "packing_ratio": ratio, "pair_ratio": pair_ratio, "ideal_speedup": ideal, "speedup_over_ideal": speedup / ideal,
+            "speedup_over_ratio": speedup / ratio, "flat_peak_mib": flat_mib, "tree_peak_mib": tree_mib,
+            "flat_tokens": flat.len(), "tree_tokens": tree.len(),
+            "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
+        }));
+    }
+    let packer = packer_throughput();
+    let out = serde_json::json!({
+        "config": args.config.display().to_string(), "parameters": cfg.num_parameters(), "len": args.len,
+        "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),
+        "threads": tch::get_num_threads(), "repeats": args.repeats, "warmup": args.warmup,
+        "scenarios": results, "packer": packer,
+    });
+    if let Some(dir) = args.json.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&out).expect("json")).expect("write json");
+    println!("wrote {}", args.json.display());
+}
