@@ -8,6 +8,7 @@
 pub mod device;
 pub mod display;
 mod env_report;
+pub mod generate;
 pub mod hub;
 pub mod model;
 pub mod pack;

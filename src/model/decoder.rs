@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor, nn};
 
 use super::attention::Attention;
+use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::layout::AttentionLayout;
@@ -145,6 +146,44 @@ impl CausalLm {
         for layer in &self.layers {
             x = layer.forward(&x, &cos, &sin, mask.as_ref(), layout);
         }
+        Ok(self.norm.forward(&x))
+    }
+
+    /// Final hidden states `[batch, t, hidden]` of a chunk of `t` new tokens continuing what
+    /// `cache` holds. `mask` `[batch, 1, t, slots]` (true = attend) covers the cache's key slots
+    /// after this chunk is stored ([`KvCache::slots_after`]); the chunk's keys and values are
+    /// stored in the cache.
+    pub fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        cache: &mut dyn KvCache,
+        mask: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let size = input_ids.size();
+        let [batch, t] = size[..] else {
+            return Err(ModelError::Input(format!("input_ids must be [batch, t], got {size:?}")));
+        };
+        let want = [batch, 1, t, cache.slots_after(t)];
+        if mask.size() != want {
+            return Err(ModelError::Input(format!(
+                "cache mask has shape {:?}, expected {want:?}",
+                mask.size()
+            )));
+        }
+        let device = self.device();
+        let ids = input_ids.to_device(device).to_kind(Kind::Int64);
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
+        let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(&x);
+            let (q, k, v) = layer.self_attn.qkv(&h, &cos, &sin);
+            let (k_all, v_all) = cache.store(i, &k, &v)?;
+            let attn = layer.self_attn.attend(&q, &k_all, &v_all, Some(mask));
+            let h = x + attn;
+            x = &h + layer.mlp.forward(&layer.post_attention_layernorm.forward(&h));
+        }
+        cache.advance(t);
         Ok(self.norm.forward(&x))
     }
 

@@ -11,6 +11,7 @@
 //! - [`target_logprobs`] scores tokens through a chunked LM head.
 
 mod attention;
+mod cache;
 mod config;
 mod decoder;
 mod error;
@@ -22,6 +23,7 @@ mod rope;
 mod weights;
 
 pub use attention::Attention;
+pub use cache::{DynamicCache, KvCache, StaticCache};
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
 pub use error::ModelError;

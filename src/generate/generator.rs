@@ -1,0 +1,395 @@
+//! Batched generation with a static KV cache: chunked prefill and one decode shape.
+
+use tch::{Device, Kind, Tensor};
+
+use super::sampling::{SamplingConfig, choose};
+use crate::model::{CausalLm, DynamicCache, KvCache, ModelError, StaticCache};
+use crate::shapes::ShapeLedger;
+use crate::util::SplitMix64;
+
+/// Errors from generation.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// A prompt is empty or holds an id outside the vocabulary.
+    #[error("prompt {index}: {message}")]
+    Prompt {
+        /// Index of the prompt.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The configuration cannot work.
+    #[error("generation config: {0}")]
+    Config(String),
+    /// The model failed (includes static-cache overflow).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// libtorch failed.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// How long and how to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationConfig {
+    /// Most tokens generated per completion.
+    pub max_new_tokens: usize,
+    /// Tokens that end a completion (included in its output).
+    pub eos_token_ids: Vec<i64>,
+    /// Token sequences that end a completion (included in its output).
+    pub stop_sequences: Vec<Vec<i64>>,
+    /// Id written in padding slots.
+    pub pad_token_id: i64,
+    /// Prompts are left-padded to a multiple of this and prefilled this many tokens at a time.
+    pub prefill_chunk_size: i64,
+    /// Cache capacity; default: padded prompt length + `max_new_tokens`. Too small is an error.
+    pub max_cache_len: Option<i64>,
+    /// Token choice.
+    pub sampling: SamplingConfig,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_new_tokens: 64,
+            eos_token_ids: Vec::new(),
+            stop_sequences: Vec::new(),
+            pad_token_id: 0,
+            prefill_chunk_size: 128,
+            max_cache_len: None,
+            sampling: SamplingConfig::default(),
+        }
+    }
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token.
+    Eos,
+    /// A stop sequence.
+    Stop,
+    /// `max_new_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    /// `eos`, `stop` or `length`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One generated completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Which prompt it continues.
+    pub prompt_index: usize,
+    /// Generated ids (EOS / stop sequence included).
+    pub output_ids: Vec<i64>,
+    /// Log-prob of each generated token under the sampling distribution used.
+    pub logprobs: Vec<f32>,
+    /// Log-prob of each generated token under `softmax(logits / temperature)`, untruncated.
+    pub untruncated_logprobs: Vec<f32>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+}
+
+/// The decoding state after prefill: cache, which slots hold real tokens, per-row positions.
+struct Decoding<C: KvCache> {
+    cache: C,
+    /// `[batch, slots]` bool: slots holding real (non-pad) tokens.
+    valid: Tensor,
+    /// Next position id per row (= real tokens so far).
+    next_pos: Vec<i64>,
+    /// Logits `[batch, vocab]` that choose each row's next token.
+    logits: Tensor,
+    /// Prompt + completion tokens per row (for the repetition penalty and stop sequences).
+    seen: Vec<Vec<i64>>,
+}
+
+/// Generates with one model; records every forward's input shape in `ledger`.
+#[derive(Debug)]
+pub struct Generator<'a> {
+    model: &'a CausalLm,
+    /// Shapes fed to the `prefill` and `decode` graphs across calls.
+    pub ledger: ShapeLedger,
+}
+
+impl<'a> Generator<'a> {
+    /// A generator over `model`.
+    pub fn new(model: &'a CausalLm) -> Self {
+        Generator {
+            model,
+            ledger: ShapeLedger::default(),
+        }
+    }
+
+    fn check(&self, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<(), GenerateError> {
+        if cfg.prefill_chunk_size < 1 {
+            return Err(GenerateError::Config("prefill_chunk_size must be at least 1".into()));
+        }
+        if cfg.sampling.do_sample && !(cfg.sampling.temperature > 0.0) {
+            return Err(GenerateError::Config("temperature must be > 0 when sampling".into()));
+        }
+        let vocab = self.model.config.vocab_size;
+        for (index, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(GenerateError::Prompt {
+                    index,
+                    message: "empty".into(),
+                });
+            }
+            if let Some(t) = p.iter().find(|&&t| t < 0 || t >= vocab) {
+                return Err(GenerateError::Prompt {
+                    index,
+                    message: format!("token {t} outside 0..{vocab}"),
+                });
+            }
+        }
+        if !(0..vocab).contains(&cfg.pad_token_id) {
+            return Err(GenerateError::Config(format!(
+                "pad_token_id {} outside 0..{vocab}",
+                cfg.pad_token_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Left-pads `prompts` to a multiple of the chunk size; returns ids, real-token mask and
+    /// position ids, each `[batch, padded]`.
+    fn pad(&self, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> (i64, Vec<i64>, Vec<bool>, Vec<i64>) {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) as i64;
+        let padded = (longest + cfg.prefill_chunk_size - 1) / cfg.prefill_chunk_size * cfg.prefill_chunk_size;
+        let (mut ids, mut real, mut pos) = (Vec::new(), Vec::new(), Vec::new());
+        for p in prompts {
+            let pad = padded as usize - p.len();
+            ids.extend(std::iter::repeat_n(cfg.pad_token_id, pad).chain(p.iter().copied()));
+            real.extend(std::iter::repeat_n(false, pad).chain(std::iter::repeat_n(true, p.len())));
+            pos.extend(std::iter::repeat_n(0, pad).chain(0..p.len() as i64));
+        }
+        (padded, ids, real, pos)
+    }
+
+    /// Mask `[batch, 1, t, slots]`: query `i` (slot `start + i`) sees valid slots up to its own,
+    /// and always itself (so padding rows stay finite).
+    fn mask(valid: &Tensor, start: i64, t: i64, slots: i64) -> Tensor {
+        let device = valid.device();
+        let slot = Tensor::arange(slots, (Kind::Int64, device)).view([1, slots]);
+        let query = (Tensor::arange(t, (Kind::Int64, device)) + start).view([t, 1]);
+        let causal = slot.le_tensor(&query);
+        let own = slot.eq_tensor(&query);
+        let valid = valid.narrow(1, 0, slots).unsqueeze(1);
+        valid
+            .logical_and(&causal.unsqueeze(0))
+            .logical_or(&own.unsqueeze(0))
+            .unsqueeze(1)
+    }
+
+    fn prefill<C: KvCache>(
+        &mut self,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+        mut cache: C,
+        slots_total: i64,
+    ) -> Result<Decoding<C>, GenerateError> {
+        let device = self.model.device();
+        let b = prompts.len() as i64;
+        let (padded, ids, real, pos) = self.pad(prompts, cfg);
+        let ids = Tensor::from_slice(&ids).view([b, padded]).to_device(device);
+        let pos = Tensor::from_slice(&pos).view([b, padded]).to_device(device);
+        let real_t = Tensor::from_slice(&real).view([b, padded]).to_device(device);
+        let valid = Tensor::zeros([b, slots_total], (Kind::Bool, device));
+        valid.narrow(1, 0, padded).copy_(&real_t);
+        let chunk = cfg.prefill_chunk_size;
+        let mut last = None;
+        for start in (0..padded).step_by(chunk as usize) {
+            self.ledger.record("prefill", &[b, chunk]);
+            let slots = cache.slots_after(chunk);
+            let mask = Self::mask(&valid, start, chunk, slots);
+            let h = self.model.forward_cached(
+                &ids.narrow(1, start, chunk),
+                &pos.narrow(1, start, chunk),
+                &mut cache,
+                &mask,
+            )?;
+            last = Some(h.select(1, chunk - 1));
+        }
+        let last = last.ok_or_else(|| GenerateError::Config("nothing to prefill".into()))?;
+        Ok(Decoding {
+            cache,
+            valid,
+            next_pos: prompts.iter().map(|p| p.len() as i64).collect(),
+            logits: self.model.logits(&last).to_kind(Kind::Float),
+            seen: prompts.to_vec(),
+        })
+    }
+
+    fn decode<C: KvCache>(
+        &mut self,
+        mut st: Decoding<C>,
+        prompt_index: &[usize],
+        cfg: &GenerationConfig,
+    ) -> Result<Vec<Completion>, GenerateError> {
+        let device = self.model.device();
+        let b = st.next_pos.len();
+        let mut rng = SplitMix64::new(cfg.sampling.seed);
+        let mut out: Vec<Completion> = prompt_index
+            .iter()
+            .map(|&i| Completion {
+                prompt_index: i,
+                output_ids: Vec::new(),
+                logprobs: Vec::new(),
+                untruncated_logprobs: Vec::new(),
+                finish_reason: FinishReason::Length,
+            })
+            .collect();
+        let mut done = vec![false; b];
+        for step in 0..cfg.max_new_tokens {
+            let logits = Vec::<f32>::try_from(&st.logits.to_device(Device::Cpu).contiguous().view([-1]))?;
+            let vocab = logits.len() / b;
+            let mut next = vec![cfg.pad_token_id; b];
+            for r in 0..b {
+                if done[r] {
+                    continue;
+                }
+                let c = choose(
+                    &logits[r * vocab..(r + 1) * vocab],
+                    &st.seen[r],
+                    &cfg.sampling,
+                    &mut rng,
+                );
+                next[r] = c.token;
+                st.seen[r].push(c.token);
+                let o = &mut out[r];
+                o.output_ids.push(c.token);
+                o.logprobs.push(c.logprob);
+                o.untruncated_logprobs.push(c.untruncated_logprob);
+                if cfg.eos_token_ids.contains(&c.token) {
+                    done[r] = true;
+                    o.finish_reason = FinishReason::Eos;
+                } else if cfg
+                    .stop_sequences
+                    .iter()
+                    .any(|s| !s.is_empty() && o.output_ids.ends_with(s))
+                {
+                    done[r] = true;
+                    o.finish_reason = FinishReason::Stop;
+                }
+            }
+            if done.iter().all(|&d| d) || step + 1 == cfg.max_new_tokens {
+                break;
+            }
+            // Forward the chosen tokens (padding for finished rows: same shape every step).
+            let start = st.cache.len();
+            let slots = st.cache.slots_after(1);
+            if slots > st.valid.size()[1] {
+                st.valid = Tensor::cat(
+                    &[
+                        &st.valid,
+                        &Tensor::zeros([b as i64, slots - st.valid.size()[1]], (Kind::Bool, device)),
+                    ],
+                    1,
+                );
+            }
+            let _ = st.valid.narrow(1, start, 1).fill_(1);
+            let pos: Vec<i64> = st.next_pos.clone();
+            for (p, d) in st.next_pos.iter_mut().zip(&done) {
+                if !d {
+                    *p += 1;
+                }
+            }
+            let ids = Tensor::from_slice(&next).view([b as i64, 1]).to_device(device);
+            let pos = Tensor::from_slice(&pos).view([b as i64, 1]).to_device(device);
+            let mask = Self::mask(&st.valid, start, 1, slots);
+            self.ledger.record("decode", &[b as i64, 1]);
+            let h = self.model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
+            st.logits = self.model.logits(&h.select(1, 0)).to_kind(Kind::Float);
+        }
+        Ok(out)
+    }
+
+    fn static_cache(
+        &self,
+        rows: i64,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+    ) -> Result<StaticCache, GenerateError> {
+        let (padded, ..) = self.pad(prompts, cfg);
+        let need = padded + cfg.max_new_tokens as i64;
+        let max_len = cfg.max_cache_len.unwrap_or(need);
+        if max_len < need {
+            return Err(GenerateError::Config(format!(
+                "max_cache_len {max_len} < padded prompt {padded} + max_new_tokens {}",
+                cfg.max_new_tokens
+            )));
+        }
+        Ok(StaticCache::new(
+            &self.model.config,
+            rows,
+            max_len,
+            self.model.kind(),
+            self.model.device(),
+        ))
+    }
+
+    /// One completion per prompt, with a static cache: two shapes per call (`prefill`
+    /// `[batch, chunk]` and `decode` `[batch, 1]`), whatever the prompt lengths.
+    pub fn generate(&mut self, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<Vec<Completion>, GenerateError> {
+        self.check(prompts, cfg)?;
+        let cache = self.static_cache(prompts.len() as i64, prompts, cfg)?;
+        let slots = cache.max_len;
+        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, slots))?;
+        let index: Vec<usize> = (0..prompts.len()).collect();
+        tch::no_grad(|| self.decode(st, &index, cfg))
+    }
+
+    /// `group` completions per prompt (GRPO), prefix-shared: each prompt is prefilled once and
+    /// its cache rows forked into the `group` decoding slots. Completions come prompt by prompt.
+    pub fn generate_groups(
+        &mut self,
+        prompts: &[Vec<i64>],
+        group: usize,
+        cfg: &GenerationConfig,
+    ) -> Result<Vec<Completion>, GenerateError> {
+        self.check(prompts, cfg)?;
+        if group == 0 {
+            return Err(GenerateError::Config("num_generations must be at least 1".into()));
+        }
+        let cache = self.static_cache(prompts.len() as i64, prompts, cfg)?;
+        let slots = cache.max_len;
+        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, slots))?;
+        let rows: Vec<i64> = (0..prompts.len() as i64)
+            .flat_map(|p| std::iter::repeat_n(p, group))
+            .collect();
+        let index = Tensor::from_slice(&rows).to_device(self.model.device());
+        let forked = Decoding {
+            cache: st.cache.fork(&rows),
+            valid: st.valid.index_select(0, &index),
+            next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
+            logits: st.logits.index_select(0, &index),
+            seen: rows.iter().map(|&r| st.seen[r as usize].clone()).collect(),
+        };
+        let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
+        tch::no_grad(|| self.decode(forked, &prompt_index, cfg))
+    }
+
+    /// The same as [`Generator::generate`] with a growing cache (a new shape every step): the
+    /// baseline static caching is compared with.
+    pub fn generate_dynamic(
+        &mut self,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+    ) -> Result<Vec<Completion>, GenerateError> {
+        self.check(prompts, cfg)?;
+        let cache = DynamicCache::new(self.model.config.num_layers as usize);
+        let (padded, ..) = self.pad(prompts, cfg);
+        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, padded))?;
+        let index: Vec<usize> = (0..prompts.len()).collect();
+        tch::no_grad(|| self.decode(st, &index, cfg))
+    }
+}

@@ -1,0 +1,11 @@
+//! Generation for online training: a static KV cache (fixed shapes: one prefill-chunk shape and
+//! one decode shape per call), batched prompts of any lengths, sampling with the log-probs GRPO
+//! needs, and prefix-shared group generation (prefill a prompt once, fork its cache into G slots).
+
+mod generator;
+mod sampling;
+mod view;
+
+pub use generator::{Completion, FinishReason, GenerateError, GenerationConfig, Generator};
+pub use sampling::{Choice, SamplingConfig, choose};
+pub use view::Completions;

@@ -1,0 +1,256 @@
+//! Turning one row of logits into the next token, with the log-probabilities GRPO needs.
+
+use crate::util::SplitMix64;
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingConfig {
+    /// false: greedy (argmax); true: sample.
+    pub do_sample: bool,
+    /// Logits are divided by this before sampling (> 0).
+    pub temperature: f64,
+    /// Keep only the k most likely tokens.
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of most likely tokens whose probability reaches p (nucleus).
+    pub top_p: Option<f64>,
+    /// Keep tokens whose probability is at least `min_p` times the most likely one's.
+    pub min_p: Option<f64>,
+    /// > 1 discourages tokens already in the prompt or completion (CTRL-style); 1 = off.
+    pub repetition_penalty: f64,
+    /// Seed of this call's random draws.
+    pub seed: u64,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        SamplingConfig {
+            do_sample: false,
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// A chosen token and its log-probabilities.
+///
+/// - `logprob`: under the distribution actually sampled from (temperature, then top-k / top-p /
+///   min-p truncation, renormalised). For greedy decoding it equals `untruncated_logprob`.
+/// - `untruncated_logprob`: under `softmax(logits / temperature)` without truncation (and
+///   without repetition penalty): the policy's distribution that a trainer recomputes, so GRPO
+///   importance ratios compare like with like. treetrain's GRPO uses this one as `old_log_probs`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Token id.
+    pub token: i64,
+    /// See the type's documentation.
+    pub logprob: f32,
+    /// See the type's documentation.
+    pub untruncated_logprob: f32,
+}
+
+fn log_softmax(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+    x.iter().map(|v| v - lse).collect()
+}
+
+/// Chooses the next token from `logits` `[vocab]`; `seen` are the tokens of the prompt and
+/// completion so far (for the repetition penalty).
+pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut SplitMix64) -> Choice {
+    let temperature = if cfg.do_sample { cfg.temperature.max(1e-6) } else { 1.0 };
+    let raw: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
+    let untruncated = log_softmax(&raw);
+    let mut scores = raw;
+    if cfg.repetition_penalty != 1.0 {
+        for &t in seen {
+            if let Some(s) = scores.get_mut(t as usize) {
+                *s = if *s > 0.0 {
+                    *s / cfg.repetition_penalty
+                } else {
+                    *s * cfg.repetition_penalty
+                };
+            }
+        }
+    }
+    if !cfg.do_sample {
+        let token = scores
+            .iter()
+            .enumerate()
+            .fold(
+                (0usize, f64::NEG_INFINITY),
+                |best, (i, &s)| if s > best.1 { (i, s) } else { best },
+            )
+            .0;
+        let lp = untruncated[token] as f32;
+        return Choice {
+            token: token as i64,
+            logprob: lp,
+            untruncated_logprob: lp,
+        };
+    }
+    let lp = log_softmax(&scores);
+    let mut keep = vec![true; lp.len()];
+    let mut order: Vec<usize> = (0..lp.len()).collect();
+    let sorted = cfg.top_k.is_some() || cfg.top_p.is_some();
+    if sorted {
+        order.sort_unstable_by(|&a, &b| lp[b].total_cmp(&lp[a]));
+    }
+    if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
+        for &i in order.iter().skip(k) {
+            keep[i] = false;
+        }
+    }
+    if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
+        let mut cumulative = 0.0;
+        for (rank, &i) in order.iter().enumerate() {
+            if !keep[i] {
+                continue;
+            }
+            if rank > 0 && cumulative >= p {
+                keep[i] = false;
+            }
+            cumulative += lp[i].exp();
+        }
+    }
+    if let Some(min_p) = cfg.min_p.filter(|&m| m > 0.0) {
+        let max = lp.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let floor = max + min_p.ln();
+        for (i, k) in keep.iter_mut().enumerate() {
+            if lp[i] < floor {
+                *k = false;
+            }
+        }
+    }
+    let kept: Vec<f64> = lp
+        .iter()
+        .zip(&keep)
+        .map(|(&l, &k)| if k { l } else { f64::NEG_INFINITY })
+        .collect();
+    let renorm = log_softmax(&kept);
+    let u = rng.next_f64();
+    let mut acc = 0.0;
+    let mut token = kept.iter().rposition(|l| l.is_finite()).unwrap_or(0);
+    for (i, l) in renorm.iter().enumerate() {
+        if !l.is_finite() {
+            continue;
+        }
+        acc += l.exp();
+        if u < acc {
+            token = i;
+            break;
+        }
+    }
+    Choice {
+        token: token as i64,
+        logprob: renorm[token] as f32,
+        untruncated_logprob: untruncated[token] as f32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_counts(logits: &[f32], cfg: &SamplingConfig, n: usize) -> Vec<usize> {
+        let mut rng = SplitMix64::new(cfg.seed);
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..n {
+            counts[choose(logits, &[], cfg, &mut rng).token as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_untruncated_logprob() {
+        let c = choose(
+            &[0.0, 2.0, 1.0],
+            &[],
+            &SamplingConfig::default(),
+            &mut SplitMix64::new(0),
+        );
+        assert_eq!(c.token, 1);
+        let want = 2.0 - (1f64 + 2f64.exp() + 1f64.exp()).ln();
+        assert!((f64::from(c.logprob) - want).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sampling_follows_the_truncated_distribution() {
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let cfg = SamplingConfig {
+            do_sample: true,
+            seed: 3,
+            ..Default::default()
+        };
+        let counts = sample_counts(&logits, &cfg, 20000);
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let p = f64::from(logits[i]).exp() / z;
+            assert!((c as f64 / 20000.0 - p).abs() < 0.015, "token {i}: {c}");
+        }
+        let top2 = sample_counts(
+            &logits,
+            &SamplingConfig {
+                top_k: Some(2),
+                ..cfg.clone()
+            },
+            2000,
+        );
+        assert_eq!(top2[0] + top2[1], 0);
+        // top-p 0.6: token 3 alone has 0.64 of the mass.
+        let nucleus = sample_counts(
+            &logits,
+            &SamplingConfig {
+                top_p: Some(0.6),
+                ..cfg.clone()
+            },
+            500,
+        );
+        assert_eq!(nucleus[3], 500);
+        // min-p 0.3: keeps tokens with p >= 0.3 * p(3): tokens 2 and 3.
+        let minp = sample_counts(
+            &logits,
+            &SamplingConfig {
+                min_p: Some(0.3),
+                ..cfg.clone()
+            },
+            2000,
+        );
+        assert_eq!(minp[0] + minp[1], 0);
+        assert!(minp[2] > 0 && minp[3] > 0);
+        let mut rng = SplitMix64::new(1);
+        let c = choose(
+            &logits,
+            &[],
+            &SamplingConfig {
+                top_k: Some(1),
+                ..cfg.clone()
+            },
+            &mut rng,
+        );
+        assert_eq!((c.token, c.logprob), (3, 0.0));
+        assert!(c.untruncated_logprob < -0.4);
+        let hot = SamplingConfig {
+            temperature: 100.0,
+            ..cfg.clone()
+        };
+        let flat = sample_counts(&logits, &hot, 8000);
+        assert!(
+            flat.iter().all(|&c| (c as f64 / 8000.0 - 0.25).abs() < 0.03),
+            "{flat:?}"
+        );
+    }
+
+    #[test]
+    fn repetition_penalty_discourages_seen_tokens() {
+        let cfg = SamplingConfig {
+            repetition_penalty: 10.0,
+            ..Default::default()
+        };
+        let c = choose(&[1.0, 2.0, 1.5], &[1], &cfg, &mut SplitMix64::new(0));
+        assert_eq!(c.token, 2);
+    }
+}
