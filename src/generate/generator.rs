@@ -133,7 +133,7 @@ impl<'a> Generator<'a> {
         if cfg.prefill_chunk_size < 1 {
             return Err(GenerateError::Config("prefill_chunk_size must be at least 1".into()));
         }
-        if cfg.sampling.do_sample && !(cfg.sampling.temperature > 0.0) {
+        if cfg.sampling.do_sample && (cfg.sampling.temperature.is_nan() || cfg.sampling.temperature <= 0.0) {
             return Err(GenerateError::Config("temperature must be > 0 when sampling".into()));
         }
         let vocab = self.model.config.vocab_size;
