@@ -28,6 +28,7 @@ struct Args {
     dtype: Kind,
     json: PathBuf,
     only: Option<String>,
+    smoke: bool,
 }
 
 fn parse_args() -> Args {
@@ -41,8 +42,20 @@ fn parse_args() -> Args {
         dtype: Kind::Float,
         json: root.join("target/bench/tree_vs_flat.json"),
         only: None,
+        smoke: false,
     };
-    let mut it = std::env::args().skip(1);
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it (and
+    // with test-harness flags): then a seconds-long smoke run checks the bench still works.
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if !raw.iter().any(|a| a == "--bench") {
+        a.len = 64;
+        a.repeats = 1;
+        a.warmup = 0;
+        a.smoke = true;
+        a.json = root.join("target/bench/tree_vs_flat_smoke.json");
+        return a;
+    }
+    let mut it = raw.into_iter();
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
@@ -214,11 +227,11 @@ fn tree_row(rs: &[Rollout]) -> PackedRow {
     t.pack()
 }
 
-fn packer_throughput() -> serde_json::Value {
+fn packer_throughput(groups: usize) -> serde_json::Value {
     let mut rng = SplitMix64::new(7);
-    // 64 groups x 8 rollouts of 4096 tokens, 3/4 shared: 2.1 M raw tokens.
+    // `groups` x 8 rollouts of 4096 tokens, 3/4 shared (64 groups: 2.1 M raw tokens).
     let mut rs = Vec::new();
-    for _ in 0..64 {
+    for _ in 0..groups {
         let prefix = tokens(3072, 150_000, &mut rng);
         for _ in 0..8 {
             let ids = [prefix.clone(), tokens(1024, 150_000, &mut rng)].concat();
@@ -317,7 +330,7 @@ fn main() {
             "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
         }));
     }
-    let packer = packer_throughput();
+    let packer = packer_throughput(if args.smoke { 2 } else { 64 });
     let out = serde_json::json!({
         "config": args.config.display().to_string(), "parameters": cfg.num_parameters(), "len": args.len,
         "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),
