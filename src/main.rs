@@ -42,6 +42,8 @@ enum Command {
         #[arg(long)]
         dtype: Option<String>,
     },
+    /// Generate completions with a static KV cache (one JSON line per completion).
+    Generate(GenerateArgs),
     /// Pack GRPO rollouts (JSONL) into rows as TRL v1.16 does; one JSON object per row.
     Pack(PackArgs),
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
@@ -79,6 +81,58 @@ struct ScoreArgs {
     /// Token budget of one packed forward (flat packing).
     #[arg(long, default_value_t = 8192)]
     max_tokens: usize,
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long)]
+    model: String,
+    /// JSONL: `{"input_ids": [...]}`, `{"prompt": "..."}` or `{"messages": [...]}` per line.
+    #[arg(long)]
+    input: PathBuf,
+    /// Render `prompt` lines as a user message through the chat template (`messages` always are).
+    #[arg(long)]
+    chat: bool,
+    /// Most new tokens per completion.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Greedy decoding (otherwise sampling).
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Nucleus sampling threshold.
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// Keep the k most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep tokens with at least this fraction of the top token's probability.
+    #[arg(long)]
+    min_p: Option<f64>,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f64,
+    /// Completions per prompt; the prompt is prefilled once and shared.
+    #[arg(long, default_value_t = 1)]
+    num_generations: usize,
+    /// Seed of the sampling draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop strings (each also ends a completion).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Prefill chunk (prompts are left-padded to a multiple of it).
+    #[arg(long, default_value_t = 128)]
+    prefill_chunk_size: i64,
+    /// Static cache capacity (default: padded prompt + max new tokens).
+    #[arg(long)]
+    max_cache_len: Option<i64>,
+    /// Parameter dtype: fp32, bf16 or fp16 (default: the checkpoint's).
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -129,6 +183,7 @@ fn main() -> Result<()> {
         }
         Command::Score(args) => score(&args)?,
         Command::Pack(args) => pack(&args)?,
+        Command::Generate(args) => generate(&args)?,
         Command::Convert { model, out, dtype } => {
             let dir = treetrain::hub::HubCache::from_env().model_dir(&model)?;
             let dtype = dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
@@ -258,6 +313,120 @@ fn score_tree(model: &treetrain::model::Model, rows: &[Vec<i64>], max_tokens: us
         }
     }
     Ok(out)
+}
+
+fn generate(args: &GenerateArgs) -> Result<()> {
+    use std::io::{BufRead, Write};
+    use treetrain::generate::{GenerationConfig, Generator, SamplingConfig};
+    use treetrain::tokenizer::{ChatOptions, Tokenizer};
+    let dir = treetrain::hub::HubCache::from_env().model_dir(&args.model)?;
+    let dtype = args.dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
+    let model = treetrain::model::Model::load(
+        &dir,
+        treetrain::model::LoadOptions {
+            dtype,
+            device: tch::Device::Cpu,
+        },
+    )?;
+    let tok = dir
+        .join("tokenizer.json")
+        .exists()
+        .then(|| Tokenizer::from_dir(&dir))
+        .transpose()?;
+    let file = std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
+    let mut prompts: Vec<Vec<i64>> = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{}:{}", args.input.display(), i + 1);
+        let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("{}: not JSON", at()))?;
+        let need_tok = || {
+            tok.as_ref()
+                .with_context(|| format!("{}: text prompts need tokenizer.json in {}", at(), dir.display()))
+        };
+        let chat = |messages: &serde_json::Value| -> Result<Vec<i64>> {
+            let opts = ChatOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            };
+            let ids = need_tok()?.tokenize_chat(messages, &opts).with_context(at)?.input_ids;
+            Ok(ids.into_iter().map(i64::from).collect())
+        };
+        let ids: Vec<i64> = if let Some(ids) = v.get("input_ids") {
+            serde_json::from_value(ids.clone()).with_context(|| format!("{}: input_ids must be integers", at()))?
+        } else if let Some(m) = v.get("messages") {
+            chat(m)?
+        } else if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            if args.chat {
+                chat(&serde_json::json!([{"role": "user", "content": p}]))?
+            } else {
+                need_tok()?.encode(p, true)?.into_iter().map(i64::from).collect()
+            }
+        } else {
+            bail!("{}: expected \"input_ids\", \"prompt\" or \"messages\"", at());
+        };
+        prompts.push(ids);
+    }
+    let mut eos = model.lm.config.eos_token_ids.clone();
+    if let Some(e) = tok.as_ref().and_then(|t| t.eos_token_id()) {
+        eos.push(i64::from(e));
+    }
+    let pad = tok
+        .as_ref()
+        .and_then(|t| t.pad_token_id())
+        .map(i64::from)
+        .or(model.lm.config.pad_token_id)
+        .unwrap_or(0);
+    let stop_sequences = match &tok {
+        Some(t) => args
+            .stop
+            .iter()
+            .map(|s| Ok(t.encode(s, false)?.into_iter().map(i64::from).collect()))
+            .collect::<Result<Vec<Vec<i64>>>>()?,
+        None if args.stop.is_empty() => Vec::new(),
+        None => bail!("--stop needs the model's tokenizer"),
+    };
+    let cfg = GenerationConfig {
+        max_new_tokens: args.max_new_tokens,
+        eos_token_ids: eos,
+        stop_sequences,
+        pad_token_id: pad,
+        prefill_chunk_size: args.prefill_chunk_size,
+        max_cache_len: args.max_cache_len,
+        sampling: SamplingConfig {
+            do_sample: !args.greedy,
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+        },
+    };
+    let mut generator = Generator::new();
+    let completions = if args.num_generations > 1 {
+        generator.generate_groups(&model.lm, &prompts, args.num_generations, &cfg)?
+    } else {
+        generator.generate(&model.lm, &prompts, &cfg)?
+    };
+    let mut stdout = std::io::stdout().lock();
+    for c in &completions {
+        let mut line = serde_json::json!({
+            "prompt_index": c.prompt_index,
+            "output_ids": c.output_ids,
+            "logprobs": c.logprobs,
+            "untruncated_logprobs": c.untruncated_logprobs,
+            "finish_reason": c.finish_reason.as_str(),
+        });
+        if let Some(t) = &tok {
+            let ids: Vec<u32> = c.output_ids.iter().map(|&i| i as u32).collect();
+            line["text"] = t.decode(&ids, true)?.into();
+        }
+        writeln!(stdout, "{line}")?;
+    }
+    Ok(())
 }
 
 fn pack(args: &PackArgs) -> Result<()> {

@@ -213,3 +213,60 @@ fn pack_reproduces_the_trl_fixture_and_names_bad_lines() {
         "{err}"
     );
 }
+
+#[test]
+fn generate_greedy_matches_transformers_and_reports_each_completion() {
+    let fixture: serde_json::Value = serde_json::from_str(include_str!("fixtures/greedy_generation.json")).unwrap();
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-gen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("prompts.jsonl");
+    let lines: Vec<String> = fixture["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| serde_json::json!({"input_ids": p}).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/qwen2");
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--input",
+        input.to_str().unwrap(),
+        "--greedy",
+        "--max-new-tokens",
+        "16",
+        "--prefill-chunk-size",
+        "8",
+    ];
+    let (ok, out, err) = treetrain(&args);
+    assert!(ok, "{err}");
+    let got: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want = fixture["cases"]["qwen2"]["outputs"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(&g["output_ids"], w);
+        assert_eq!(g["logprobs"].as_array().unwrap().len(), w.as_array().unwrap().len());
+        assert!(["eos", "length"].contains(&g["finish_reason"].as_str().unwrap()));
+        assert!(g.get("text").is_none(), "no tokenizer, no text");
+    }
+    // Groups: G lines per prompt, prompt by prompt.
+    let (ok, out, err) = treetrain(&[&args[..], &["--num-generations", "3"]].concat());
+    assert!(ok, "{err}");
+    let idx: Vec<u64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["prompt_index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(idx, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+    std::fs::write(&input, "{\"prompt\": \"hi\"}\n").unwrap();
+    let (ok, _, err) = treetrain(&["generate", "--model", model, "--input", input.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("prompts.jsonl:1") && err.contains("tokenizer"),
+        "{err}"
+    );
+}

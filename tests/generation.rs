@@ -79,8 +79,8 @@ fn greedy_static_cache_equals_recomputation_fp32_and_bf16() {
         for name in ["qwen3", "llama3_scaled_v4config"] {
             let m = load(name, kind);
             let eos = m.lm.config.eos_token_ids.clone();
-            let mut g = Generator::new(&m.lm);
-            let out = g.generate(&prompts(), &cfg(12, eos.clone(), 4)).unwrap();
+            let mut g = Generator::new();
+            let out = g.generate(&m.lm, &prompts(), &cfg(12, eos.clone(), 4)).unwrap();
             for (p, c) in PROMPTS.iter().zip(&out) {
                 let (want, lps, margins) = greedy_by_recomputation(&m, p, 12, &eos);
                 if kind == Kind::BFloat16 {
@@ -117,8 +117,8 @@ fn greedy_matches_transformers_generate() {
         let m = load(name, Kind::Float);
         let eos: Vec<i64> = serde_json::from_value(case["eos"].clone()).unwrap();
         let want: Vec<Vec<i64>> = serde_json::from_value(case["outputs"].clone()).unwrap();
-        let out = Generator::new(&m.lm)
-            .generate(&prompts, &cfg(16, eos.clone(), 8))
+        let out = Generator::new()
+            .generate(&m.lm, &prompts, &cfg(16, eos.clone(), 8))
             .unwrap();
         for (i, (c, w)) in out.iter().zip(&want).enumerate() {
             assert_eq!(&c.output_ids, w, "{name} prompt {i}");
@@ -135,15 +135,15 @@ fn greedy_matches_transformers_generate() {
 #[test]
 fn exactly_two_shapes_per_call_whatever_the_prompt_lengths() {
     let m = load("qwen2", Kind::Float);
-    let mut g = Generator::new(&m.lm);
+    let mut g = Generator::new();
     let c = cfg(6, vec![], 8);
-    g.generate(&prompts(), &c).unwrap();
+    g.generate(&m.lm, &prompts(), &c).unwrap();
     assert_eq!(g.ledger.total_distinct(), 2);
     assert_eq!(g.ledger.distinct("prefill"), 1);
     assert_eq!(g.ledger.distinct("decode"), 1);
     // Other prompt lengths (all under one chunk): still the same two shapes.
     let other: Vec<Vec<i64>> = vec![vec![3; 5], vec![4; 2], vec![9; 8], vec![1; 1]];
-    g.generate(&other, &c).unwrap();
+    g.generate(&m.lm, &other, &c).unwrap();
     assert_eq!(g.ledger.total_distinct(), 2, "{}", g.ledger.text());
     assert!(g.ledger.graph("decode").unwrap().calls >= 10);
 }
@@ -152,15 +152,15 @@ fn exactly_two_shapes_per_call_whatever_the_prompt_lengths() {
 fn dynamic_cache_and_group_generation_agree_with_static() {
     let m = load("qwen3", Kind::Float);
     let eos = m.lm.config.eos_token_ids.clone();
-    let mut g = Generator::new(&m.lm);
+    let mut g = Generator::new();
     let c = cfg(10, eos, 4);
-    let fixed = g.generate(&prompts(), &c).unwrap();
-    let dynamic = g.generate_dynamic(&prompts(), &c).unwrap();
+    let fixed = g.generate(&m.lm, &prompts(), &c).unwrap();
+    let dynamic = g.generate_dynamic(&m.lm, &prompts(), &c).unwrap();
     for (a, b) in fixed.iter().zip(&dynamic) {
         assert_eq!(a.output_ids, b.output_ids);
         assert!(a.logprobs.iter().zip(&b.logprobs).all(|(x, y)| (x - y).abs() < 1e-5));
     }
-    let groups = g.generate_groups(&prompts()[..2], 3, &c).unwrap();
+    let groups = g.generate_groups(&m.lm, &prompts()[..2], 3, &c).unwrap();
     assert_eq!(groups.len(), 6);
     for (i, comp) in groups.iter().enumerate() {
         assert_eq!(comp.prompt_index, i / 3);
@@ -181,8 +181,8 @@ fn dynamic_cache_and_group_generation_agree_with_static() {
         },
         ..c.clone()
     };
-    let a = g.generate_groups(&prompts()[..2], 4, &sample).unwrap();
-    let b = g.generate_groups(&prompts()[..2], 4, &sample).unwrap();
+    let a = g.generate_groups(&m.lm, &prompts()[..2], 4, &sample).unwrap();
+    let b = g.generate_groups(&m.lm, &prompts()[..2], 4, &sample).unwrap();
     assert_eq!(a, b);
     assert!(a[0].output_ids != a[1].output_ids || a[1].output_ids != a[2].output_ids);
     for comp in &a {
@@ -195,7 +195,7 @@ fn dynamic_cache_and_group_generation_agree_with_static() {
         .iter()
         .flat_map(|p| std::iter::repeat_n(p.clone(), 4))
         .collect();
-    let separate = g.generate(&repeated, &sample).unwrap();
+    let separate = g.generate(&m.lm, &repeated, &sample).unwrap();
     let strip = |v: &[treetrain::generate::Completion]| v.iter().map(|c| c.output_ids.clone()).collect::<Vec<_>>();
     assert_eq!(strip(&a), strip(&separate));
 }
@@ -203,25 +203,28 @@ fn dynamic_cache_and_group_generation_agree_with_static() {
 #[test]
 fn stop_sequences_and_errors() {
     let m = load("qwen3", Kind::Float);
-    let mut g = Generator::new(&m.lm);
-    let first = g.generate(&prompts()[..1], &cfg(8, vec![], 4)).unwrap().remove(0);
+    let mut g = Generator::new();
+    let first = g
+        .generate(&m.lm, &prompts()[..1], &cfg(8, vec![], 4))
+        .unwrap()
+        .remove(0);
     let stop = first.output_ids[2..4].to_vec();
     let c = GenerationConfig {
         stop_sequences: vec![stop.clone()],
         ..cfg(8, vec![], 4)
     };
-    let stopped = g.generate(&prompts()[..1], &c).unwrap().remove(0);
+    let stopped = g.generate(&m.lm, &prompts()[..1], &c).unwrap().remove(0);
     assert_eq!(stopped.finish_reason, FinishReason::Stop);
     assert!(stopped.output_ids.ends_with(&stop) && stopped.output_ids.len() <= 4);
-    let err = g.generate(&[vec![1, 2], vec![]], &c).unwrap_err();
+    let err = g.generate(&m.lm, &[vec![1, 2], vec![]], &c).unwrap_err();
     assert!(matches!(err, GenerateError::Prompt { index: 1, .. }), "{err}");
-    let err = g.generate(&[vec![1, 999]], &c).unwrap_err();
+    let err = g.generate(&m.lm, &[vec![1, 999]], &c).unwrap_err();
     assert!(err.to_string().contains("prompt 0: token 999"), "{err}");
     let small = GenerationConfig {
         max_cache_len: Some(6),
         ..cfg(8, vec![], 4)
     };
-    let err = g.generate(&prompts()[..1], &small).unwrap_err();
+    let err = g.generate(&m.lm, &prompts()[..1], &small).unwrap_err();
     assert!(err.to_string().contains("max_cache_len 6"), "{err}");
 }
 

@@ -112,31 +112,30 @@ struct Decoding<C: KvCache> {
     seen: Vec<Vec<i64>>,
 }
 
-/// Generates with one model; records every forward's input shape in `ledger`.
-#[derive(Debug)]
-pub struct Generator<'a> {
-    model: &'a CausalLm,
+/// Generates with any model it is handed; records every forward's input shape in `ledger`.
+///
+/// Holds no reference to the model, so a notebook can keep one generator (and its ledger)
+/// across cells.
+#[derive(Debug, Default)]
+pub struct Generator {
     /// Shapes fed to the `prefill` and `decode` graphs across calls.
     pub ledger: ShapeLedger,
 }
 
-impl<'a> Generator<'a> {
-    /// A generator over `model`.
-    pub fn new(model: &'a CausalLm) -> Self {
-        Generator {
-            model,
-            ledger: ShapeLedger::default(),
-        }
+impl Generator {
+    /// A generator with an empty ledger.
+    pub fn new() -> Self {
+        Generator::default()
     }
 
-    fn check(&self, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<(), GenerateError> {
+    fn check(&self, model: &CausalLm, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<(), GenerateError> {
         if cfg.prefill_chunk_size < 1 {
             return Err(GenerateError::Config("prefill_chunk_size must be at least 1".into()));
         }
         if cfg.sampling.do_sample && (cfg.sampling.temperature.is_nan() || cfg.sampling.temperature <= 0.0) {
             return Err(GenerateError::Config("temperature must be > 0 when sampling".into()));
         }
-        let vocab = self.model.config.vocab_size;
+        let vocab = model.config.vocab_size;
         for (index, p) in prompts.iter().enumerate() {
             if p.is_empty() {
                 return Err(GenerateError::Prompt {
@@ -192,12 +191,13 @@ impl<'a> Generator<'a> {
 
     fn prefill<C: KvCache>(
         &mut self,
+        model: &CausalLm,
         prompts: &[Vec<i64>],
         cfg: &GenerationConfig,
         mut cache: C,
         slots_total: i64,
     ) -> Result<Decoding<C>, GenerateError> {
-        let device = self.model.device();
+        let device = model.device();
         let b = prompts.len() as i64;
         let (padded, ids, real, pos) = self.pad(prompts, cfg);
         let ids = Tensor::from_slice(&ids).view([b, padded]).to_device(device);
@@ -211,7 +211,7 @@ impl<'a> Generator<'a> {
             self.ledger.record("prefill", &[b, chunk]);
             let slots = cache.slots_after(chunk);
             let mask = Self::mask(&valid, start, chunk, slots);
-            let h = self.model.forward_cached(
+            let h = model.forward_cached(
                 &ids.narrow(1, start, chunk),
                 &pos.narrow(1, start, chunk),
                 &mut cache,
@@ -224,18 +224,19 @@ impl<'a> Generator<'a> {
             cache,
             valid,
             next_pos: prompts.iter().map(|p| p.len() as i64).collect(),
-            logits: self.model.logits(&last).to_kind(Kind::Float),
+            logits: model.logits(&last).to_kind(Kind::Float),
             seen: prompts.to_vec(),
         })
     }
 
     fn decode<C: KvCache>(
         &mut self,
+        model: &CausalLm,
         mut st: Decoding<C>,
         prompt_index: &[usize],
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
-        let device = self.model.device();
+        let device = model.device();
         let b = st.next_pos.len();
         let mut rng = SplitMix64::new(cfg.sampling.seed);
         let mut out: Vec<Completion> = prompt_index
@@ -305,16 +306,19 @@ impl<'a> Generator<'a> {
             }
             let ids = Tensor::from_slice(&next).view([b as i64, 1]).to_device(device);
             let pos = Tensor::from_slice(&pos).view([b as i64, 1]).to_device(device);
-            let mask = Self::mask(&st.valid, start, 1, slots);
+            // Slots past this one are not valid yet, so the valid slots are exactly what the new
+            // token may see: no causal term needed (fewer ops on the hot path).
+            let mask = st.valid.narrow(1, 0, slots).view([b as i64, 1, 1, slots]);
             self.ledger.record("decode", &[b as i64, 1]);
-            let h = self.model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
-            st.logits = self.model.logits(&h.select(1, 0)).to_kind(Kind::Float);
+            let h = model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
+            st.logits = model.logits(&h.select(1, 0)).to_kind(Kind::Float);
         }
         Ok(out)
     }
 
     fn static_cache(
         &self,
+        model: &CausalLm,
         rows: i64,
         prompts: &[Vec<i64>],
         cfg: &GenerationConfig,
@@ -329,44 +333,50 @@ impl<'a> Generator<'a> {
             )));
         }
         Ok(StaticCache::new(
-            &self.model.config,
+            &model.config,
             rows,
             max_len,
-            self.model.kind(),
-            self.model.device(),
+            model.kind(),
+            model.device(),
         ))
     }
 
     /// One completion per prompt, with a static cache: two shapes per call (`prefill`
     /// `[batch, chunk]` and `decode` `[batch, 1]`), whatever the prompt lengths.
-    pub fn generate(&mut self, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<Vec<Completion>, GenerateError> {
-        self.check(prompts, cfg)?;
-        let cache = self.static_cache(prompts.len() as i64, prompts, cfg)?;
+    pub fn generate(
+        &mut self,
+        model: &CausalLm,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+    ) -> Result<Vec<Completion>, GenerateError> {
+        self.check(model, prompts, cfg)?;
+        let cache = self.static_cache(model, prompts.len() as i64, prompts, cfg)?;
         let slots = cache.max_len;
-        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, slots))?;
+        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let index: Vec<usize> = (0..prompts.len()).collect();
-        tch::no_grad(|| self.decode(st, &index, cfg))
+        tch::no_grad(|| self.decode(model, st, &index, cfg))
     }
 
     /// `group` completions per prompt (GRPO), prefix-shared: each prompt is prefilled once and
     /// its cache rows forked into the `group` decoding slots. Completions come prompt by prompt.
     pub fn generate_groups(
         &mut self,
+        model: &CausalLm,
         prompts: &[Vec<i64>],
         group: usize,
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
-        self.check(prompts, cfg)?;
+        self.check(model, prompts, cfg)?;
         if group == 0 {
             return Err(GenerateError::Config("num_generations must be at least 1".into()));
         }
-        let cache = self.static_cache(prompts.len() as i64, prompts, cfg)?;
+        let cache = self.static_cache(model, prompts.len() as i64, prompts, cfg)?;
         let slots = cache.max_len;
-        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, slots))?;
+        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let rows: Vec<i64> = (0..prompts.len() as i64)
             .flat_map(|p| std::iter::repeat_n(p, group))
             .collect();
-        let index = Tensor::from_slice(&rows).to_device(self.model.device());
+        let index = Tensor::from_slice(&rows).to_device(model.device());
         let forked = Decoding {
             cache: st.cache.fork(&rows),
             valid: st.valid.index_select(0, &index),
@@ -375,21 +385,22 @@ impl<'a> Generator<'a> {
             seen: rows.iter().map(|&r| st.seen[r as usize].clone()).collect(),
         };
         let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
-        tch::no_grad(|| self.decode(forked, &prompt_index, cfg))
+        tch::no_grad(|| self.decode(model, forked, &prompt_index, cfg))
     }
 
     /// The same as [`Generator::generate`] with a growing cache (a new shape every step): the
     /// baseline static caching is compared with.
     pub fn generate_dynamic(
         &mut self,
+        model: &CausalLm,
         prompts: &[Vec<i64>],
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
-        self.check(prompts, cfg)?;
-        let cache = DynamicCache::new(self.model.config.num_layers as usize);
+        self.check(model, prompts, cfg)?;
+        let cache = DynamicCache::new(model.config.num_layers as usize);
         let (padded, ..) = self.pad(prompts, cfg);
-        let st = tch::no_grad(|| self.prefill(prompts, cfg, cache, padded))?;
+        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, padded))?;
         let index: Vec<usize> = (0..prompts.len()).collect();
-        tch::no_grad(|| self.decode(st, &index, cfg))
+        tch::no_grad(|| self.decode(model, st, &index, cfg))
     }
 }

@@ -1,0 +1,226 @@
+//! Generation throughput: static cache vs growing cache vs no cache, prefix-shared group
+//! generation vs prefilling every member, and treetrain vs transformers' static-cache
+//! `generate` on the same checkpoint (when a Python with transformers is available).
+//!
+//! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
+//!
+//! Greedy, fp32, CPU, the shipped tiny Qwen3. Without `--bench` (under `cargo test`) it runs a
+//! seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
+//! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use treetrain::generate::{GenerationConfig, Generator};
+use treetrain::model::{AttentionLayout, CausalLm, LoadOptions, Model};
+use treetrain::util::SplitMix64;
+
+fn prompts(n: usize, vocab: u64, seed: u64) -> Vec<Vec<i64>> {
+    let mut rng = SplitMix64::new(seed);
+    (0..n)
+        .map(|_| {
+            (0..32 + rng.below(64))
+                .map(|_| 3 + rng.below(vocab - 3) as i64)
+                .collect()
+        })
+        .collect()
+}
+
+fn median_s(mut f: impl FnMut(), repeats: usize) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..repeats)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// Greedy decoding by recomputing the padded batch every step (no cache at all).
+fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
+    let b = prompts.len() as i64;
+    let mut rows: Vec<Vec<i64>> = prompts.to_vec();
+    let mut pads: Vec<usize> = Vec::new();
+    for _ in 0..new {
+        let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let (mut ids, mut mask, mut pos) = (Vec::new(), Vec::new(), Vec::new());
+        pads.clear();
+        for r in &rows {
+            let pad = longest - r.len();
+            pads.push(pad);
+            ids.extend(std::iter::repeat_n(0, pad).chain(r.iter().copied()));
+            mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, r.len())));
+            pos.extend(std::iter::repeat_n(0i64, pad).chain(0..r.len() as i64));
+        }
+        let t = longest as i64;
+        let layout = AttentionLayout::Padded {
+            attention_mask: Tensor::from_slice(&mask).view([b, t]),
+        };
+        let h = tch::no_grad(|| {
+            lm.forward_hidden(
+                &Tensor::from_slice(&ids).view([b, t]),
+                &Tensor::from_slice(&pos).view([b, t]),
+                &layout,
+            )
+        })
+        .expect("forward");
+        let next = lm.logits(&h.select(1, t - 1)).argmax(-1, false);
+        let next = Vec::<i64>::try_from(&next).expect("ids");
+        for (r, n) in rows.iter_mut().zip(next) {
+            r.push(n);
+        }
+    }
+}
+
+fn python(arg: Option<String>) -> Option<String> {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let venv = Path::new(&home).join(".cache/treetrain/fixture-venv/bin/python");
+    let candidates = [
+        arg,
+        std::env::var("TREETRAIN_BENCH_PYTHON").ok(),
+        venv.exists().then(|| venv.display().to_string()),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        Command::new(p)
+            .args(["-c", "import transformers, torch"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let full = raw.iter().any(|a| a == "--bench");
+    let get = |flag: &str| raw.iter().position(|a| a == flag).and_then(|i| raw.get(i + 1)).cloned();
+    let (n_prompts, new, repeats) = if full {
+        (
+            get("--prompts").map_or(8, |v| v.parse().expect("--prompts N")),
+            get("--new").map_or(64, |v| v.parse().expect("--new N")),
+            3,
+        )
+    } else {
+        (2, 4, 1)
+    };
+    let dir = treetrain::shipped::tiny_model_dir().expect("tiny model");
+    let model = Model::load(
+        &dir,
+        LoadOptions {
+            dtype: Some(Kind::Float),
+            device: Device::Cpu,
+        },
+    )
+    .expect("model");
+    let lm = &model.lm;
+    let ps = prompts(n_prompts, 1700, 11);
+    let cfg = GenerationConfig {
+        max_new_tokens: new,
+        prefill_chunk_size: 32,
+        ..Default::default()
+    };
+    let total = (n_prompts * new) as f64;
+    println!(
+        "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, tiny Qwen3 fp32, {} threads, median of {repeats}",
+        tch::get_num_threads()
+    );
+    let mut g = Generator::new();
+    let static_s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
+    let dynamic_s = median_s(|| drop(g.generate_dynamic(lm, &ps, &cfg).expect("generate")), repeats);
+    let none_s = median_s(|| no_cache(lm, &ps, new), repeats);
+    println!("{:<36}{:>12}", "mode", "tokens/s");
+    for (name, s) in [
+        ("static cache", static_s),
+        ("dynamic cache", dynamic_s),
+        ("no cache (recompute)", none_s),
+    ] {
+        println!("{name:<36}{:>12.1}", total / s);
+    }
+    // GRPO-style groups: 4 prompts x G completions.
+    let group = if full { 8 } else { 2 };
+    let gp = prompts(4, 1700, 12);
+    let gcfg = GenerationConfig {
+        max_new_tokens: new,
+        prefill_chunk_size: 32,
+        ..Default::default()
+    };
+    let shared_s = median_s(
+        || drop(g.generate_groups(lm, &gp, group, &gcfg).expect("groups")),
+        repeats,
+    );
+    let repeated: Vec<Vec<i64>> = gp.iter().flat_map(|p| std::iter::repeat_n(p.clone(), group)).collect();
+    let separate_s = median_s(|| drop(g.generate(lm, &repeated, &gcfg).expect("generate")), repeats);
+    let gtotal = (4 * group * new) as f64;
+    println!(
+        "{:<36}{:>12.1}",
+        format!("groups 4x{group}, prefix shared"),
+        gtotal / shared_s
+    );
+    println!(
+        "{:<36}{:>12.1}",
+        format!("groups 4x{group}, each member prefilled"),
+        gtotal / separate_s
+    );
+    let mut results = serde_json::json!({
+        "prompts": n_prompts, "new_tokens": new, "threads": tch::get_num_threads(),
+        "static_tokens_per_s": total / static_s, "dynamic_tokens_per_s": total / dynamic_s,
+        "no_cache_tokens_per_s": total / none_s, "group": group,
+        "group_shared_tokens_per_s": gtotal / shared_s, "group_separate_tokens_per_s": gtotal / separate_s,
+    });
+    if full {
+        match python(get("--python")) {
+            None => {
+                println!("transformers: skipped (no Python with torch + transformers; see scripts/fixtures/venv.sh)")
+            }
+            Some(py) => {
+                let tmp = std::env::temp_dir().join(format!("treetrain-bench-prompts-{}.json", std::process::id()));
+                std::fs::write(&tmp, serde_json::to_string(&ps).expect("json")).expect("write prompts");
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/transformers_generate.py");
+                let out = Command::new(&py)
+                    .arg(&script)
+                    .arg(&dir)
+                    .arg(&tmp)
+                    .arg(new.to_string())
+                    .arg("static")
+                    .output()
+                    .expect("run python");
+                let line = String::from_utf8_lossy(&out.stdout);
+                match serde_json::from_str::<serde_json::Value>(line.trim()) {
+                    Ok(v) => {
+                        let tf = v["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+                        let ours = g.generate(lm, &ps, &cfg).expect("generate");
+                        let same = v["outputs"].as_array().is_some_and(|rows| {
+                            rows.iter()
+                                .zip(&ours)
+                                .all(|(r, c)| serde_json::json!(c.output_ids) == *r)
+                        });
+                        println!(
+                            "{:<36}{:>12.1}   treetrain static is {:.2}x; same tokens: {same}",
+                            "transformers static cache",
+                            tf,
+                            (total / static_s) / tf
+                        );
+                        results["transformers_static_tokens_per_s"] = tf.into();
+                        results["speedup_vs_transformers"] = ((total / static_s) / tf).into();
+                        results["same_tokens_as_transformers"] = same.into();
+                    }
+                    Err(_) => println!(
+                        "transformers: failed: {}",
+                        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+                    ),
+                }
+            }
+        }
+    }
+    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join(if full {
+        "target/bench/generation.json"
+    } else {
+        "target/bench/generation_smoke.json"
+    });
+    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
+    std::fs::write(&path, serde_json::to_string_pretty(&results).expect("json")).expect("write");
+    println!("wrote {}", path.display());
+}
