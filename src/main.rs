@@ -185,15 +185,7 @@ fn main() -> Result<()> {
         Command::Pack(args) => pack(&args)?,
         Command::Generate(args) => generate(&args)?,
         Command::Convert { model, out, dtype } => {
-            let dir = treetrain::hub::HubCache::from_env().model_dir(&model)?;
-            let dtype = dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
-            let m = treetrain::model::Model::load(
-                &dir,
-                treetrain::model::LoadOptions {
-                    dtype,
-                    device: tch::Device::Cpu,
-                },
-            )?;
+            let (dir, m) = load_model(&model, dtype.as_deref())?;
             m.save(&out, Some(&dir))?;
             println!("wrote {} ({:?})", out.display(), m.kind());
         }
@@ -208,17 +200,21 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// A model folder or cached repo id, loaded on CPU in `dtype` (default: the checkpoint's).
+fn load_model(spec: &str, dtype: Option<&str>) -> Result<(PathBuf, treetrain::model::Model)> {
+    let dir = treetrain::hub::HubCache::from_env().model_dir(spec)?;
+    let dtype = dtype.map(treetrain::model::parse_kind).transpose()?;
+    let opts = treetrain::model::LoadOptions {
+        dtype,
+        device: tch::Device::Cpu,
+    };
+    let model = treetrain::model::Model::load(&dir, opts)?;
+    Ok((dir, model))
+}
+
 fn score(args: &ScoreArgs) -> Result<()> {
     use std::io::{BufRead, Write};
-    let dir = treetrain::hub::HubCache::from_env().model_dir(&args.model)?;
-    let dtype = args.dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
-    let model = treetrain::model::Model::load(
-        &dir,
-        treetrain::model::LoadOptions {
-            dtype,
-            device: tch::Device::Cpu,
-        },
-    )?;
+    let (dir, model) = load_model(&args.model, args.dtype.as_deref())?;
     let tokenizer = dir
         .join("tokenizer.json")
         .exists()
@@ -319,15 +315,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
     use std::io::{BufRead, Write};
     use treetrain::generate::{GenerationConfig, Generator, SamplingConfig};
     use treetrain::tokenizer::{ChatOptions, Tokenizer};
-    let dir = treetrain::hub::HubCache::from_env().model_dir(&args.model)?;
-    let dtype = args.dtype.as_deref().map(treetrain::model::parse_kind).transpose()?;
-    let model = treetrain::model::Model::load(
-        &dir,
-        treetrain::model::LoadOptions {
-            dtype,
-            device: tch::Device::Cpu,
-        },
-    )?;
+    let (dir, model) = load_model(&args.model, args.dtype.as_deref())?;
     let tok = dir
         .join("tokenizer.json")
         .exists()

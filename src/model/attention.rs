@@ -62,19 +62,25 @@ impl Attention {
         (q, k, v)
     }
 
-    /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
-    /// `[batch, kv_heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]` (true =
-    /// attend; `None` = causal), merged back to `[batch, q_len, hidden]` through `o_proj`.
-    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    /// `k`, `v` `[batch, kv_heads, len, head_dim]` repeated to `[batch, heads, len, head_dim]`
+    /// (grouped-query attention: each key/value head serves `heads / kv_heads` query heads).
+    fn expand_kv(&self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
         let rep = self.num_heads / self.num_kv_heads;
-        let (k, v) = if rep > 1 {
+        if rep > 1 {
             (
                 k.repeat_interleave_self_int(rep, 1, None),
                 v.repeat_interleave_self_int(rep, 1, None),
             )
         } else {
             (k.shallow_clone(), v.shallow_clone())
-        };
+        }
+    }
+
+    /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
+    /// `[batch, kv_heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]` (true =
+    /// attend; `None` = causal), merged back to `[batch, q_len, hidden]` through `o_proj`.
+    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+        let (k, v) = self.expand_kv(k, v);
         let scale = (self.head_dim as f64).powf(-0.5);
         let out = Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), scale, false);
         let (b, t) = (q.size()[0], q.size()[2]);
@@ -102,15 +108,7 @@ impl Attention {
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
     /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, segs: &[SegmentAttention]) -> Tensor {
-        let rep = self.num_heads / self.num_kv_heads;
-        let (k, v) = if rep > 1 {
-            (
-                k.repeat_interleave_self_int(rep, 1, None),
-                v.repeat_interleave_self_int(rep, 1, None),
-            )
-        } else {
-            (k.shallow_clone(), v.shallow_clone())
-        };
+        let (k, v) = self.expand_kv(k, v);
         let scale = (self.head_dim as f64).powf(-0.5);
         let mut outs: Vec<Tensor> = Vec::new();
         for s in segs {
