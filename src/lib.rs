@@ -12,6 +12,7 @@ pub mod generate;
 pub mod hub;
 pub mod model;
 pub mod pack;
+pub mod sft;
 pub mod shapes;
 pub mod shipped;
 pub mod tokenizer;

@@ -218,6 +218,12 @@ fn stop_sequences_and_errors() {
     assert!(stopped.output_ids.ends_with(&stop) && stopped.output_ids.len() <= 4);
     let err = g.generate(&m.lm, &[vec![1, 2], vec![]], &c).unwrap_err();
     assert!(matches!(err, GenerateError::Prompt { index: 1, .. }), "{err}");
+    assert!(
+        g.generate(&m.lm, &[], &c)
+            .unwrap_err()
+            .to_string()
+            .contains("no prompts")
+    );
     let err = g.generate(&m.lm, &[vec![1, 999]], &c).unwrap_err();
     assert!(err.to_string().contains("prompt 0: token 999"), "{err}");
     let small = GenerationConfig {

@@ -129,6 +129,9 @@ impl Generator {
     }
 
     fn check(&self, model: &CausalLm, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<(), GenerateError> {
+        if prompts.is_empty() {
+            return Err(GenerateError::Config("no prompts".into()));
+        }
         if cfg.prefill_chunk_size < 1 {
             return Err(GenerateError::Config("prefill_chunk_size must be at least 1".into()));
         }
