@@ -101,7 +101,7 @@ pub fn pack(lengths: &[usize], length: usize, strategy: PackingStrategy) -> Resu
 /// Longest first (stable); each piece into the open row with the least room that still fits it,
 /// else a new row.
 fn best_fit_decreasing(mut pieces: Vec<(usize, usize, usize)>, length: usize) -> Vec<PackedSequences> {
-    pieces.sort_by(|a, b| b.2.cmp(&a.2));
+    pieces.sort_by_key(|p| std::cmp::Reverse(p.2));
     let mut rows: Vec<PackedSequences> = Vec::new();
     // Rows by remaining room: room -> row indices in creation order (a BTreeMap keeps the best
     // fit a range query away, so packing stays O(n log n)).
