@@ -5,6 +5,7 @@
 //! [`shapes::PaddingComparison`] to see what a length distribution costs in Neuron compiles.
 #![warn(missing_docs)]
 
+pub mod data;
 pub mod device;
 pub mod display;
 mod env_report;

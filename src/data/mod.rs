@@ -1,0 +1,36 @@
+//! Datasets from Parquet, Arrow IPC (file and stream; the `datasets` cache and `save_to_disk`
+//! layouts) and JSON lines, read batch by batch, as TRL's formats: conversations (`messages`,
+//! ShareGPT `conversations`), prompt/completion, prompt-only.
+
+mod example;
+mod reader;
+mod value;
+
+use std::path::PathBuf;
+
+pub use example::{Example, messages};
+pub use reader::{Dataset, read_rows};
+pub use value::to_json;
+
+/// Errors from reading datasets.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file could not be opened or parsed.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A row is malformed.
+    #[error("row {row}: field `{field}` {message}")]
+    Row {
+        /// Row index in the dataset.
+        row: usize,
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,184 @@
+//! Streaming rows out of dataset files.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use serde_json::{Map, Value};
+
+use super::{DataError, Example, to_json};
+
+/// A dataset: one file or every data file under a folder (sorted), read lazily.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// The data files, in reading order.
+    pub files: Vec<PathBuf>,
+}
+
+const EXTENSIONS: [&str; 4] = ["parquet", "arrow", "jsonl", "json"];
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            collect(&p, out)?;
+        } else if p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| EXTENSIONS.contains(&e))
+            && !p
+                .file_name()
+                .is_some_and(|n| n == "dataset_info.json" || n == "state.json" || n == "dataset_dict.json")
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+impl Dataset {
+    /// A file (`.parquet`, `.arrow`, `.jsonl`, `.json` lines) or a folder holding such files
+    /// (a `save_to_disk` split, a hub snapshot's `data/`).
+    pub fn open(path: &Path) -> Result<Self, DataError> {
+        let err = |message: String| DataError::File {
+            path: path.into(),
+            message,
+        };
+        let mut files = Vec::new();
+        if path.is_dir() {
+            collect(path, &mut files).map_err(|e| err(e.to_string()))?;
+        } else if path.exists() {
+            files.push(path.to_path_buf());
+        } else {
+            return Err(err("no such file or folder".into()));
+        }
+        if files.is_empty() {
+            return Err(err(format!("holds no data file ({})", EXTENSIONS.join(", "))));
+        }
+        Ok(Dataset { files })
+    }
+
+    /// Rows as JSON objects, file by file, batch by batch (never the whole dataset in memory).
+    pub fn rows(&self) -> impl Iterator<Item = Result<Map<String, Value>, DataError>> + '_ {
+        self.files
+            .iter()
+            .flat_map(|f| -> Box<dyn Iterator<Item = Result<Map<String, Value>, DataError>>> {
+                match read_rows(f) {
+                    Ok(it) => it,
+                    Err(e) => Box::new(std::iter::once(Err(e))),
+                }
+            })
+    }
+
+    /// Rows as [`Example`]s; with `skip_invalid`, malformed rows are skipped and counted in
+    /// `skipped` instead of ending the iteration with an error naming the row.
+    pub fn examples<'a>(
+        &'a self,
+        skip_invalid: bool,
+        skipped: &'a mut usize,
+    ) -> impl Iterator<Item = Result<Example, DataError>> + 'a {
+        self.rows().enumerate().filter_map(move |(i, row)| {
+            let ex = row.and_then(|r| Example::from_row(i, &r));
+            match ex {
+                Err(DataError::Row { .. }) if skip_invalid => {
+                    *skipped += 1;
+                    None
+                }
+                other => Some(other),
+            }
+        })
+    }
+}
+
+fn batch_rows(batch: RecordBatch, path: PathBuf) -> impl Iterator<Item = Result<Map<String, Value>, DataError>> {
+    let schema = batch.schema();
+    (0..batch.num_rows()).map(move |i| {
+        let mut row = Map::new();
+        for (field, col) in schema.fields().iter().zip(batch.columns()) {
+            let v = to_json(col, i).ok_or_else(|| DataError::File {
+                path: path.clone(),
+                message: format!("column `{}` has unsupported type {}", field.name(), field.data_type()),
+            })?;
+            row.insert(field.name().clone(), v);
+        }
+        Ok(row)
+    })
+}
+
+type Rows = Box<dyn Iterator<Item = Result<Map<String, Value>, DataError>>>;
+
+fn batches_to_rows<I, E>(batches: I, path: &Path) -> Rows
+where
+    I: Iterator<Item = Result<RecordBatch, E>> + 'static,
+    E: std::fmt::Display,
+{
+    let path = path.to_path_buf();
+    Box::new(batches.flat_map(move |b| -> Rows {
+        match b {
+            Ok(batch) => Box::new(batch_rows(batch, path.clone())),
+            Err(e) => Box::new(std::iter::once(Err(DataError::File {
+                path: path.clone(),
+                message: e.to_string(),
+            }))),
+        }
+    }))
+}
+
+/// Rows of one data file.
+pub fn read_rows(path: &Path) -> Result<Rows, DataError> {
+    let err = |message: String| DataError::File {
+        path: path.into(),
+        message,
+    };
+    let open = || File::open(path).map_err(|e| err(e.to_string()));
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("parquet") => {
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(open()?)
+                .and_then(|b| b.with_batch_size(1024).build())
+                .map_err(|e| err(e.to_string()))?;
+            Ok(batches_to_rows(reader, path))
+        }
+        Some("arrow") => {
+            // The `datasets` cache writes IPC streams; other tools write IPC files.
+            if let Ok(r) = arrow::ipc::reader::FileReader::try_new(open()?, None) {
+                return Ok(batches_to_rows(r, path));
+            }
+            let r = arrow::ipc::reader::StreamReader::try_new(BufReader::new(open()?), None)
+                .map_err(|e| err(e.to_string()))?;
+            Ok(batches_to_rows(r, path))
+        }
+        _ => {
+            let lines = BufReader::new(open()?).lines();
+            let path = path.to_path_buf();
+            Ok(Box::new(lines.enumerate().filter_map(move |(i, line)| {
+                let line = match line {
+                    Ok(l) => l,
+                    Err(e) => {
+                        return Some(Err(DataError::File {
+                            path: path.clone(),
+                            message: e.to_string(),
+                        }));
+                    }
+                };
+                if line.trim().is_empty() {
+                    return None;
+                }
+                Some(match serde_json::from_str::<Value>(&line) {
+                    Ok(Value::Object(m)) => Ok(m),
+                    Ok(_) => Err(DataError::File {
+                        path: path.clone(),
+                        message: format!("line {} is not a JSON object", i + 1),
+                    }),
+                    Err(e) => Err(DataError::File {
+                        path: path.clone(),
+                        message: format!("line {}: {e}", i + 1),
+                    }),
+                })
+            })))
+        }
+    }
+}

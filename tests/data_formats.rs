@@ -1,0 +1,176 @@
+//! Reading datasets in the formats TRL accepts, from every container treetrain supports.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, LargeListArray, LargeStringArray, RecordBatch, StructArray};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Fields, Schema};
+use serde_json::json;
+use treetrain::data::{DataError, Dataset, Example};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-data-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn all(ds: &Dataset) -> Vec<Example> {
+    let mut skipped = 0;
+    ds.examples(false, &mut skipped).collect::<Result<_, _>>().unwrap()
+}
+
+#[test]
+fn shipped_parquet_reads_back_what_the_generator_wrote() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
+    let sft = all(&Dataset::open(&root.join("sft/train.parquet")).unwrap());
+    assert_eq!(sft.len(), 2000);
+    let (first, _) = treetrain::shipped::datasets::sft_conversations(1, 1).remove(0);
+    let want: Vec<serde_json::Value> = first
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    assert_eq!(sft[0], Example::Conversation(want));
+    let grpo = all(&Dataset::open(&root.join("grpo")).unwrap());
+    assert_eq!(grpo.len(), 600, "test + train files of the folder");
+    assert!(matches!(&grpo[0], Example::Prompt(p) if p.as_array().unwrap().len() == 2));
+}
+
+#[test]
+fn jsonl_formats_prompt_completion_sharegpt_and_extra_fields() {
+    let d = scratch("jsonl");
+    let f = d.join("mixed.jsonl");
+    let rows = [
+        json!({"prompt": "2 + 2 =", "completion": " 4"}),
+        json!({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}),
+        json!({"messages": [{"role": "user", "content": "x", "name": null}, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]}),
+        json!({"prompt": [{"role": "user", "content": "q"}]}),
+    ];
+    std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n\n")).unwrap();
+    let ex = all(&Dataset::open(&f).unwrap());
+    assert_eq!(
+        ex[0],
+        Example::PromptCompletion {
+            prompt: json!("2 + 2 ="),
+            completion: json!(" 4")
+        }
+    );
+    assert_eq!(
+        ex[1],
+        Example::Conversation(vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "hello"})
+        ])
+    );
+    let Example::Conversation(m) = &ex[2] else { panic!() };
+    assert!(m[0].get("name").is_none(), "nulls added by struct columns are dropped");
+    assert!(
+        m[1]["tool_calls"].is_array(),
+        "an assistant turn with tool calls may have empty content"
+    );
+    assert!(matches!(&ex[3], Example::Prompt(p) if p.is_array()));
+}
+
+#[test]
+fn malformed_rows_are_named_or_skipped_and_counted() {
+    let d = scratch("bad");
+    let f = d.join("bad.jsonl");
+    let rows = [
+        json!({"messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "fine"}]}),
+        json!({"text": "no usable column"}),
+        json!({"messages": [{"role": "wizard", "content": "?"}]}),
+        json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}),
+    ];
+    std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n")).unwrap();
+    let ds = Dataset::open(&f).unwrap();
+    let mut skipped = 0;
+    let errs: Vec<String> = ds
+        .examples(false, &mut skipped)
+        .filter_map(|r| r.err())
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        errs[0].starts_with("row 1: field `messages` missing column"),
+        "{errs:?}"
+    );
+    assert_eq!(errs[1], "row 2: field `messages` message 0 has unknown role \"wizard\"");
+    assert_eq!(errs[2], "row 3: field `messages` message 1 is an empty assistant turn");
+    let kept: Vec<_> = ds.examples(true, &mut skipped).collect::<Result<_, _>>().unwrap();
+    assert_eq!((kept.len(), skipped), (1, 3));
+    std::fs::write(d.join("broken.jsonl"), "{\"messages\": [\n").unwrap();
+    let err = Dataset::open(&d.join("broken.jsonl"))
+        .unwrap()
+        .rows()
+        .next()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, DataError::File { .. }) && err.to_string().contains("broken.jsonl: line 1"),
+        "{err}"
+    );
+    assert!(
+        Dataset::open(&d.join("missing.parquet"))
+            .unwrap_err()
+            .to_string()
+            .contains("no such file")
+    );
+    assert!(
+        Dataset::open(&scratch("empty"))
+            .unwrap_err()
+            .to_string()
+            .contains("holds no data file")
+    );
+}
+
+/// A `messages` column of large types (what `datasets` writes for big tables).
+fn large_messages_batch() -> RecordBatch {
+    let fields = Fields::from(vec![
+        Field::new("role", DataType::LargeUtf8, true),
+        Field::new("content", DataType::LargeUtf8, true),
+    ]);
+    let roles = LargeStringArray::from(vec!["user", "assistant", "user", "assistant"]);
+    let contents = LargeStringArray::from(vec!["a", "b", "c", "d"]);
+    let structs = StructArray::new(
+        fields.clone(),
+        vec![Arc::new(roles) as ArrayRef, Arc::new(contents)],
+        None,
+    );
+    let item = Arc::new(Field::new("item", DataType::Struct(fields), true));
+    let list = LargeListArray::new(item, OffsetBuffer::from_lengths([2, 2]), Arc::new(structs), None);
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "messages",
+        list.data_type().clone(),
+        true,
+    )]));
+    RecordBatch::try_new(schema, vec![Arc::new(list)]).unwrap()
+}
+
+#[test]
+fn arrow_ipc_streams_and_files_with_large_types() {
+    let d = scratch("ipc");
+    let batch = large_messages_batch();
+    let stream = d.join("data-00000-of-00002.arrow");
+    let mut w =
+        arrow::ipc::writer::StreamWriter::try_new(std::fs::File::create(&stream).unwrap(), &batch.schema()).unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    let file = d.join("data-00001-of-00002.arrow");
+    let mut w =
+        arrow::ipc::writer::FileWriter::try_new(std::fs::File::create(&file).unwrap(), &batch.schema()).unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    std::fs::write(d.join("dataset_info.json"), "{}").unwrap();
+    std::fs::write(d.join("state.json"), "{}").unwrap();
+    let ds = Dataset::open(&d).unwrap();
+    assert_eq!(ds.files.len(), 2, "metadata files are not data");
+    let ex = all(&ds);
+    assert_eq!(ex.len(), 4);
+    assert_eq!(
+        ex[3],
+        Example::Conversation(vec![
+            json!({"role": "user", "content": "c"}),
+            json!({"role": "assistant", "content": "d"})
+        ])
+    );
+}
