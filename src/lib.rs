@@ -17,6 +17,7 @@ pub mod sft;
 pub mod shapes;
 pub mod shipped;
 pub mod tokenizer;
+pub mod train;
 pub mod util;
 
 /// Re-exported so notebooks can build messages with `treetrain::serde_json::json!` without another `:dep`.

@@ -1,0 +1,189 @@
+//! AdamW over tch tensors, written out so its state can be saved and restored exactly (tch's C++
+//! optimizers cannot export theirs), with weight-decay groups and gradient-norm clipping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use tch::{Kind, Tensor, nn};
+
+use crate::model::{ModelError, write_safetensors};
+
+/// AdamW hyper-parameters (PyTorch's defaults except the learning rate, which the schedule sets).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdamWConfig {
+    /// β1.
+    pub beta1: f64,
+    /// β2.
+    pub beta2: f64,
+    /// ε.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices only (not to biases and norm weights, as
+    /// transformers' Trainer groups them).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// Whether a parameter of this name gets weight decay.
+pub fn decays(name: &str) -> bool {
+    !(name.ends_with(".bias") || name.contains("norm"))
+}
+
+/// Optimizer state: per parameter (by `state_dict` name) the first and second moments.
+#[derive(Debug)]
+pub struct AdamW {
+    /// Hyper-parameters.
+    pub config: AdamWConfig,
+    /// Updates done.
+    pub step: u64,
+    params: BTreeMap<String, Tensor>,
+    exp_avg: BTreeMap<String, Tensor>,
+    exp_avg_sq: BTreeMap<String, Tensor>,
+}
+
+impl AdamW {
+    /// An optimizer over every trainable variable of `vs`.
+    pub fn new(vs: &nn::VarStore, config: AdamWConfig) -> Self {
+        let params: BTreeMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        let zeros = |t: &Tensor| Tensor::zeros_like(t).to_kind(Kind::Float);
+        AdamW {
+            config,
+            step: 0,
+            exp_avg: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
+            exp_avg_sq: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
+            params,
+        }
+    }
+
+    /// Global L2 norm of the gradients; when above `max_norm`, scales them down to it
+    /// (`clip_grad_norm_` semantics, coefficient `max_norm / (norm + 1e-6)`). Returns the norm
+    /// before clipping (NaN or inf when a gradient is not finite).
+    pub fn clip_grad_norm(&self, max_norm: Option<f64>) -> f64 {
+        tch::no_grad(|| {
+            let norms: Vec<Tensor> = self
+                .params
+                .values()
+                .map(|p| p.grad())
+                .filter(|g| g.defined())
+                .map(|g| g.to_kind(Kind::Float).norm())
+                .collect();
+            if norms.is_empty() {
+                return 0.0;
+            }
+            let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
+            if let Some(max) = max_norm {
+                let coef = max / (total + 1e-6);
+                if coef < 1.0 {
+                    for p in self.params.values() {
+                        let mut g = p.grad();
+                        if g.defined() {
+                            let _ = g.f_mul_(&Tensor::from(coef)).map(|_| ());
+                        }
+                    }
+                }
+            }
+            total
+        })
+    }
+
+    /// One update at learning rate `lr`, in PyTorch's order of operations.
+    pub fn step(&mut self, lr: f64) -> Result<(), ModelError> {
+        self.step += 1;
+        let c = self.config;
+        let bias1 = 1.0 - c.beta1.powi(self.step as i32);
+        let bias2 = 1.0 - c.beta2.powi(self.step as i32);
+        tch::no_grad(|| -> Result<(), ModelError> {
+            for (name, p) in &self.params {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let g = g.to_kind(Kind::Float);
+                let mut p32 = p.to_kind(Kind::Float);
+                if c.weight_decay != 0.0 && decays(name) {
+                    p32 = p32 * (1.0 - lr * c.weight_decay);
+                }
+                let m = &self.exp_avg[name];
+                let v = &self.exp_avg_sq[name];
+                // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+                let _ = m.shallow_clone().f_lerp_(&g, 1.0 - c.beta1)?;
+                let _ = v
+                    .shallow_clone()
+                    .f_mul_(&Tensor::from(c.beta2))?
+                    .f_add_(&((&g * (1.0 - c.beta2)) * &g))?;
+                let denom = v.sqrt() / bias2.sqrt() + c.eps;
+                let updated = p32 - (m / denom) * (lr / bias1);
+                p.shallow_clone().f_copy_(&updated)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Clears every parameter's gradient.
+    pub fn zero_grad(&self) {
+        for p in self.params.values() {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`,
+    /// `optimizer.json` with the step and hyper-parameters) into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        let mut tensors: HashMap<String, Tensor> = HashMap::new();
+        for (k, t) in &self.exp_avg {
+            tensors.insert(format!("exp_avg.{k}"), t.shallow_clone());
+        }
+        for (k, t) in &self.exp_avg_sq {
+            tensors.insert(format!("exp_avg_sq.{k}"), t.shallow_clone());
+        }
+        write_safetensors(&dir.join("optimizer.safetensors"), &tensors, Kind::Float)?;
+        let meta = serde_json::json!({"step": self.step, "config": self.config});
+        let path = dir.join("optimizer.json");
+        std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
+    }
+
+    /// Restores a state written by [`AdamW::save`]; every moment must be present.
+    pub fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
+        let path = dir.join("optimizer.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        self.step = meta["step"].as_u64().ok_or_else(|| ModelError::Json {
+            path: path.clone(),
+            message: "missing step".into(),
+        })?;
+        let file = dir.join("optimizer.safetensors");
+        let bytes = std::fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        for (prefix, map) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+            for (name, t) in map {
+                let key = format!("{prefix}.{name}");
+                let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
+                    name: key.clone(),
+                    dir: dir.into(),
+                    files: "optimizer.safetensors".into(),
+                })?;
+                let src = Tensor::f_from_data_size(view.data(), &t.size(), Kind::Float)?;
+                tch::no_grad(|| t.shallow_clone().f_copy_(&src))?;
+            }
+        }
+        Ok(())
+    }
+}
