@@ -108,10 +108,11 @@ impl AdamW {
                     continue;
                 }
                 let g = g.to_kind(Kind::Float);
-                let mut p32 = p.to_kind(Kind::Float);
-                if c.weight_decay != 0.0 && decays(name) {
-                    p32 = p32 * (1.0 - lr * c.weight_decay);
-                }
+                let p32 = if c.weight_decay != 0.0 && decays(name) {
+                    p.to_kind(Kind::Float) * (1.0 - lr * c.weight_decay)
+                } else {
+                    p.to_kind(Kind::Float)
+                };
                 let m = &self.exp_avg[name];
                 let v = &self.exp_avg_sq[name];
                 // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
