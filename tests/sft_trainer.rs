@@ -1,0 +1,183 @@
+//! The SFT trainer on the shipped data and tiny model.
+
+use std::path::{Path, PathBuf};
+
+use tch::Kind;
+use treetrain::sft::{NanPolicy, SftConfig, SftError, SftTrainer, TokenizeOptions};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn config(out: Option<PathBuf>) -> SftConfig {
+    SftConfig {
+        model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
+        dataset: root().join("datasets/sft/train.parquet"),
+        output_dir: out,
+        tokenize: TokenizeOptions {
+            max_length: 128,
+            ..Default::default()
+        },
+        packing: Some("bfd".into()),
+        batch_size: 4,
+        learning_rate: 3e-3,
+        warmup_ratio: 0.1,
+        max_steps: Some(40),
+        ..Default::default()
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-sft-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn loss_goes_down_on_the_shipped_conversations() {
+    // Planned for Neuron: pad_to_multiple_of = auto resolves to 128.
+    let mut t = SftTrainer::new(SftConfig {
+        platform: "neuron".into(),
+        ..config(None)
+    })
+    .unwrap();
+    let before = t.evaluate().unwrap();
+    t.train_for(40).unwrap();
+    let after = t.evaluate().unwrap();
+    let h = &t.state.history;
+    assert_eq!(h.len(), 40);
+    let first: f64 = h[..5].iter().map(|m| m.loss).sum::<f64>() / 5.0;
+    let last: f64 = h[35..].iter().map(|m| m.loss).sum::<f64>() / 5.0;
+    assert!(last < first - 2.0, "train loss {first:.3} -> {last:.3}");
+    assert!(after < before - 2.0, "eval loss {before:.3} -> {after:.3}");
+    assert!(h.iter().all(|m| m.grad_norm.is_finite() && !m.skipped));
+    assert!(h[0].lr < h[5].lr, "warmup");
+    // Packed rows of at most 128 tokens padded to a multiple of 128: one training shape.
+    assert_eq!(
+        t.ledger.distinct("sft/forward"),
+        1,
+        "{:?}",
+        t.ledger.graph("sft/forward")
+    );
+    assert!(h.iter().all(|m| m.padding_fraction < 0.2), "bfd rows are nearly full");
+    let html = treetrain::display::Rich::html(&t.state);
+    assert!(html.contains("<svg") && html.contains("Loss"));
+}
+
+#[test]
+fn resume_from_a_checkpoint_is_bit_exact() {
+    let out = scratch("resume");
+    let mut a = SftTrainer::new(SftConfig {
+        max_steps: Some(6),
+        ..config(Some(out.clone()))
+    })
+    .unwrap();
+    a.train_for(3).unwrap();
+    let ckpt = a.save_checkpoint().unwrap();
+    assert!(ckpt.join("model.safetensors").exists() && ckpt.join("optimizer.safetensors").exists());
+    assert!(ckpt.join("tokenizer.json").exists() && ckpt.join("trainer_state.json").exists());
+    a.train_for(3).unwrap();
+    let mut b = SftTrainer::resume_from(
+        SftConfig {
+            max_steps: Some(6),
+            ..config(Some(out.clone()))
+        },
+        &ckpt,
+    )
+    .unwrap();
+    assert_eq!(b.state.global_step, 3);
+    b.train_for(3).unwrap();
+    for (x, y) in a.state.history[3..].iter().zip(&b.state.history[3..]) {
+        assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "step {}", x.step);
+        assert_eq!(x.grad_norm.to_bits(), y.grad_norm.to_bits());
+    }
+    let wa = a.model.lm.embed_tokens.shallow_clone();
+    let wb = b.model.lm.embed_tokens.shallow_clone();
+    assert_eq!((wa - wb).abs().max().double_value(&[]), 0.0);
+    let log = std::fs::read_to_string(out.join("log.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 9, "6 steps of a, 3 of b");
+}
+
+#[test]
+fn accumulation_normalises_over_the_whole_window() {
+    let base = SftConfig {
+        packing: None,
+        max_steps: Some(1),
+        max_grad_norm: None,
+        ..config(None)
+    };
+    let mut one = SftTrainer::new(SftConfig {
+        batch_size: 4,
+        gradient_accumulation_steps: 1,
+        ..base.clone()
+    })
+    .unwrap();
+    let mut two = SftTrainer::new(SftConfig {
+        batch_size: 2,
+        gradient_accumulation_steps: 2,
+        ..base
+    })
+    .unwrap();
+    let m1 = one.step().unwrap();
+    let m2 = two.step().unwrap();
+    assert!((m1.loss - m2.loss).abs() < 1e-5, "{} vs {}", m1.loss, m2.loss);
+    assert!((m1.grad_norm - m2.grad_norm).abs() < 1e-5 * m1.grad_norm.max(1.0));
+    let d = (&one.model.lm.embed_tokens - &two.model.lm.embed_tokens)
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(d < 1e-6, "{d}");
+    assert!(m1.padding_fraction > 0.0, "padded batches pad");
+}
+
+#[test]
+fn non_finite_steps_are_skipped_or_stop_with_the_rows_named() {
+    let mut t = SftTrainer::new(SftConfig {
+        max_steps: Some(3),
+        ..config(None)
+    })
+    .unwrap();
+    t.step().unwrap();
+    let _ = tch::no_grad(|| t.model.lm.norm.weight.shallow_clone().fill_(f64::NAN));
+    let before = t.model.lm.embed_tokens.copy();
+    let m = t.step().unwrap();
+    assert!(m.skipped && t.state.skipped_steps == 1);
+    assert_eq!(
+        (&t.model.lm.embed_tokens - before).abs().max().double_value(&[]),
+        0.0,
+        "weights untouched"
+    );
+    t.config.on_nan = NanPolicy::Stop;
+    let err = t.step().unwrap_err();
+    assert!(matches!(err, SftError::NonFinite { what: "loss", .. }), "{err}");
+    assert!(err.to_string().contains("rows ["), "{err}");
+    assert_eq!(t.model.lm.embed_tokens.kind(), Kind::Float);
+}
+
+#[test]
+fn malformed_rows_are_named_or_skipped() {
+    let dir = scratch("rows");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("rows.jsonl");
+    let good = serde_json::json!({"messages": [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "Answer: 2"}]});
+    let rows = [
+        good.clone(),
+        serde_json::json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}),
+        good.clone(),
+        serde_json::json!({"prompt": "only a prompt"}),
+    ];
+    std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n")).unwrap();
+    let cfg = SftConfig {
+        dataset: f,
+        eval_fraction: 0.0,
+        ..config(None)
+    };
+    let err = SftTrainer::new(cfg.clone()).unwrap_err().to_string();
+    assert!(err.contains("row 1") && err.contains("empty assistant turn"), "{err}");
+    let t = SftTrainer::new(SftConfig {
+        skip_invalid_rows: true,
+        ..cfg
+    })
+    .unwrap();
+    assert_eq!((t.num_train_rows(), t.state.skipped_rows), (2, 2));
+}
