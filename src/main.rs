@@ -42,6 +42,15 @@ enum Command {
         #[arg(long)]
         dtype: Option<String>,
     },
+    /// Supervised fine-tuning from a TOML config (fields of `treetrain::sft::SftConfig`).
+    Sft {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Resume from this checkpoint folder.
+        #[arg(long)]
+        resume_from: Option<PathBuf>,
+    },
     /// Generate completions with a static KV cache (one JSON line per completion).
     Generate(GenerateArgs),
     /// Pack GRPO rollouts (JSONL) into rows as TRL v1.16 does; one JSON object per row.
@@ -184,6 +193,7 @@ fn main() -> Result<()> {
         Command::Score(args) => score(&args)?,
         Command::Pack(args) => pack(&args)?,
         Command::Generate(args) => generate(&args)?,
+        Command::Sft { config, resume_from } => sft(&config, resume_from.as_deref())?,
         Command::Convert { model, out, dtype } => {
             let (dir, m) = load_model(&model, dtype.as_deref())?;
             m.save(&out, Some(&dir))?;
@@ -309,6 +319,44 @@ fn score_tree(model: &treetrain::model::Model, rows: &[Vec<i64>], max_tokens: us
         }
     }
     Ok(out)
+}
+
+fn sft(config: &Path, resume_from: Option<&Path>) -> Result<()> {
+    use treetrain::sft::{SftConfig, SftTrainer};
+    let cfg = SftConfig::from_toml_file(config)?;
+    let mut t = match resume_from {
+        Some(ckpt) => SftTrainer::resume_from(cfg, ckpt)?,
+        None => SftTrainer::new(cfg)?,
+    };
+    eprintln!(
+        "{} training rows ({} skipped), {} steps",
+        t.num_train_rows(),
+        t.state.skipped_rows,
+        t.state.total_steps
+    );
+    let bar = indicatif::ProgressBar::new(t.state.total_steps);
+    bar.set_position(t.state.global_step);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    while t.state.global_step < t.state.total_steps {
+        let m = t.step()?;
+        bar.set_position(m.step);
+        bar.set_message(format!("loss {:.4} lr {:.2e} grad {:.2}", m.loss, m.lr, m.grad_norm));
+        if t.config.eval_steps.is_some_and(|n| m.step % n == 0) {
+            bar.println(format!("step {}: eval loss {:.4}", m.step, t.evaluate()?));
+        }
+        if t.config.save_steps.is_some_and(|n| m.step % n == 0) && t.config.output_dir.is_some() {
+            bar.println(format!("saved {}", t.save_checkpoint()?.display()));
+        }
+    }
+    bar.finish();
+    if t.config.output_dir.is_some() {
+        println!("saved {}", t.save_checkpoint()?.display());
+    }
+    print!("{}", treetrain::display::Rich::text(&t.state));
+    Ok(())
 }
 
 fn generate(args: &GenerateArgs) -> Result<()> {

@@ -16,6 +16,7 @@ pub struct TrainExample {
 
 /// How examples become training rows.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct TokenizeOptions {
     /// Truncate rows to this many tokens (from the right).
     pub max_length: usize,

@@ -72,6 +72,10 @@ pub struct SftConfig {
     pub skip_invalid_rows: bool,
     /// Parameter dtype (`fp32` or `bf16`).
     pub dtype: String,
+    /// Write a checkpoint every this many steps (CLI).
+    pub save_steps: Option<u64>,
+    /// Evaluate every this many steps (CLI).
+    pub eval_steps: Option<u64>,
 }
 
 impl Default for SftConfig {
@@ -98,6 +102,8 @@ impl Default for SftConfig {
             on_nan: NanPolicy::Skip,
             skip_invalid_rows: false,
             dtype: "fp32".into(),
+            save_steps: None,
+            eval_steps: None,
         }
     }
 }
@@ -222,6 +228,26 @@ impl std::fmt::Debug for SftTrainer {
         f.debug_struct("SftTrainer")
             .field("state", &self.state)
             .finish_non_exhaustive()
+    }
+}
+
+impl SftConfig {
+    /// Parses a TOML file of [`SftConfig`] fields (unset fields keep their defaults; relative
+    /// paths are taken relative to the file's folder).
+    pub fn from_toml_file(path: &Path) -> Result<Self, SftError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
+        let mut cfg: SftConfig = toml::from_str(&text).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        if cfg.dataset.is_relative() {
+            cfg.dataset = base.join(&cfg.dataset);
+        }
+        if let Some(out) = cfg.output_dir.as_mut().filter(|o| o.is_relative()) {
+            *out = base.join(&*out);
+        }
+        if Path::new(&cfg.model).is_relative() && base.join(&cfg.model).is_dir() {
+            cfg.model = base.join(&cfg.model).display().to_string();
+        }
+        Ok(cfg)
     }
 }
 
