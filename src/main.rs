@@ -589,7 +589,42 @@ fn demo(out: &Path) -> Result<()> {
         model.lm.config.vocab_size
     );
 
-    println!("\n== 4. Generation: 4 shipped prompts x 8 sampled completions, prefix-shared, static cache\n");
+    println!("\n== 4. SFT: 30 steps of the tiny model on the shipped conversations (bfd packing)\n");
+    let sft_config = treetrain::sft::SftConfig {
+        model: dir.display().to_string(),
+        dataset: treetrain::shipped::datasets_dir().join("sft/train.parquet"),
+        tokenize: treetrain::sft::TokenizeOptions {
+            max_length: 256,
+            ..Default::default()
+        },
+        packing: Some("bfd".into()),
+        learning_rate: 2e-3,
+        warmup_ratio: 0.05,
+        max_steps: Some(30),
+        ..Default::default()
+    };
+    let mut sft = treetrain::sft::SftTrainer::new(sft_config)?;
+    let before = sft.evaluate()?;
+    sft.train_for(30)?;
+    let after = sft.evaluate()?;
+    println!("held-out loss per assistant token: {before:.3} -> {after:.3}");
+    print!("{}", sft.state.text());
+    std::fs::write(out.join("sft_curves.svg"), {
+        let pts = |f: fn(&treetrain::sft::StepMetrics) -> f64| {
+            sft.state.history.iter().map(|m| (m.step as f64, f(m))).collect()
+        };
+        treetrain::display::LineChart::new("SFT loss", "step", "loss per token")
+            .with_series("train", pts(|m| m.loss))
+            .to_svg()
+    })?;
+    drop(sft);
+    // From here on the committed SFT model (360 steps) speaks the reply format.
+    let dir = treetrain::shipped::datasets_dir().join("tiny-qwen3-sft");
+    let model = treetrain::model::Model::load(&dir, treetrain::model::LoadOptions::default())?;
+
+    println!(
+        "\n== 5. Generation with the shipped SFT model: 4 prompts x 8 sampled completions, prefix-shared, static cache\n"
+    );
     let opts = treetrain::tokenizer::ChatOptions {
         add_generation_prompt: true,
         ..Default::default()
@@ -623,12 +658,15 @@ fn demo(out: &Path) -> Result<()> {
     let gen_s = t.elapsed().as_secs_f64();
     let new_tokens: usize = completions.iter().map(|c| c.output_ids.len()).sum();
     println!(
-        "{new_tokens} tokens in {gen_s:.2} s ({:.0} tokens/s); the untrained model writes noise",
+        "{new_tokens} tokens in {gen_s:.2} s ({:.0} tokens/s); one completion per prompt:",
         new_tokens as f64 / gen_s
     );
+    let shown =
+        treetrain::generate::Completions::new(completions.iter().step_by(8).cloned().collect(), &prompts, Some(&tok));
+    print!("{}", shown.text());
     print!("{}", generator.ledger.text());
 
-    println!("\n== 5. Those 32 rollouts packed as a prefix tree vs flat, GRPO loss forward + backward\n");
+    println!("\n== 6. Those 32 rollouts packed as a prefix tree vs flat, GRPO loss forward + backward\n");
     let rollouts: Vec<treetrain::pack::Rollout> = completions
         .iter()
         .map(|c| {
@@ -713,7 +751,7 @@ fn demo(out: &Path) -> Result<()> {
     });
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
     println!(
-        "\nWrote {0}/report.html, {0}/shapes.svg, {0}/summary.json",
+        "\nWrote {0}/report.html, {0}/shapes.svg, {0}/sft_curves.svg, {0}/summary.json",
         out.display()
     );
     Ok(())

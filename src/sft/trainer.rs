@@ -236,7 +236,8 @@ impl SftConfig {
     /// paths are taken relative to the file's folder).
     pub fn from_toml_file(path: &Path) -> Result<Self, SftError> {
         let text = std::fs::read_to_string(path).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
-        let mut cfg: SftConfig = toml::from_str(&text).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
+        let mut cfg: SftConfig =
+            toml::from_str(&text).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         if cfg.dataset.is_relative() {
             cfg.dataset = base.join(&cfg.dataset);
