@@ -174,3 +174,36 @@ fn arrow_ipc_streams_and_files_with_large_types() {
         ])
     );
 }
+
+#[test]
+fn dataset_repos_resolve_in_the_hub_cache_by_split() {
+    let root = scratch("hub");
+    let repo = root.join("datasets--acme--tasks");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let data = repo.join("snapshots").join(commit).join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo");
+    std::fs::copy(shipped.join("train.parquet"), data.join("train-00000-of-00001.parquet")).unwrap();
+    std::fs::copy(shipped.join("test.parquet"), data.join("test-00000-of-00001.parquet")).unwrap();
+    let cache = treetrain::hub::HubCache {
+        root: root.clone(),
+        offline: true,
+    };
+    assert_eq!(
+        all(&Dataset::from_hub(&cache, "acme/tasks", Some("train")).unwrap()).len(),
+        500
+    );
+    assert_eq!(
+        all(&Dataset::from_hub(&cache, "acme/tasks", Some("test")).unwrap()).len(),
+        100
+    );
+    assert_eq!(all(&Dataset::from_hub(&cache, "acme/tasks", None).unwrap()).len(), 600);
+    let err = Dataset::from_hub(&cache, "acme/tasks", Some("validation"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no file for split `validation`"), "{err}");
+    let err = Dataset::from_hub(&cache, "acme/other", None).unwrap_err().to_string();
+    assert!(err.contains("`acme/other`") && err.contains("`main`"), "{err}");
+}

@@ -60,6 +60,28 @@ fn loss_goes_down_on_the_shipped_conversations() {
         t.ledger.graph("sft/forward")
     );
     assert!(h.iter().all(|m| m.padding_fraction < 0.2), "bfd rows are nearly full");
+    // The epoch forecast: padded batches have many shapes unless padded to a multiple.
+    let epoch = t.epoch_shapes(0);
+    assert!(epoch.distinct("sft/forward") <= 2, "{}", epoch.distinct("sft/forward"));
+    let cpu = SftTrainer::new(SftConfig {
+        packing: None,
+        ..config(None)
+    })
+    .unwrap()
+    .epoch_shapes(0);
+    let neuron = SftTrainer::new(SftConfig {
+        packing: None,
+        platform: "neuron".into(),
+        ..config(None)
+    })
+    .unwrap()
+    .epoch_shapes(0);
+    assert!(
+        cpu.distinct("sft/forward") > 5 * neuron.distinct("sft/forward"),
+        "{} vs {}",
+        cpu.distinct("sft/forward"),
+        neuron.distinct("sft/forward")
+    );
     let html = treetrain::display::Rich::html(&t.state);
     assert!(html.contains("<svg") && html.contains("Loss"));
 }

@@ -62,6 +62,35 @@ impl Dataset {
         Ok(Dataset { files })
     }
 
+    /// A dataset repo in the Hugging Face cache (`datasets--org--name`, `org/name[@revision]`),
+    /// optionally one split: files under the snapshot whose path contains the split name
+    /// (`data/train-00000-of-00001.parquet`, `train/...`).
+    pub fn from_hub(cache: &crate::hub::HubCache, spec: &str, split: Option<&str>) -> Result<Self, DataError> {
+        let err = |message: String| DataError::File {
+            path: cache.root.clone(),
+            message,
+        };
+        let (repo, revision) = crate::hub::parse_spec(spec).map_err(|e| err(e.to_string()))?;
+        let snap = cache
+            .snapshot(crate::hub::RepoType::Dataset, &repo, &revision)
+            .ok_or_else(|| {
+                err(format!(
+                    "dataset repo `{repo}` at revision `{revision}` is not in the cache"
+                ))
+            })?;
+        let mut ds = Dataset::open(&snap)?;
+        if let Some(split) = split {
+            ds.files.retain(|f| {
+                f.strip_prefix(&snap)
+                    .is_ok_and(|rel| rel.iter().any(|c| c.to_string_lossy().starts_with(split)))
+            });
+            if ds.files.is_empty() {
+                return Err(err(format!("dataset repo `{repo}` has no file for split `{split}`")));
+            }
+        }
+        Ok(ds)
+    }
+
     /// Rows as JSON objects, file by file, batch by batch (never the whole dataset in memory).
     pub fn rows(&self) -> impl Iterator<Item = Result<Map<String, Value>, DataError>> + '_ {
         self.files

@@ -32,8 +32,11 @@ pub enum NanPolicy {
 pub struct SftConfig {
     /// Model folder or cached repo id.
     pub model: String,
-    /// Dataset file or folder (Parquet, Arrow, JSON lines).
+    /// Dataset file or folder (Parquet, Arrow, JSON lines), or a dataset repo id in the Hugging
+    /// Face cache (`org/name[@revision]`).
     pub dataset: PathBuf,
+    /// Split of a hub dataset (`train`).
+    pub dataset_split: Option<String>,
     /// Where checkpoints and `log.jsonl` go (none: nothing written).
     pub output_dir: Option<PathBuf>,
     /// Tokenization and loss masking.
@@ -83,6 +86,7 @@ impl Default for SftConfig {
         SftConfig {
             model: String::new(),
             dataset: PathBuf::new(),
+            dataset_split: None,
             output_dir: None,
             tokenize: TokenizeOptions::default(),
             packing: None,
@@ -296,7 +300,17 @@ impl SftTrainer {
             .map(i64::from)
             .or(model.lm.config.pad_token_id)
             .unwrap_or(0);
-        let ds = Dataset::open(&config.dataset).map_err(other)?;
+        let ds = if config.dataset.exists() {
+            Dataset::open(&config.dataset)
+        } else {
+            let spec = config.dataset.to_string_lossy();
+            Dataset::from_hub(
+                &crate::hub::HubCache::from_env(),
+                &spec,
+                config.dataset_split.as_deref(),
+            )
+        }
+        .map_err(other)?;
         let mut skipped_rows = 0;
         let mut rows = Vec::new();
         {
@@ -604,6 +618,16 @@ impl SftTrainer {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&tmp, &dir).map_err(other)?;
         Ok(dir)
+    }
+
+    /// The input shapes one epoch of training would feed the model, priced as Neuron compiles:
+    /// what `pad_to_multiple_of` buys before any Trainium time is spent.
+    pub fn epoch_shapes(&self, epoch: u64) -> ShapeLedger {
+        let mut ledger = ShapeLedger::default();
+        for mb in self.micro_batches(epoch) {
+            ledger.record("sft/forward", &self.tensors(&mb).ids.size());
+        }
+        ledger
     }
 
     /// Training rows (after the held-out split).
