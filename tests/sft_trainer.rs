@@ -140,6 +140,13 @@ fn accumulation_normalises_over_the_whole_window() {
         ..base
     })
     .unwrap();
+    let warm = SftTrainer::new(SftConfig {
+        warmup_steps: Some(4),
+        max_steps: Some(8),
+        ..config(None)
+    })
+    .unwrap();
+    assert_eq!(warm.lr_schedule().warmup_steps, 4);
     let m1 = one.step().unwrap();
     let m2 = two.step().unwrap();
     assert!((m1.loss - m2.loss).abs() < 1e-5, "{} vs {}", m1.loss, m2.loss);

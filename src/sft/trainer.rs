@@ -53,6 +53,8 @@ pub struct SftConfig {
     pub lr_scheduler: ScheduleKind,
     /// Warmup as a fraction of all steps.
     pub warmup_ratio: f64,
+    /// Warmup in steps (overrides `warmup_ratio`).
+    pub warmup_steps: Option<u64>,
     /// AdamW hyper-parameters.
     pub adamw: AdamWConfig,
     /// Gradient-norm clipping (`None`: off).
@@ -95,6 +97,7 @@ impl Default for SftConfig {
             learning_rate: 2e-5,
             lr_scheduler: ScheduleKind::Linear,
             warmup_ratio: 0.0,
+            warmup_steps: None,
             adamw: AdamWConfig::default(),
             max_grad_norm: Some(1.0),
             max_steps: None,
@@ -366,12 +369,20 @@ impl SftTrainer {
             .config
             .max_steps
             .unwrap_or((per_epoch as f64 * trainer.config.num_train_epochs).ceil() as u64);
-        trainer.schedule = LrSchedule::with_warmup_ratio(
-            trainer.config.learning_rate,
-            trainer.config.lr_scheduler,
-            trainer.config.warmup_ratio,
-            total,
-        );
+        trainer.schedule = match trainer.config.warmup_steps {
+            Some(w) => LrSchedule {
+                lr: trainer.config.learning_rate,
+                kind: trainer.config.lr_scheduler,
+                warmup_steps: w,
+                total_steps: total,
+            },
+            None => LrSchedule::with_warmup_ratio(
+                trainer.config.learning_rate,
+                trainer.config.lr_scheduler,
+                trainer.config.warmup_ratio,
+                total,
+            ),
+        };
         trainer.state.total_steps = total;
         if let Some(ckpt) = checkpoint {
             trainer.optimizer.load(ckpt).map_err(other)?;
@@ -628,6 +639,11 @@ impl SftTrainer {
             ledger.record("sft/forward", &self.tensors(&mb).ids.size());
         }
         ledger
+    }
+
+    /// The learning-rate schedule of the run.
+    pub fn lr_schedule(&self) -> &LrSchedule {
+        &self.schedule
     }
 
     /// Training rows (after the held-out split).
