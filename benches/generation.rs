@@ -8,6 +8,8 @@
 //! seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -75,22 +77,6 @@ fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
             r.push(n);
         }
     }
-}
-
-fn python(arg: Option<String>) -> Option<String> {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let venv = Path::new(&home).join(".cache/treetrain/fixture-venv/bin/python");
-    let candidates = [
-        arg,
-        std::env::var("TREETRAIN_BENCH_PYTHON").ok(),
-        venv.exists().then(|| venv.display().to_string()),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        Command::new(p)
-            .args(["-c", "import transformers, torch"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
 }
 
 fn main() {
@@ -171,7 +157,7 @@ fn main() {
         "group_shared_tokens_per_s": gtotal / shared_s, "group_separate_tokens_per_s": gtotal / separate_s,
     });
     if full {
-        match python(get("--python")) {
+        match common::python(get("--python"), "transformers, torch") {
             None => {
                 println!("transformers: skipped (no Python with torch + transformers; see scripts/fixtures/venv.sh)")
             }

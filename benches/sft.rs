@@ -6,29 +6,13 @@
 //! The shipped SFT data, the shipped tiny model, bfd packing into 256-token rows, 8 rows a step,
 //! assistant-only loss, AdamW lr 2e-3, fp32, CPU. Under `cargo test` a 2-step smoke run.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 use treetrain::sft::{SftConfig, SftTrainer, TokenizeOptions};
-
-fn python(arg: Option<String>) -> Option<String> {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let venv = Path::new(&home).join(".cache/treetrain/fixture-venv/bin/python");
-    [
-        arg,
-        std::env::var("TREETRAIN_BENCH_PYTHON").ok(),
-        venv.exists().then(|| venv.display().to_string()),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| {
-        Command::new(p)
-            .args(["-c", "import trl, datasets"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
 
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
@@ -72,7 +56,7 @@ fn main() {
     let mut result =
         serde_json::json!({"steps": steps, "treetrain_tokens_per_s": real, "threads": tch::get_num_threads()});
     if full {
-        match python(get("--python")) {
+        match common::python(get("--python"), "trl, datasets") {
             None => println!("TRL: skipped (no Python with trl + datasets; see scripts/fixtures/venv.sh)"),
             Some(py) => {
                 let out = Command::new(py)
