@@ -229,3 +229,23 @@ pub fn parse_spec(spec: &str) -> Result<(String, String), HubError> {
         _ => Err(HubError::BadSpec(spec.into())),
     }
 }
+
+impl crate::display::Rich for HubCache {
+    fn html(&self) -> String {
+        use crate::display::{self, escape};
+        let rows = vec![
+            ("cache", escape(&self.root.display().to_string())),
+            ("offline", self.offline.to_string()),
+        ];
+        display::style::container(&display::section("Hugging Face cache", &display::kv_table(&rows)))
+    }
+    fn text(&self) -> String {
+        format!(
+            "Hugging Face cache {} (offline: {})\n",
+            self.root.display(),
+            self.offline
+        )
+    }
+}
+
+crate::rich_display!(HubCache);

@@ -25,3 +25,26 @@ fn html_is_theme_aware_and_self_contained() {
     assert!(!html.contains("\"#000000\""), "black strokes vanish on dark themes");
     assert!(html.contains("pad to 64"));
 }
+
+#[test]
+fn every_notebook_type_renders() {
+    use treetrain::display::LineChart;
+    let chart = LineChart::new("loss", "step", "loss").with_series("train", vec![(1.0, 2.0), (2.0, 1.5)]);
+    assert!(chart.html().contains("<svg") && chart.text().contains("train: 2 points, last 1.5000 at 2"));
+    let ds = treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo")).unwrap();
+    assert!(ds.html().contains("test.parquet") && ds.text().starts_with("Dataset: 2 file(s)"));
+    let cache = treetrain::hub::HubCache { root: "/tmp/hf <x>".into(), offline: true };
+    assert!(cache.html().contains("/tmp/hf &lt;x&gt;") && cache.text().contains("offline: true"));
+    let mut tree = treetrain::pack::PrefixTree::new();
+    let r = treetrain::pack::Rollout {
+        input_ids: vec![1, 2, 3],
+        completion_mask: vec![0, 1, 1],
+        old_log_probs: vec![0.0; 3],
+        advantage: 1.0,
+        group_id: "g".into(),
+    };
+    tree.add(r, 0).unwrap();
+    assert!(tree.html().contains("Packed row") && tree.text().contains("[0] 3 tok x1"));
+    let g = treetrain::generate::Generator::new();
+    assert!(g.text().contains("0 distinct shapes"));
+}

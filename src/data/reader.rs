@@ -211,3 +211,27 @@ pub fn read_rows(path: &Path) -> Result<Rows, DataError> {
         }
     }
 }
+
+impl crate::display::Rich for Dataset {
+    fn html(&self) -> String {
+        use crate::display::{self, escape};
+        let rows: Vec<Vec<String>> = self
+            .files
+            .iter()
+            .map(|f| vec![format!("<code>{}</code>", escape(&f.display().to_string()))])
+            .collect();
+        display::style::container(&display::section(
+            &format!("Dataset: {} file(s)", self.files.len()),
+            &display::table(&["file"], &rows),
+        ))
+    }
+    fn text(&self) -> String {
+        let mut s = format!("Dataset: {} file(s)\n", self.files.len());
+        for f in &self.files {
+            s.push_str(&format!("  {}\n", f.display()));
+        }
+        s
+    }
+}
+
+crate::rich_display!(Dataset);

@@ -146,3 +146,26 @@ mod tests {
         assert!(svg.contains("</svg>"));
     }
 }
+
+impl super::Rich for LineChart {
+    fn html(&self) -> String {
+        super::style::container(&self.to_svg())
+    }
+    fn text(&self) -> String {
+        let mut s = format!("{} ({} vs {})\n", self.title, self.y_label, self.x_label);
+        for series in &self.series {
+            let last = series
+                .points
+                .last()
+                .map_or(String::from("-"), |(x, y)| format!("{y:.4} at {x}"));
+            s.push_str(&format!(
+                "  {}: {} points, last {last}\n",
+                series.name,
+                series.points.len()
+            ));
+        }
+        s
+    }
+}
+
+crate::rich_display!(LineChart);

@@ -407,3 +407,14 @@ impl Generator {
         tch::no_grad(|| self.decode(model, st, &index, cfg))
     }
 }
+
+impl crate::display::Rich for Generator {
+    fn html(&self) -> String {
+        self.ledger.html()
+    }
+    fn text(&self) -> String {
+        self.ledger.text()
+    }
+}
+
+crate::rich_display!(Generator);

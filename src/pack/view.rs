@@ -326,3 +326,14 @@ mod tests {
         assert!(text.contains("attention pairs: flat / this row"));
     }
 }
+
+impl Rich for super::PrefixTree {
+    fn html(&self) -> String {
+        TreeView::new(&self.pack(), None).html()
+    }
+    fn text(&self) -> String {
+        TreeView::new(&self.pack(), None).text()
+    }
+}
+
+crate::rich_display!(super::PrefixTree);

@@ -715,3 +715,14 @@ impl Rich for TrainerState {
 }
 
 crate::rich_display!(TrainerState);
+
+impl Rich for SftTrainer {
+    fn html(&self) -> String {
+        self.state.html()
+    }
+    fn text(&self) -> String {
+        self.state.text()
+    }
+}
+
+crate::rich_display!(SftTrainer);
