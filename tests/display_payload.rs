@@ -31,9 +31,13 @@ fn every_notebook_type_renders() {
     use treetrain::display::LineChart;
     let chart = LineChart::new("loss", "step", "loss").with_series("train", vec![(1.0, 2.0), (2.0, 1.5)]);
     assert!(chart.html().contains("<svg") && chart.text().contains("train: 2 points, last 1.5000 at 2"));
-    let ds = treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo")).unwrap();
+    let ds = treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo"))
+        .unwrap();
     assert!(ds.html().contains("test.parquet") && ds.text().starts_with("Dataset: 2 file(s)"));
-    let cache = treetrain::hub::HubCache { root: "/tmp/hf <x>".into(), offline: true };
+    let cache = treetrain::hub::HubCache {
+        root: "/tmp/hf <x>".into(),
+        offline: true,
+    };
     assert!(cache.html().contains("/tmp/hf &lt;x&gt;") && cache.text().contains("offline: true"));
     let mut tree = treetrain::pack::PrefixTree::new();
     let r = treetrain::pack::Rollout {
