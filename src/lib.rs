@@ -10,6 +10,7 @@ pub mod device;
 pub mod display;
 mod env_report;
 pub mod generate;
+pub mod grpo;
 pub mod hub;
 pub mod model;
 pub mod pack;

@@ -51,6 +51,25 @@ enum Command {
         #[arg(long)]
         resume_from: Option<PathBuf>,
     },
+    /// GRPO from a TOML config (see datasets/grpo.toml); one line per step, log.jsonl and a
+    /// final checkpoint in `output_dir`.
+    Grpo {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Override `max_steps`.
+        #[arg(long)]
+        max_steps: Option<u64>,
+        /// Override `mode` (`sync` or `async`).
+        #[arg(long)]
+        mode: Option<String>,
+        /// Override `packing` (`tree` or `flat`).
+        #[arg(long)]
+        packing: Option<String>,
+        /// Resume from this checkpoint folder.
+        #[arg(long)]
+        resume_from: Option<PathBuf>,
+    },
     /// Generate completions with a static KV cache (one JSON line per completion).
     Generate(GenerateArgs),
     /// Pack GRPO rollouts (JSONL) into rows as TRL v1.16 does; one JSON object per row.
@@ -194,6 +213,19 @@ fn main() -> Result<()> {
         Command::Pack(args) => pack(&args)?,
         Command::Generate(args) => generate(&args)?,
         Command::Sft { config, resume_from } => sft(&config, resume_from.as_deref())?,
+        Command::Grpo {
+            config,
+            max_steps,
+            mode,
+            packing,
+            resume_from,
+        } => grpo(
+            &config,
+            max_steps,
+            mode.as_deref(),
+            packing.as_deref(),
+            resume_from.as_deref(),
+        )?,
         Command::Convert { model, out, dtype } => {
             let (dir, m) = load_model(&model, dtype.as_deref())?;
             m.save(&out, Some(&dir))?;
@@ -352,6 +384,93 @@ fn sft(config: &Path, resume_from: Option<&Path>) -> Result<()> {
         }
     }
     bar.finish();
+    if t.config.output_dir.is_some() {
+        println!("saved {}", t.save_checkpoint()?.display());
+    }
+    print!("{}", treetrain::display::Rich::text(&t.state));
+    Ok(())
+}
+
+fn grpo(
+    config: &Path,
+    max_steps: Option<u64>,
+    mode: Option<&str>,
+    packing: Option<&str>,
+    resume_from: Option<&Path>,
+) -> Result<()> {
+    use treetrain::grpo::{GrpoConfig, GrpoTrainer};
+    let mut cfg = GrpoConfig::from_toml_file(config)?;
+    fn parse<T: serde::de::DeserializeOwned>(field: &str, v: &str) -> Result<T> {
+        serde_json::from_value(serde_json::Value::String(v.into())).with_context(|| format!("--{field} {v}"))
+    }
+    if let Some(n) = max_steps {
+        cfg.max_steps = n;
+    }
+    if let Some(m) = mode {
+        cfg.mode = parse("mode", m)?;
+    }
+    if let Some(p) = packing {
+        cfg.packing = parse("packing", p)?;
+    }
+    let mut t = match resume_from {
+        Some(ckpt) => GrpoTrainer::resume_from(cfg, ckpt)?,
+        None => GrpoTrainer::new(cfg)?,
+    };
+    eprintln!(
+        "{} prompts ({} skipped), {} steps of {} prompts x {} completions, {:?} rollouts, {:?} packing",
+        t.prompts.prompts.len(),
+        t.state.skipped_prompts,
+        t.state.total_steps,
+        t.config.prompts_per_step,
+        t.config.num_generations,
+        t.config.mode,
+        t.config.packing
+    );
+    let held_out = t.config.eval_dataset.clone().map(|p| t.load_prompts(&p)).transpose()?;
+    let evaluate = |t: &GrpoTrainer| -> Result<()> {
+        if let Some(prompts) = &held_out {
+            let e = t.evaluate(prompts, t.config.eval_samples, t.config.seed ^ 0xe7a1)?;
+            let per_fn: Vec<String> = e
+                .per_function
+                .iter()
+                .map(|r| format!("{} {:.3}", r.name, r.mean))
+                .collect();
+            println!(
+                "eval at step {}: reward {:.3} over {} completions ({})",
+                e.step,
+                e.reward_mean,
+                e.completions,
+                per_fn.join(", ")
+            );
+        }
+        Ok(())
+    };
+    evaluate(&t)?;
+    while t.state.global_step < t.state.total_steps {
+        let m = t.step()?;
+        if t.config.eval_steps.is_some_and(|n| m.step % n == 0) {
+            evaluate(&t)?;
+        }
+        let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
+        println!(
+            "step {:>4}: reward {:.3} ({}) len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s",
+            m.step,
+            m.reward_mean,
+            per_fn.join(", "),
+            m.completion_length,
+            m.loss,
+            m.clip_ratio,
+            m.approx_kl,
+            m.entropy,
+            m.packing_ratio,
+            m.staleness,
+            m.generation_s,
+            m.forward_backward_s
+        );
+        if t.config.save_steps.is_some_and(|n| m.step % n == 0) && t.config.output_dir.is_some() {
+            println!("saved {}", t.save_checkpoint()?.display());
+        }
+    }
     if t.config.output_dir.is_some() {
         println!("saved {}", t.save_checkpoint()?.display());
     }
@@ -618,96 +737,112 @@ fn demo(out: &Path) -> Result<()> {
             .to_svg()
     })?;
     drop(sft);
-    // From here on the committed SFT model (360 steps) speaks the reply format.
-    let dir = treetrain::shipped::datasets_dir().join("tiny-qwen3-sft");
-    let model = treetrain::model::Model::load(&dir, treetrain::model::LoadOptions::default())?;
-
+    // GRPO starts from the committed SFT model (360 steps), which speaks the reply format.
     println!(
-        "\n== 5. Generation with the shipped SFT model: 4 prompts x 8 sampled completions, prefix-shared, static cache\n"
+        "\n== 5. GRPO of the shipped SFT model on the shipped prompts (datasets/grpo.toml), tree-packed updates\n"
     );
-    let opts = treetrain::tokenizer::ChatOptions {
-        add_generation_prompt: true,
-        ..Default::default()
-    };
-    let tasks = treetrain::shipped::datasets::grpo_prompts(4, 2);
-    let mut prompts = Vec::new();
-    for (messages, _) in &tasks {
-        let messages: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-            .collect();
-        let ids = tok.tokenize_chat(&serde_json::Value::Array(messages), &opts)?.input_ids;
-        prompts.push(ids.into_iter().map(i64::from).collect::<Vec<i64>>());
-    }
-    let cfg = treetrain::generate::GenerationConfig {
-        max_new_tokens: 24,
-        eos_token_ids: tok.eos_token_id().map(i64::from).into_iter().collect(),
-        pad_token_id: tok.pad_token_id().map_or(0, i64::from),
-        prefill_chunk_size: 64,
-        sampling: treetrain::generate::SamplingConfig {
-            do_sample: true,
-            temperature: 1.0,
-            seed: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let mut generator = treetrain::generate::Generator::new();
+    let root = treetrain::shipped::datasets_dir();
+    let mut grpo_cfg = treetrain::grpo::GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
+    grpo_cfg.output_dir = Some(out.join("grpo"));
+    let _ = std::fs::remove_file(out.join("grpo/log.jsonl"));
+    let mut grpo = treetrain::grpo::GrpoTrainer::new(grpo_cfg)?;
+    let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
+    let eval_seed = 99;
+    let before = grpo.evaluate(&held_out, 8, eval_seed)?;
+    let steps = grpo.state.total_steps;
     let t = std::time::Instant::now();
-    let completions = generator.generate_groups(&model.lm, &prompts, 8, &cfg)?;
-    let gen_s = t.elapsed().as_secs_f64();
-    let new_tokens: usize = completions.iter().map(|c| c.output_ids.len()).sum();
+    // The latest batch that carried a learning signal (some non-zero advantage), for section 6.
+    let mut shown = None;
+    while grpo.state.global_step < steps {
+        let m = grpo.step()?;
+        if let Some(b) = grpo
+            .last_batch
+            .as_ref()
+            .filter(|b| b.rollouts().iter().any(|r| r.advantage != 0.0))
+        {
+            shown = Some(b.clone());
+        }
+        if m.step % 10 == 0 || m.step == 1 {
+            println!(
+                "step {:>3}: reward {:.3}, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s",
+                m.step, m.reward_mean, m.completion_length, m.entropy, m.packing_ratio, m.step_s
+            );
+        }
+    }
+    let grpo_s = t.elapsed().as_secs_f64();
+    let after = grpo.evaluate(&held_out, 8, eval_seed)?;
+    let per_fn = |e: &treetrain::grpo::EvalResult| {
+        e.per_function
+            .iter()
+            .map(|r| format!("{} {:.3}", r.name, r.mean))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!(
-        "{new_tokens} tokens in {gen_s:.2} s ({:.0} tokens/s); one completion per prompt:",
-        new_tokens as f64 / gen_s
+        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {grpo_s:.1} s",
+        after.completions,
+        before.reward_mean,
+        per_fn(&before),
+        after.reward_mean,
+        per_fn(&after)
     );
-    let shown =
-        treetrain::generate::Completions::new(completions.iter().step_by(8).cloned().collect(), &prompts, Some(&tok));
-    print!("{}", shown.text());
-    print!("{}", generator.ledger.text());
+    print!("{}", grpo.state.text());
+    std::fs::write(out.join("grpo_curves.svg"), grpo.state.reward_chart().to_svg())?;
+    let checkpoint = grpo.save_checkpoint()?;
 
-    println!("\n== 6. Those 32 rollouts packed as a prefix tree vs flat, GRPO loss forward + backward\n");
-    let rollouts: Vec<treetrain::pack::Rollout> = completions
+    println!("\n== 6. The last informative step's rollouts: tree vs flat packing of the update (forward + backward)\n");
+    let batch = shown.or_else(|| grpo.last_batch.clone()).context("no GRPO batch")?;
+    let rollouts = batch.rollouts();
+    let loss_cfg = grpo.loss_config();
+    let budget = grpo.config.token_budget;
+    let time_update = |packing: treetrain::grpo::UpdatePacking| -> Result<(f64, treetrain::grpo::UpdateStats)> {
+        let rows = treetrain::grpo::pack_rollouts(rollouts.clone(), packing, budget)?;
+        let mut best = f64::INFINITY;
+        let mut stats = None;
+        for _ in 0..3 {
+            let s = treetrain::grpo::accumulate_gradients(&grpo.model.lm, None, &rows, &loss_cfg)?;
+            best = best.min(s.forward_backward_s * 1e3);
+            stats = Some(s);
+        }
+        Ok((best, stats.context("no update")?))
+    };
+    let (tree_ms, tree_stats) = time_update(treetrain::grpo::UpdatePacking::Tree)?;
+    let (flat_ms, flat_stats) = time_update(treetrain::grpo::UpdatePacking::Flat)?;
+    // Only timing: the gradients accumulated here are never applied.
+    for (_, v) in grpo.model.vs.variables() {
+        let mut g = v.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    println!(
+        "step {}, {} rollouts: {} tokens flat, {} forwarded as prefix trees (packing ratio {:.2}); update {flat_ms:.0} ms flat, {tree_ms:.0} ms tree ({:.2}x); loss {:.6} vs {:.6}",
+        batch.version + 1,
+        rollouts.len(),
+        flat_stats.forwarded_tokens,
+        tree_stats.forwarded_tokens,
+        tree_stats.packing_ratio(),
+        flat_ms / tree_ms,
+        tree_stats.loss,
+        flat_stats.loss
+    );
+    let completions: Vec<treetrain::generate::Completion> = batch
+        .groups
         .iter()
-        .map(|c| {
-            let prompt = &prompts[c.prompt_index];
-            let ids: Vec<i64> = prompt.iter().chain(&c.output_ids).copied().collect();
-            let n = ids.len();
-            let mut old = vec![0.0; prompt.len()];
-            old.extend(&c.untruncated_logprobs);
-            treetrain::pack::Rollout {
-                completion_mask: (0..n).map(|i| u8::from(i >= prompt.len())).collect(),
-                old_log_probs: old,
-                input_ids: ids,
-                advantage: 0.5,
-                group_id: c.prompt_index.to_string(),
-            }
+        .flat_map(|g| g.completions.iter().take(2).cloned())
+        .collect();
+    let prompts: Vec<Vec<i64>> = batch.groups.iter().map(|g| g.prompt_ids.clone()).collect();
+    let completions: Vec<treetrain::generate::Completion> = completions
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            c.prompt_index = i / 2;
+            c
         })
         .collect();
-    let mut tree = treetrain::pack::PrefixTree::new();
-    for (i, r) in rollouts.iter().enumerate() {
-        tree.add(r.clone(), i)?;
-    }
-    let tree_row = tree.pack();
-    let flat_row = treetrain::pack::pack_flat(&rollouts)?;
-    let step = |row: &treetrain::pack::PackedRow| -> Result<f64> {
-        let t = std::time::Instant::now();
-        let loss = treetrain::pack::grpo_loss(&model.lm, row, &Default::default(), None)?;
-        loss.loss.backward();
-        Ok(t.elapsed().as_secs_f64() * 1e3)
-    };
-    let (flat_ms, tree_ms) = (
-        step(&flat_row)?.min(step(&flat_row)?),
-        step(&tree_row)?.min(step(&tree_row)?),
-    );
-    println!(
-        "{} tokens flat, {} in the tree (packing ratio {:.2}); forward + backward {flat_ms:.0} ms flat, {tree_ms:.0} ms tree ({:.2}x)",
-        flat_row.len(),
-        tree_row.len(),
-        tree_row.packing_ratio(),
-        flat_ms / tree_ms
-    );
-    let view = treetrain::pack::TreeView::new(&tree_row, Some(&tok));
+    let new_tokens = batch.generated_tokens;
+    let gen_s = batch.generation_s;
+    let generator_shapes = grpo.generation_shapes().map_or(0, |l| l.total_distinct());
 
     let html = format!(
         "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}{}{}{}",
@@ -715,7 +850,7 @@ fn demo(out: &Path) -> Result<()> {
         comparison.html(),
         model.html(),
         treetrain::generate::Completions::new(completions.clone(), &prompts, Some(&tok)).html(),
-        view.html()
+        grpo.html()
     );
     std::fs::write(out.join("report.html"), html)?;
     std::fs::write(out.join("shapes.svg"), comparison.chart().to_svg())?;
@@ -735,24 +870,36 @@ fn demo(out: &Path) -> Result<()> {
             "assistant_tokens_scored": trained_tokens,
             "mean_nll": nll,
         },
-        "generation": {
-            "completions": completions.len(),
-            "new_tokens": new_tokens,
-            "tokens_per_s": new_tokens as f64 / gen_s,
-            "distinct_shapes": generator.ledger.total_distinct(),
+        "grpo": {
+            "steps": steps,
+            "seconds": grpo_s,
+            "held_out_reward_before": before.reward_mean,
+            "held_out_reward_after": after.reward_mean,
+            "held_out_before": before,
+            "held_out_after": after,
+            "train_reward_first_step": grpo.state.history.first().map(|m| m.reward_mean),
+            "train_reward_last_step": grpo.state.history.last().map(|m| m.reward_mean),
+            "generated_tokens_last_step": new_tokens,
+            "generation_tokens_per_s_last_step": new_tokens as f64 / gen_s.max(1e-9),
+            "generation_distinct_shapes": generator_shapes,
         },
         "tree_packing": {
-            "flat_tokens": flat_row.len(),
-            "tree_tokens": tree_row.len(),
-            "packing_ratio": tree_row.packing_ratio(),
-            "flat_ms": flat_ms,
-            "tree_ms": tree_ms,
+            "rollouts": rollouts.len(),
+            "flat_tokens": flat_stats.forwarded_tokens,
+            "tree_tokens": tree_stats.forwarded_tokens,
+            "packing_ratio": tree_stats.packing_ratio(),
+            "flat_update_ms": flat_ms,
+            "tree_update_ms": tree_ms,
+            "tree_speedup": flat_ms / tree_ms,
+            "loss_tree": tree_stats.loss,
+            "loss_flat": flat_stats.loss,
         }
     });
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
     println!(
-        "\nWrote {0}/report.html, {0}/shapes.svg, {0}/sft_curves.svg, {0}/summary.json",
-        out.display()
+        "\nWrote {0}/report.html, {0}/shapes.svg, {0}/sft_curves.svg, {0}/grpo_curves.svg, {0}/grpo/log.jsonl, {1}, {0}/summary.json",
+        out.display(),
+        checkpoint.display()
     );
     Ok(())
 }

@@ -270,3 +270,52 @@ fn generate_greedy_matches_transformers_and_reports_each_completion() {
         "{err}"
     );
 }
+
+#[test]
+fn grpo_runs_from_a_toml_file_and_resumes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-grpo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The shipped recipe with absolute paths and a private output folder.
+    let shipped = std::fs::read_to_string(root.join("datasets/grpo.toml")).unwrap();
+    let datasets = root.join("datasets");
+    let text = shipped
+        .replace("\"tiny-qwen3-sft\"", &format!("{:?}", datasets.join("tiny-qwen3-sft")))
+        .replace("\"grpo/", &format!("\"{}/grpo/", datasets.display()))
+        .replace("\"../target/grpo-tiny\"", &format!("{:?}", dir.join("out")))
+        .replace("prompts_per_step = 16", "prompts_per_step = 2")
+        .replace("eval_samples = 8", "eval_samples = 1")
+        .replace("eval_steps = 20", "eval_steps = 1");
+    let cfg = dir.join("grpo.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let (ok, out, err) = treetrain(&["grpo", "--config", cfg, "--max-steps", "2", "--mode", "async"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("step    2: reward"), "{out}");
+    assert!(out.contains("eval at step 0: reward"), "{out}");
+    assert!(err.contains("Async rollouts, Tree packing"), "{err}");
+    let ckpt = dir.join("out/checkpoint-2");
+    assert!(ckpt.join("model.safetensors").exists());
+    let (ok, out, err) = treetrain(&[
+        "grpo",
+        "--config",
+        cfg,
+        "--max-steps",
+        "3",
+        "--packing",
+        "flat",
+        "--resume-from",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("step    3: reward") && !out.contains("step    2: reward"),
+        "{out}"
+    );
+    let log = std::fs::read_to_string(dir.join("out/log.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 3);
+    let (ok, _, err) = treetrain(&["grpo", "--config", cfg, "--mode", "sometimes"]);
+    assert!(!ok && err.contains("--mode sometimes"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,6 +129,7 @@ fn tree_gradients_equal_separate_forwards() {
         epsilon_low: 0.2,
         epsilon_high: 0.28,
         chunks: LogprobChunks { tokens: 7, vocab: 64 },
+        ..Default::default()
     };
     // Reference: per-rollout forwards, the same clipped surrogate, the same normaliser.
     let a = model();

@@ -19,6 +19,14 @@ pub enum DeviceError {
     /// A platform name is unknown.
     #[error("unknown platform {0:?}: expected cpu, cuda, mps or neuron")]
     UnknownPlatform(String),
+    /// A device name is unknown or names a device this process cannot use.
+    #[error("device {name:?}: {reason}")]
+    UnknownDevice {
+        /// As given.
+        name: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// A shared library could not be loaded.
     #[error("could not load {path}: {reason}")]
     Load {

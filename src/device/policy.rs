@@ -125,6 +125,36 @@ impl FromStr for PadTo {
     }
 }
 
+/// The tch device a run's `device` setting names: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, `mps`,
+/// or `auto` (the first CUDA device when libtorch sees one, else CPU). Naming a CUDA device
+/// that libtorch cannot see is an error rather than a silent CPU run.
+pub fn parse_device(name: &str) -> Result<tch::Device, DeviceError> {
+    let bad = |reason: String| DeviceError::UnknownDevice {
+        name: name.to_string(),
+        reason,
+    };
+    let cuda = |i: usize| {
+        let n = tch::Cuda::device_count().max(0) as usize;
+        if i < n {
+            Ok(tch::Device::Cuda(i))
+        } else {
+            Err(bad(format!(
+                "libtorch sees {n} CUDA device(s) (`treetrain env` says why)"
+            )))
+        }
+    };
+    match name.trim().to_ascii_lowercase().as_str() {
+        "cpu" => Ok(tch::Device::Cpu),
+        "mps" => Ok(tch::Device::Mps),
+        "auto" => Ok(tch::Device::cuda_if_available()),
+        "cuda" | "gpu" => cuda(0),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => cuda(i),
+            _ => Err(bad("expected cpu, cuda, cuda:N, mps or auto".into())),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +193,23 @@ mod tests {
     fn preferred_dtypes() {
         assert_eq!(Platform::Neuron.preferred_kind(), tch::Kind::BFloat16);
         assert_eq!(Platform::Cpu.preferred_kind(), tch::Kind::Float);
+    }
+
+    #[test]
+    fn device_names_parse_or_say_why_not() {
+        assert_eq!(parse_device("cpu").unwrap(), tch::Device::Cpu);
+        assert_eq!(parse_device(" MPS ").unwrap(), tch::Device::Mps);
+        let auto = parse_device("auto").unwrap();
+        assert_eq!(auto, tch::Device::cuda_if_available());
+        let n = tch::Cuda::device_count() as usize;
+        let err = parse_device(&format!("cuda:{n}")).unwrap_err().to_string();
+        assert!(err.contains(&format!("sees {n} CUDA device")), "{err}");
+        assert!(
+            parse_device("tpu")
+                .unwrap_err()
+                .to_string()
+                .contains("expected cpu, cuda")
+        );
+        assert!(parse_device("cuda:x").is_err());
     }
 }

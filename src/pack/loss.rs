@@ -3,7 +3,8 @@ use tch::{Kind, Tensor};
 use super::PackedRow;
 use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs};
 
-/// Clipping of the GRPO surrogate (DAPO-style asymmetric bounds allowed).
+/// The GRPO objective's knobs: clipping (DAPO-style asymmetric bounds allowed), sampling
+/// temperature and the KL penalty.
 #[derive(Debug, Clone, Copy)]
 pub struct GrpoLossConfig {
     /// Lower clip: ratios below `1 - epsilon_low` stop improving the objective.
@@ -12,6 +13,11 @@ pub struct GrpoLossConfig {
     pub epsilon_high: f64,
     /// LM-head chunking for the per-term log-probs.
     pub chunks: LogprobChunks,
+    /// Policy log-probs are taken under `softmax(logits / temperature)`: the distribution the
+    /// generator's untruncated log-probs (the old log-probs) were measured under.
+    pub temperature: f64,
+    /// Weight of the per-term KL estimate to a frozen reference (`k3`, Schulman): 0 = off.
+    pub beta: f64,
 }
 
 impl Default for GrpoLossConfig {
@@ -20,6 +26,8 @@ impl Default for GrpoLossConfig {
             epsilon_low: 0.2,
             epsilon_high: 0.2,
             chunks: LogprobChunks::default(),
+            temperature: 1.0,
+            beta: 0.0,
         }
     }
 }
@@ -36,17 +44,68 @@ pub struct GrpoLoss {
     /// Share of terms where clipping is active: ratio above `1 + eps_high` with a positive
     /// advantage, or below `1 - eps_low` with a negative one (TRL's clip-region metric).
     pub clip_fraction: f64,
+    /// Sum over terms of the `k3` estimate of `KL(old || policy)` (the tokens were sampled from
+    /// the old weights): how far the policy has moved since generation (0 for the same weights).
+    pub approx_kl_sum: f64,
+    /// Sum over terms of the `k3` estimate of `KL(policy || reference)`, as TRL penalises it (0
+    /// without a reference).
+    pub ref_kl_sum: f64,
+    /// Sum over terms of the policy's entropy (nats) at the predicting position.
+    pub entropy_sum: f64,
 }
 
-/// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
-/// then the LM head only at the predicting positions.
-pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+/// `k3 = exp(q - p) - (q - p) - 1` per term: an unbiased, non-negative estimate of
+/// `KL(P || Q)` from samples of `P` (log-probs `p` under `P`, `q` under `Q`).
+fn k3(sampled: &Tensor, other: &Tensor) -> Tensor {
+    let d = other - sampled;
+    d.exp() - &d - 1.0
+}
+
+/// Hidden states at the predicting positions of `row` `[M, hidden]`, divided by `temperature`
+/// (so that `h W^T = logits / temperature`).
+fn term_hidden(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<Tensor, ModelError> {
     let device = model.device();
     let (ids, pos, layout) = row.layout(device);
     let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
     let index = Tensor::from_slice(&row.token_index).to_device(device);
     let h = hidden.index_select(0, &index);
+    Ok(if temperature == 1.0 { h } else { h / temperature })
+}
+
+/// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
+/// then the LM head only at the predicting positions.
+pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+    row_logprobs_at(model, row, chunks, 1.0)
+}
+
+/// [`row_logprobs`] under `softmax(logits / temperature)`.
+pub fn row_logprobs_at(
+    model: &CausalLm,
+    row: &PackedRow,
+    chunks: LogprobChunks,
+    temperature: f64,
+) -> Result<Tensor, ModelError> {
+    let h = term_hidden(model, row, temperature)?;
     target_logprobs(&h, model.lm_head_weight(), &Tensor::from_slice(&row.targets()), chunks)
+}
+
+/// Sum of the entropies of `softmax(h W^T)` over rows of `h` `[M, hidden]`, without gradient,
+/// `chunk` rows at a time (full-vocabulary logits only for one chunk).
+fn entropy_sum(h: &Tensor, lm_head: &Tensor, chunk: i64) -> f64 {
+    tch::no_grad(|| {
+        let n = h.size()[0];
+        let w = lm_head.to_kind(Kind::Float);
+        let mut total = 0.0;
+        let mut start = 0;
+        while start < n {
+            let len = chunk.max(1).min(n - start);
+            let logits = h.narrow(0, start, len).to_kind(Kind::Float).matmul(&w.transpose(0, 1));
+            let logp = logits.log_softmax(-1, Kind::Float);
+            total -= (logp.exp() * &logp).sum(Kind::Float).double_value(&[]);
+            start += len;
+        }
+        total
+    })
 }
 
 /// The clipped GRPO surrogate over a packed row:
@@ -59,32 +118,69 @@ pub fn grpo_loss(
     cfg: &GrpoLossConfig,
     normalizer: Option<f64>,
 ) -> Result<GrpoLoss, ModelError> {
+    grpo_loss_with_reference(model, row, cfg, normalizer, None)
+}
+
+/// [`grpo_loss`] plus `beta * k3(reference, policy)` per term when `reference` holds the frozen
+/// reference model's log-probs of the row's terms `[M]` and `cfg.beta > 0`.
+pub fn grpo_loss_with_reference(
+    model: &CausalLm,
+    row: &PackedRow,
+    cfg: &GrpoLossConfig,
+    normalizer: Option<f64>,
+    reference: Option<&Tensor>,
+) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
-    let logprobs = row_logprobs(model, row, cfg.chunks)?;
+    let m = row.token_index.len();
+    let h = term_hidden(model, row, cfg.temperature)?;
+    let logprobs = target_logprobs(
+        &h,
+        model.lm_head_weight(),
+        &Tensor::from_slice(&row.targets()),
+        cfg.chunks,
+    )?;
     let old = Tensor::from_slice(&row.old_log_probs).to_device(device);
     let adv = Tensor::from_slice(&row.advantages).to_device(device);
-    let ratio = (&logprobs - old).exp();
+    let ratio = (&logprobs - &old).exp();
     let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
-    let per_term = -(&ratio * &adv).minimum(&(&clipped * &adv));
-    let m = row.token_index.len();
+    let mut per_term = -(&ratio * &adv).minimum(&(&clipped * &adv));
+    let mut ref_kl_sum = 0.0;
+    if let Some(reference) = reference.filter(|_| cfg.beta > 0.0) {
+        if reference.size() != [m as i64] {
+            return Err(ModelError::Input(format!(
+                "reference log-probs have shape {:?}, the row has {m} loss terms",
+                reference.size()
+            )));
+        }
+        let kl = k3(&logprobs, &reference.to_device(device).to_kind(Kind::Float));
+        ref_kl_sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
+        per_term += kl * cfg.beta;
+    }
     let norm = normalizer.unwrap_or(m.max(1) as f64);
     let loss = per_term.sum(Kind::Float) / norm;
-    let clip_fraction = if m == 0 {
-        0.0
+    let (clip_fraction, approx_kl_sum) = if m == 0 {
+        (0.0, 0.0)
     } else {
         tch::no_grad(|| {
             let high = ratio.gt(1.0 + cfg.epsilon_high).logical_and(&adv.gt(0.0));
             let low = ratio.lt(1.0 - cfg.epsilon_low).logical_and(&adv.lt(0.0));
-            high.logical_or(&low)
+            let clip = high
+                .logical_or(&low)
                 .to_kind(Kind::Float)
                 .mean(Kind::Float)
-                .double_value(&[])
+                .double_value(&[]);
+            // Sampled from the old weights: k3 of KL(old || policy) uses ratio policy/old.
+            (clip, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
         })
     };
+    let entropy_sum = entropy_sum(&h, model.lm_head_weight(), cfg.chunks.tokens.min(256));
     Ok(GrpoLoss {
         loss,
         logprobs,
         num_terms: m,
         clip_fraction,
+        approx_kl_sum,
+        ref_kl_sum,
+        entropy_sum,
     })
 }

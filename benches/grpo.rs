@@ -1,0 +1,135 @@
+//! A GRPO step's time split (generation, rewards, packing, forward/backward, optimizer) on the
+//! shipped recipe, and tree vs flat packing of the update on the same real rollouts.
+//!
+//! cargo bench --bench grpo -- [--steps 20]
+//!
+//! The shipped SFT model and prompts, 16 prompts x 8 completions a step, completions of at most
+//! 16 tokens, sync rollouts, fp32, CPU. After every trainer step (tree-packed), the step's
+//! rollouts are packed both ways and one forward + backward of each is timed on a second copy
+//! of the model, alternating which goes first. Under `cargo test` a 2-step smoke run.
+
+use std::path::Path;
+use std::time::Instant;
+
+use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardSpec, UpdatePacking, accumulate_gradients, pack_rollouts};
+use treetrain::model::{LoadOptions, Model};
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let full = raw.iter().any(|a| a == "--bench");
+    let get = |flag: &str| raw.iter().position(|a| a == flag).and_then(|i| raw.get(i + 1)).cloned();
+    let steps: u64 = if full {
+        get("--steps").map_or(20, |s| s.parse().expect("--steps N"))
+    } else {
+        2
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model_dir = root.join("datasets/tiny-qwen3-sft");
+    let cfg = GrpoConfig {
+        model: model_dir.display().to_string(),
+        dataset: root.join("datasets/grpo/train.parquet"),
+        rewards: ["exact_answer", "answer_format"]
+            .iter()
+            .zip([1.0, 0.5])
+            .map(|(n, w)| RewardSpec {
+                name: n.to_string(),
+                weight: w,
+            })
+            .collect(),
+        prompts_per_step: 16,
+        num_generations: 8,
+        max_completion_length: 16,
+        learning_rate: 1e-3,
+        token_budget: 2048,
+        max_steps: steps,
+        seed: 7,
+        ..Default::default()
+    };
+    let loss_cfg = GrpoTrainer::new(GrpoConfig {
+        max_steps: 1,
+        ..cfg.clone()
+    })
+    .expect("trainer")
+    .loss_config();
+    let mut t = GrpoTrainer::new(cfg.clone()).expect("trainer");
+    let probe = Model::load(&model_dir, LoadOptions::default()).expect("model");
+    let (mut tree_s, mut flat_s, mut tree_tokens, mut flat_tokens) = (Vec::new(), Vec::new(), 0usize, 0usize);
+    for step in 0..steps {
+        t.step().expect("step");
+        let rollouts = t.last_batch.as_ref().expect("batch").rollouts();
+        let time = |packing: UpdatePacking| {
+            let rows = pack_rollouts(rollouts.clone(), packing, cfg.token_budget).expect("pack");
+            let start = Instant::now();
+            let stats = accumulate_gradients(&probe.lm, None, &rows, &loss_cfg).expect("update");
+            let secs = start.elapsed().as_secs_f64();
+            for (_, v) in probe.vs.variables() {
+                let mut g = v.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            (secs, stats.forwarded_tokens)
+        };
+        let ((ts, tt), (fs, ft)) = if step % 2 == 0 {
+            let a = time(UpdatePacking::Tree);
+            (a, time(UpdatePacking::Flat))
+        } else {
+            let b = time(UpdatePacking::Flat);
+            (time(UpdatePacking::Tree), b)
+        };
+        tree_s.push(ts);
+        flat_s.push(fs);
+        tree_tokens += tt;
+        flat_tokens += ft;
+    }
+    let h = &t.state.history;
+    let col = |f: fn(&treetrain::grpo::GrpoStepMetrics) -> f64| mean(&h.iter().map(f).collect::<Vec<_>>());
+    let split = [
+        ("generation", col(|m| m.generation_s)),
+        ("rewards", col(|m| m.reward_s)),
+        ("packing", col(|m| m.pack_s)),
+        ("forward + backward", col(|m| m.forward_backward_s)),
+        ("optimizer", col(|m| m.optimizer_s)),
+    ];
+    let step_s = col(|m| m.step_s);
+    println!(
+        "GRPO, shipped SFT model fp32, 16 prompts x 8 completions (<= 16 tokens), sync, {} threads, {steps} steps",
+        tch::get_num_threads()
+    );
+    println!("{:<22}{:>10}{:>8}", "phase", "s/step", "share");
+    for (name, s) in split {
+        println!("{name:<22}{s:>10.3}{:>7.0}%", 100.0 * s / step_s);
+    }
+    println!("{:<22}{step_s:>10.3}", "whole step");
+    let ratio = flat_tokens as f64 / tree_tokens.max(1) as f64;
+    let speedup = mean(&flat_s) / mean(&tree_s);
+    println!(
+        "update on the same rollouts: tree {:.3} s, flat {:.3} s per step: {speedup:.2}x faster; packing ratio {ratio:.2} ({tree_tokens} vs {flat_tokens} tokens forwarded)",
+        mean(&tree_s),
+        mean(&flat_s)
+    );
+    let result = serde_json::json!({
+        "steps": steps,
+        "threads": tch::get_num_threads(),
+        "split_s": split.iter().map(|(n, s)| (n.to_string(), serde_json::json!(s))).collect::<serde_json::Map<_, _>>(),
+        "step_s": step_s,
+        "tree_update_s": mean(&tree_s),
+        "flat_update_s": mean(&flat_s),
+        "tree_speedup": speedup,
+        "packing_ratio": ratio,
+        "reward_first": h.first().map(|m| m.reward_mean),
+        "reward_last": h.last().map(|m| m.reward_mean),
+    });
+    let path = root.join(if full {
+        "target/bench/grpo.json"
+    } else {
+        "target/bench/grpo_smoke.json"
+    });
+    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
+    std::fs::write(&path, serde_json::to_string_pretty(&result).expect("json")).expect("write");
+    println!("wrote {}", path.display());
+}

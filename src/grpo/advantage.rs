@@ -1,0 +1,74 @@
+//! Group-relative advantages.
+
+/// How rewards are scaled within a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewards {
+    /// `(r - mean) / (std + 1e-8)` (GRPO; TRL's default `"group"`).
+    #[default]
+    Group,
+    /// `r - mean` (Dr. GRPO: no division by the group's spread).
+    None,
+}
+
+/// One advantage per rollout of a group from its total rewards (`None`: scoring failed).
+///
+/// Mean and standard deviation (Bessel-corrected, as `torch.std`) are taken over the rollouts
+/// that were scored; a failed rollout gets advantage 0, so it adds no gradient. A group whose
+/// scored rewards are all equal gets 0 everywhere.
+pub fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32> {
+    let scored: Vec<f64> = rewards.iter().flatten().map(|&r| f64::from(r)).collect();
+    if scored.is_empty() {
+        return vec![0.0; rewards.len()];
+    }
+    let n = scored.len() as f64;
+    let mean = scored.iter().sum::<f64>() / n;
+    let std = if scored.len() > 1 {
+        (scored.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    rewards
+        .iter()
+        .map(|r| match r {
+            None => 0.0,
+            Some(r) => {
+                let centred = f64::from(*r) - mean;
+                (match scale {
+                    ScaleRewards::Group => centred / (std + 1e-8),
+                    ScaleRewards::None => centred,
+                }) as f32
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalised_like_torch() {
+        // torch.tensor([1., 0., 0., 1., 1.]): mean 0.6, std (unbiased) 0.5477226
+        let a = group_advantages(
+            &[Some(1.0), Some(0.0), Some(0.0), Some(1.0), Some(1.0)],
+            ScaleRewards::Group,
+        );
+        let want = [0.730_296_7, -1.095_445, -1.095_445, 0.730_296_7, 0.730_296_7];
+        for (x, w) in a.iter().zip(want) {
+            assert!((x - w).abs() < 1e-5, "{a:?}");
+        }
+        let b = group_advantages(&[Some(2.0), Some(0.0)], ScaleRewards::None);
+        assert_eq!(b, vec![1.0, -1.0]);
+    }
+
+    #[test]
+    fn failures_get_zero_and_are_left_out_of_the_statistics() {
+        let a = group_advantages(&[Some(1.0), None, Some(0.0)], ScaleRewards::Group);
+        // over [1, 0]: mean 0.5, std 0.7071
+        let half_sqrt2 = std::f32::consts::FRAC_1_SQRT_2;
+        assert!((a[0] - half_sqrt2).abs() < 1e-5 && a[1] == 0.0 && (a[2] + half_sqrt2).abs() < 1e-5);
+        assert_eq!(group_advantages(&[Some(3.0); 4], ScaleRewards::Group), vec![0.0; 4]);
+        assert_eq!(group_advantages(&[None, None], ScaleRewards::Group), vec![0.0; 2]);
+    }
+}

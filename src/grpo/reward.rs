@@ -1,0 +1,232 @@
+//! Reward functions: closures over one rollout, combined with weights; built-ins for the
+//! shipped verifiable tasks.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::shipped::tasks::extract_answer;
+
+/// What a reward function sees of one rollout.
+#[derive(Debug, Clone, Copy)]
+pub struct RewardInput<'a> {
+    /// The prompt as rendered by the chat template.
+    pub prompt: &'a str,
+    /// The completion's text (special tokens removed).
+    pub completion: &'a str,
+    /// The completion's token ids (EOS included when generated).
+    pub completion_ids: &'a [i64],
+    /// Whether the completion hit `max_completion_length` before EOS.
+    pub truncated: bool,
+    /// The dataset row the prompt came from (every column, e.g. `answer`, `task`).
+    pub row: &'a Map<String, Value>,
+}
+
+/// A reward closure: `None` means "cannot score this rollout" (reported; advantage 0).
+pub type RewardClosure = dyn Fn(&RewardInput) -> Option<f32> + Send + Sync;
+
+/// A named, weighted reward function.
+#[derive(Clone)]
+pub struct RewardFn {
+    /// Shown in metrics and displays.
+    pub name: String,
+    /// Multiplies the score in the rollout's total reward.
+    pub weight: f32,
+    f: Arc<RewardClosure>,
+}
+
+impl std::fmt::Debug for RewardFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RewardFn({} x {})", self.name, self.weight)
+    }
+}
+
+/// Why a rollout got no reward from a function.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RewardFailure {
+    /// The function.
+    pub function: String,
+    /// Dataset row of the prompt.
+    pub dataset_row: usize,
+    /// Index of the completion within its group.
+    pub completion: usize,
+    /// `returned None`, `returned NaN` or the panic message.
+    pub reason: String,
+}
+
+impl RewardFn {
+    /// A reward from a closure, weight 1.
+    pub fn new(name: &str, f: impl Fn(&RewardInput) -> Option<f32> + Send + Sync + 'static) -> Self {
+        RewardFn {
+            name: name.to_string(),
+            weight: 1.0,
+            f: Arc::new(f),
+        }
+    }
+
+    /// The same function with another weight.
+    pub fn with_weight(mut self, weight: f32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// 1 when the answer in the completion (the text after the last `Answer:`) equals the row's
+    /// `answer` column, else 0; `None` for rows without an `answer`.
+    pub fn exact_answer() -> Self {
+        RewardFn::new("exact_answer", |x| {
+            let want = x.row.get("answer")?;
+            let want = match want {
+                Value::String(s) => s.trim().to_string(),
+                other => other.to_string(),
+            };
+            Some(if extract_answer(x.completion) == want { 1.0 } else { 0.0 })
+        })
+    }
+
+    /// 1 when the completion is exactly one line `Answer: <something>` and ended on EOS (not
+    /// truncated), else 0: the reply format of the shipped SFT data.
+    pub fn answer_format() -> Self {
+        RewardFn::new("answer_format", |x| {
+            let text = x.completion.trim();
+            let ok = !x.truncated
+                && !text.contains('\n')
+                && text
+                    .strip_prefix("Answer:")
+                    .is_some_and(|rest| !rest.trim().is_empty() && !rest.contains("Answer:"));
+            Some(if ok { 1.0 } else { 0.0 })
+        })
+    }
+
+    /// A built-in by name: `exact_answer` or `answer_format`.
+    pub fn builtin(name: &str) -> Option<Self> {
+        match name {
+            "exact_answer" => Some(Self::exact_answer()),
+            "answer_format" => Some(Self::answer_format()),
+            _ => None,
+        }
+    }
+
+    /// Scores one rollout; a panic or a NaN becomes an error message instead of unwinding.
+    pub fn score(&self, input: &RewardInput) -> Result<f32, String> {
+        match catch_unwind(AssertUnwindSafe(|| (self.f)(input))) {
+            Ok(Some(v)) if v.is_nan() => Err("returned NaN".into()),
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err("returned None".into()),
+            Err(panic) => Err(match panic.downcast_ref::<&str>() {
+                Some(s) => format!("panicked: {s}"),
+                None => match panic.downcast_ref::<String>() {
+                    Some(s) => format!("panicked: {s}"),
+                    None => "panicked".into(),
+                },
+            }),
+        }
+    }
+}
+
+/// Every function's score of every rollout of one group, and their weighted totals.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GroupRewards {
+    /// `per_function[f][i]`: function `f`'s score of completion `i` (None: failed).
+    pub per_function: Vec<Vec<Option<f32>>>,
+    /// Weighted sum per completion; None when any function failed for it.
+    pub total: Vec<Option<f32>>,
+    /// One entry per failed (function, completion).
+    pub failures: Vec<RewardFailure>,
+}
+
+/// Scores the completions of one prompt with every function.
+pub fn score_group(functions: &[RewardFn], dataset_row: usize, inputs: &[RewardInput]) -> GroupRewards {
+    let mut per_function = Vec::with_capacity(functions.len());
+    let mut failures = Vec::new();
+    for f in functions {
+        let scores = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match f.score(x) {
+                Ok(v) => Some(v),
+                Err(reason) => {
+                    failures.push(RewardFailure {
+                        function: f.name.clone(),
+                        dataset_row,
+                        completion: i,
+                        reason,
+                    });
+                    None
+                }
+            })
+            .collect::<Vec<_>>();
+        per_function.push(scores);
+    }
+    let total = (0..inputs.len())
+        .map(|i| {
+            functions
+                .iter()
+                .zip(&per_function)
+                .try_fold(0f32, |acc, (f, scores)| scores[i].map(|s| acc + f.weight * s))
+        })
+        .collect();
+    GroupRewards {
+        per_function,
+        total,
+        failures,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(completion: &'a str, row: &'a Map<String, Value>) -> RewardInput<'a> {
+        RewardInput {
+            prompt: "",
+            completion,
+            completion_ids: &[],
+            truncated: false,
+            row,
+        }
+    }
+
+    #[test]
+    fn builtins_check_answer_and_format() {
+        let row: Map<String, Value> = serde_json::from_str(r#"{"answer": "KALO"}"#).unwrap();
+        let exact = RewardFn::exact_answer();
+        let format = RewardFn::answer_format();
+        assert_eq!(exact.score(&input("Answer: KALO", &row)), Ok(1.0));
+        assert_eq!(exact.score(&input("Answer: kalo", &row)), Ok(0.0));
+        assert_eq!(format.score(&input("Answer: kalo", &row)), Ok(1.0));
+        assert_eq!(format.score(&input("kalo", &row)), Ok(0.0));
+        assert_eq!(format.score(&input("Answer: a\nAnswer: b", &row)), Ok(0.0));
+        let mut cut = input("Answer: KALO", &row);
+        cut.truncated = true;
+        assert_eq!(format.score(&cut), Ok(0.0));
+        let numeric: Map<String, Value> = serde_json::from_str(r#"{"answer": 7}"#).unwrap();
+        assert_eq!(exact.score(&input("Answer: 7.", &numeric)), Ok(1.0));
+        let none = Map::new();
+        assert!(exact.score(&input("Answer: 7", &none)).is_err());
+    }
+
+    #[test]
+    fn failures_are_reported_and_void_the_total() {
+        let row = Map::new();
+        let fns = vec![
+            RewardFn::new("len", |x| Some(x.completion.len() as f32)).with_weight(0.5),
+            RewardFn::new("picky", |x| match x.completion {
+                "nan" => Some(f32::NAN),
+                "none" => None,
+                "panic" => panic!("bad input"),
+                _ => Some(1.0),
+            }),
+        ];
+        let texts = ["ok", "nan", "none", "panic"];
+        let inputs: Vec<RewardInput> = texts.iter().map(|t| input(t, &row)).collect();
+        // The panic's message is printed by the default hook; scoring goes on.
+        let g = score_group(&fns, 3, &inputs);
+        assert_eq!(g.total, vec![Some(2.0), None, None, None]);
+        assert_eq!(g.per_function[0], vec![Some(2.0), Some(3.0), Some(4.0), Some(5.0)]);
+        let reasons: Vec<&str> = g.failures.iter().map(|f| f.reason.as_str()).collect();
+        assert_eq!(reasons, ["returned NaN", "returned None", "panicked: bad input"]);
+        assert!(g.failures.iter().all(|f| f.function == "picky" && f.dataset_row == 3));
+        assert_eq!(g.failures[2].completion, 3);
+    }
+}

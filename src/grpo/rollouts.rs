@@ -1,0 +1,289 @@
+//! Prompts, the seeded prompt order, and turning generated groups into scored rollouts.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+
+use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
+use super::{GrpoError, ScaleRewards, group_advantages};
+use crate::data::Dataset;
+use crate::generate::{Completion, FinishReason, GenerationConfig, Generator};
+use crate::model::CausalLm;
+use crate::pack::Rollout;
+use crate::tokenizer::{ChatOptions, Tokenizer};
+use crate::util::SplitMix64;
+
+/// One usable prompt.
+#[derive(Debug, Clone)]
+pub struct PromptRow {
+    /// Row of the dataset it came from.
+    pub dataset_row: usize,
+    /// Prompt token ids (chat template with the generation prompt applied).
+    pub ids: Vec<i64>,
+    /// Prompt text as rendered.
+    pub text: String,
+    /// The whole dataset row (reward functions read `answer` and the like from it).
+    pub row: Map<String, Value>,
+}
+
+/// The prompts of a run.
+#[derive(Debug, Clone, Default)]
+pub struct PromptSet {
+    /// Usable prompts, in dataset order.
+    pub prompts: Vec<PromptRow>,
+    /// Rows skipped (`skip_invalid_rows`).
+    pub skipped: usize,
+}
+
+impl PromptSet {
+    /// Reads `field` of every row: a list of chat messages (rendered with the generation
+    /// prompt) or a string (tokenized as is). A row without it, of another type or longer than
+    /// `max_len` tokens is an error naming it, or skipped and counted with `skip_invalid`.
+    pub fn load(
+        ds: &Dataset,
+        tokenizer: &Tokenizer,
+        field: &str,
+        max_len: usize,
+        skip_invalid: bool,
+    ) -> Result<Self, GrpoError> {
+        let mut set = PromptSet::default();
+        let opts = ChatOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        for (i, row) in ds.rows().enumerate() {
+            let row = row.map_err(|e| GrpoError::Data(e.to_string()))?;
+            let made = match row.get(field) {
+                Some(messages @ Value::Array(_)) => tokenizer
+                    .tokenize_chat(messages, &opts)
+                    .map(|c| (c.text, c.input_ids))
+                    .map_err(|e| e.to_string()),
+                Some(Value::String(text)) => tokenizer
+                    .encode(text, true)
+                    .map(|ids| (text.clone(), ids))
+                    .map_err(|e| e.to_string()),
+                Some(other) => Err(format!("`{field}` is neither messages nor text: {other}")),
+                None => Err(format!("has no `{field}` column")),
+            }
+            .and_then(|(text, ids)| match ids.len() {
+                0 => Err(format!("`{field}` tokenizes to nothing")),
+                n if n > max_len => Err(format!("prompt has {n} tokens, max_prompt_length is {max_len}")),
+                _ => Ok((text, ids)),
+            });
+            match made {
+                Ok((text, ids)) => set.prompts.push(PromptRow {
+                    dataset_row: i,
+                    ids: ids.into_iter().map(i64::from).collect(),
+                    text,
+                    row,
+                }),
+                Err(_) if skip_invalid => set.skipped += 1,
+                Err(message) => return Err(GrpoError::Data(format!("prompt row {i}: {message}"))),
+            }
+        }
+        if set.prompts.is_empty() {
+            return Err(GrpoError::Data("no usable prompt".into()));
+        }
+        Ok(set)
+    }
+}
+
+/// Seeded prompt order: a fresh permutation every epoch.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PromptSampler {
+    seed: u64,
+    epoch: u64,
+    cursor: usize,
+    order: Vec<usize>,
+}
+
+impl PromptSampler {
+    /// An order over `n` prompts.
+    pub fn new(n: usize, seed: u64) -> Self {
+        let mut s = PromptSampler {
+            seed,
+            epoch: 0,
+            cursor: 0,
+            order: (0..n).collect(),
+        };
+        s.shuffle();
+        s
+    }
+
+    fn shuffle(&mut self) {
+        let mut rng = SplitMix64::new(self.seed.wrapping_add(self.epoch.wrapping_mul(0x9e37_79b9)));
+        for i in (1..self.order.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            self.order.swap(i, j);
+        }
+    }
+
+    /// The next `k` prompt indices (wrapping into a new epoch).
+    pub fn take(&mut self, k: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(k);
+        while out.len() < k && !self.order.is_empty() {
+            if self.cursor == self.order.len() {
+                self.epoch += 1;
+                self.cursor = 0;
+                self.shuffle();
+            }
+            out.push(self.order[self.cursor]);
+            self.cursor += 1;
+        }
+        out
+    }
+}
+
+/// The completions of one prompt with their rewards and advantages.
+#[derive(Debug, Clone)]
+pub struct ScoredGroup {
+    /// Index into the run's [`PromptSet`].
+    pub prompt: usize,
+    /// Dataset row of the prompt.
+    pub dataset_row: usize,
+    /// Prompt ids.
+    pub prompt_ids: Vec<i64>,
+    /// The G completions.
+    pub completions: Vec<Completion>,
+    /// Their text.
+    pub texts: Vec<String>,
+    /// Scores per function and totals.
+    pub rewards: GroupRewards,
+    /// One per completion.
+    pub advantages: Vec<f32>,
+}
+
+/// One step's worth of scored groups and how they were made.
+#[derive(Debug, Clone)]
+pub struct RolloutBatch {
+    /// Weight version (optimizer steps) of the weights that generated it.
+    pub version: u64,
+    /// Running number of batches produced.
+    pub index: u64,
+    /// The groups.
+    pub groups: Vec<ScoredGroup>,
+    /// Seconds spent generating.
+    pub generation_s: f64,
+    /// Seconds spent scoring.
+    pub reward_s: f64,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+}
+
+impl RolloutBatch {
+    /// The rollouts to train on, group by group: prompt tokens untrained, completion tokens
+    /// trained with the generator's untruncated log-probs as old log-probs.
+    pub fn rollouts(&self) -> Vec<Rollout> {
+        self.groups
+            .iter()
+            .flat_map(|g| {
+                g.completions.iter().zip(&g.advantages).map(move |(c, &advantage)| {
+                    let p = g.prompt_ids.len();
+                    let input_ids: Vec<i64> = g.prompt_ids.iter().chain(&c.output_ids).copied().collect();
+                    let mut old_log_probs = vec![0.0; p];
+                    old_log_probs.extend(&c.untruncated_logprobs);
+                    Rollout {
+                        completion_mask: (0..input_ids.len()).map(|i| u8::from(i >= p)).collect(),
+                        old_log_probs,
+                        input_ids,
+                        advantage,
+                        group_id: format!("{}/{}", self.index, g.dataset_row),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// All rollouts' total rewards (None: failed).
+    pub fn totals(&self) -> impl Iterator<Item = Option<f32>> + '_ {
+        self.groups.iter().flat_map(|g| g.rewards.total.iter().copied())
+    }
+}
+
+/// Generates and scores batches with whatever weights it is handed; owned by the trainer in
+/// sync mode and by the generation thread in async mode.
+#[derive(Debug)]
+pub struct RolloutProducer {
+    /// The prompts.
+    pub prompts: Arc<PromptSet>,
+    /// Reward functions.
+    pub rewards: Arc<Vec<RewardFn>>,
+    /// Decodes completions for the rewards.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Generation settings (the seed advances per batch).
+    pub generation: GenerationConfig,
+    /// Completions per prompt.
+    pub group: usize,
+    /// Prompts per batch.
+    pub per_batch: usize,
+    /// Advantage scaling.
+    pub scale: ScaleRewards,
+    /// Prompt order.
+    pub sampler: PromptSampler,
+    /// Batches produced so far.
+    pub produced: u64,
+    /// The generator (its shape ledger grows across batches).
+    pub generator: Generator,
+}
+
+impl RolloutProducer {
+    /// Generates `group` completions for each of the next `per_batch` prompts with `model`
+    /// (weights of `version`) and scores them.
+    pub fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, GrpoError> {
+        let picked = self.sampler.take(self.per_batch);
+        let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
+        let mut cfg = self.generation.clone();
+        cfg.sampling.seed = self.generation.sampling.seed ^ SplitMix64::new(self.produced).next_u64();
+        let start = Instant::now();
+        let completions = self.generator.generate_groups(model, &prompt_ids, self.group, &cfg)?;
+        let generation_s = start.elapsed().as_secs_f64();
+        let generated_tokens = completions.iter().map(|c| c.output_ids.len()).sum();
+        let start = Instant::now();
+        let mut groups = Vec::with_capacity(picked.len());
+        let mut chunks = completions.chunks(self.group);
+        for &p in &picked {
+            let completions = chunks.next().map(<[Completion]>::to_vec).unwrap_or_default();
+            let prompt = &self.prompts.prompts[p];
+            let texts: Vec<String> = completions
+                .iter()
+                .map(|c| {
+                    let ids: Vec<u32> = c.output_ids.iter().map(|&t| t as u32).collect();
+                    self.tokenizer.decode(&ids, true).unwrap_or_default()
+                })
+                .collect();
+            let inputs: Vec<RewardInput> = completions
+                .iter()
+                .zip(&texts)
+                .map(|(c, text)| RewardInput {
+                    prompt: &prompt.text,
+                    completion: text,
+                    completion_ids: &c.output_ids,
+                    truncated: c.finish_reason == FinishReason::Length,
+                    row: &prompt.row,
+                })
+                .collect();
+            let rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
+            let advantages = group_advantages(&rewards.total, self.scale);
+            groups.push(ScoredGroup {
+                prompt: p,
+                dataset_row: prompt.dataset_row,
+                prompt_ids: prompt.ids.clone(),
+                completions,
+                texts,
+                rewards,
+                advantages,
+            });
+        }
+        let batch = RolloutBatch {
+            version,
+            index: self.produced,
+            groups,
+            generation_s,
+            reward_s: start.elapsed().as_secs_f64(),
+            generated_tokens,
+        };
+        self.produced += 1;
+        Ok(batch)
+    }
+}

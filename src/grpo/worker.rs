@@ -1,0 +1,193 @@
+//! Async rollouts: a generation thread with its own copy of the weights fills a bounded queue
+//! of scored batches, each tagged with the weight version that generated it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use tch::{Tensor, nn::VarStore};
+
+use super::{GrpoError, RolloutBatch, RolloutProducer};
+use crate::model::Model;
+
+/// Deep copies of every parameter, by `state_dict` name.
+pub(crate) fn snapshot(vs: &VarStore) -> Vec<(String, Tensor)> {
+    tch::no_grad(|| {
+        vs.variables()
+            .into_iter()
+            .map(|(name, t)| (name, t.detach().copy()))
+            .collect()
+    })
+}
+
+/// Copies a snapshot into `vs` in place.
+pub(crate) fn load_snapshot(vs: &VarStore, weights: &[(String, Tensor)]) -> Result<(), GrpoError> {
+    let vars = vs.variables();
+    tch::no_grad(|| {
+        for (name, t) in weights {
+            let mut dst = vars
+                .get(name)
+                .ok_or_else(|| GrpoError::Worker(format!("weight sync: the generator has no `{name}`")))?
+                .shallow_clone();
+            dst.f_copy_(t)
+                .map_err(|e| GrpoError::Worker(format!("weight sync of `{name}`: {e}")))?;
+        }
+        Ok(())
+    })
+}
+
+struct Slots {
+    batches: VecDeque<Result<RolloutBatch, String>>,
+    weights: Option<(u64, Vec<(String, Tensor)>)>,
+    stop: bool,
+    finished: bool,
+}
+
+struct Shared {
+    slots: Mutex<Slots>,
+    changed: Condvar,
+    capacity: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        // A poisoned lock only means the other side panicked; the data is still consistent.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Marks the queue finished when the thread ends, however it ends (even by panic), so the
+/// trainer never waits on a dead generator.
+struct FinishGuard(Arc<Shared>);
+
+impl Drop for FinishGuard {
+    fn drop(&mut self) {
+        self.0.lock().finished = true;
+        self.0.changed.notify_all();
+    }
+}
+
+/// The generation thread and its queue. Dropping it stops and joins the thread.
+pub struct AsyncRollouts {
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<()>>,
+    published: u64,
+}
+
+impl std::fmt::Debug for AsyncRollouts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncRollouts")
+            .field("queued", &self.queued())
+            .field("published", &self.published)
+            .finish()
+    }
+}
+
+impl AsyncRollouts {
+    /// Starts generating at once with `model` (weights of `version`), at most `capacity`
+    /// finished batches waiting.
+    pub fn spawn(mut producer: RolloutProducer, model: Model, version: u64, capacity: usize) -> Self {
+        let shared = Arc::new(Shared {
+            slots: Mutex::new(Slots {
+                batches: VecDeque::new(),
+                weights: None,
+                stop: false,
+                finished: false,
+            }),
+            changed: Condvar::new(),
+            capacity: capacity.max(1),
+        });
+        let worker = shared.clone();
+        let handle = std::thread::spawn(move || {
+            let _guard = FinishGuard(worker.clone());
+            let mut version = version;
+            loop {
+                let weights = {
+                    let mut s = worker.lock();
+                    if s.stop {
+                        return;
+                    }
+                    s.weights.take()
+                };
+                if let Some((v, w)) = weights {
+                    if let Err(e) = load_snapshot(&model.vs, &w) {
+                        worker.lock().batches.push_back(Err(e.to_string()));
+                        return;
+                    }
+                    version = v;
+                }
+                let batch = producer.produce(&model.lm, version).map_err(|e| e.to_string());
+                let failed = batch.is_err();
+                let mut s = worker.lock();
+                while s.batches.len() >= worker.capacity && !s.stop {
+                    s = worker.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+                if s.stop {
+                    return;
+                }
+                s.batches.push_back(batch);
+                worker.changed.notify_all();
+                if failed {
+                    return;
+                }
+            }
+        });
+        AsyncRollouts {
+            shared,
+            handle: Some(handle),
+            published: version,
+        }
+    }
+
+    /// Hands the generator a copy of `vs` as weight version `version`; it switches before its
+    /// next batch (a newer publication replaces one not yet picked up).
+    pub fn publish(&mut self, version: u64, vs: &VarStore) {
+        let weights = snapshot(vs);
+        self.shared.lock().weights = Some((version, weights));
+        self.published = version;
+    }
+
+    /// The version last published.
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// Finished batches waiting.
+    pub fn queued(&self) -> usize {
+        self.shared.lock().batches.len()
+    }
+
+    /// The oldest finished batch, waiting for one if the queue is empty.
+    pub fn next(&self) -> Result<RolloutBatch, GrpoError> {
+        let mut s = self.shared.lock();
+        loop {
+            if let Some(b) = s.batches.pop_front() {
+                self.shared.changed.notify_all();
+                return b.map_err(GrpoError::Worker);
+            }
+            if s.finished {
+                return Err(GrpoError::Worker("the generation thread stopped".into()));
+            }
+            s = self.shared.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits until `n` batches are queued (or the thread stopped); for tests and notebooks
+    /// that want a full queue before stepping.
+    pub fn wait_for(&self, n: usize) {
+        let mut s = self.shared.lock();
+        while s.batches.len() < n.min(self.shared.capacity) && !s.finished {
+            s = self.shared.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for AsyncRollouts {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
