@@ -334,6 +334,31 @@ fn state_display_shows_curves_samples_and_the_tree() {
     assert_eq!(rows.len(), 3);
     let text = treetrain::display::Rich::text(&t);
     assert!(text.contains("step: 2 / 40"), "{text}");
+    // The other values a notebook holds render too.
+    use treetrain::display::Rich;
+    let batch = t.last_batch.as_ref().unwrap();
+    let html = batch.html();
+    assert!(
+        html.contains("<th>exact_answer</th>") && html.contains("weights v1"),
+        "{html}"
+    );
+    assert_eq!(batch.text().lines().count(), 1 + 3);
+    let cfg_html = t.config.html();
+    assert!(cfg_html.contains("<th>rewards</th>") && cfg_html.contains("<th>num_generations</th>"));
+    assert!(t.config.text().contains("packing = tree\n"));
+    let held_out = t.load_prompts(&root().join("datasets/grpo/test.parquet")).unwrap();
+    let small = treetrain::grpo::PromptSet {
+        prompts: held_out.prompts[..4].to_vec(),
+        skipped: 0,
+    };
+    let eval = t.evaluate(&small, 0, 1).unwrap();
+    assert_eq!(eval.completions, 4);
+    assert!(eval.text().starts_with("eval at step 2: reward") && eval.html().contains("answer_format"));
+    let rows = pack_rollouts(batch.rollouts(), UpdatePacking::Tree, 2048).unwrap();
+    let stats = accumulate_gradients(&t.model.lm, None, &rows, &t.loss_config()).unwrap();
+    assert!(
+        stats.text().contains(&format!("{} terms in 1 rows", stats.terms)) && stats.html().contains("Policy update")
+    );
     // One JSON line per step, with the metrics the issue lists.
     let log = std::fs::read_to_string(dir.join("log.jsonl")).unwrap();
     let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();

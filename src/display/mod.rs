@@ -29,6 +29,42 @@ pub fn evcxr_payload(html: &str, text: &str) -> String {
     )
 }
 
+/// `(field, value)` rows of a serializable value (a config), nested tables flattened to `a.b`.
+pub fn fields(value: &impl serde::Serialize) -> Vec<(String, String)> {
+    fn walk(value: &serde_json::Value, prefix: &str, out: &mut Vec<(String, String)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(v, &key, out);
+                }
+            }
+            serde_json::Value::Null => out.push((prefix.to_string(), "-".into())),
+            serde_json::Value::String(s) => out.push((prefix.to_string(), s.clone())),
+            other => out.push((prefix.to_string(), other.to_string())),
+        }
+    }
+    let mut out = Vec::new();
+    walk(&serde_json::to_value(value).unwrap_or_default(), "", &mut out);
+    out
+}
+
+/// A config as a titled key/value table.
+pub fn config_html(title: &str, value: &impl serde::Serialize) -> String {
+    let rows = fields(value);
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), escape(v))).collect();
+    style::container(&section(title, &kv_table(&rows)))
+}
+
+/// A config as `field = value` lines.
+pub fn config_text(value: &impl serde::Serialize) -> String {
+    fields(value).iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+}
+
 /// Prints a [`Rich`] value for evcxr (what every `evcxr_display` does).
 pub fn show<T: Rich + ?Sized>(value: &T) {
     print!("{}", evcxr_payload(&value.html(), &value.text()));

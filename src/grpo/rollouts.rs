@@ -169,6 +169,8 @@ pub struct RolloutBatch {
     pub reward_s: f64,
     /// Tokens generated.
     pub generated_tokens: usize,
+    /// Names of the reward functions, in `per_function` order.
+    pub reward_names: Vec<String>,
 }
 
 impl RolloutBatch {
@@ -282,6 +284,7 @@ impl RolloutProducer {
             generation_s,
             reward_s: start.elapsed().as_secs_f64(),
             generated_tokens,
+            reward_names: self.rewards.iter().map(|r| r.name.clone()).collect(),
         };
         self.produced += 1;
         Ok(batch)

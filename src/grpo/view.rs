@@ -200,3 +200,147 @@ impl Rich for GrpoTrainer {
 }
 
 crate::rich_display!(GrpoTrainer);
+
+impl Rich for super::GrpoConfig {
+    fn html(&self) -> String {
+        display::config_html("GRPO config", self)
+    }
+
+    fn text(&self) -> String {
+        display::config_text(self)
+    }
+}
+
+crate::rich_display!(super::GrpoConfig);
+
+impl Rich for super::RolloutBatch {
+    fn html(&self) -> String {
+        let mut headers = vec!["row", "completion", "tokens", "finish"];
+        headers.extend(self.reward_names.iter().map(String::as_str));
+        headers.extend(["total", "advantage"]);
+        let rows: Vec<Vec<String>> = self
+            .groups
+            .iter()
+            .flat_map(|g| {
+                g.completions.iter().enumerate().map(move |(i, c)| {
+                    let mut row = vec![
+                        g.dataset_row.to_string(),
+                        format!("<code>{}</code>", escape(&g.texts[i])),
+                        c.output_ids.len().to_string(),
+                        c.finish_reason.as_str().to_string(),
+                    ];
+                    row.extend(g.rewards.per_function.iter().map(|f| fmt_reward(f[i])));
+                    row.push(fmt_reward(g.rewards.total[i]));
+                    row.push(format!("{:+.2}", g.advantages[i]));
+                    row
+                })
+            })
+            .take(64)
+            .collect();
+        display::style::container(&display::section(&self.title(), &display::table(&headers, &rows)))
+    }
+
+    fn text(&self) -> String {
+        let mut s = format!("{}\n", self.title());
+        for g in &self.groups {
+            let totals: Vec<String> = g.rewards.total.iter().map(|&r| fmt_reward(r)).collect();
+            s.push_str(&format!("row {:>5}: rewards [{}]\n", g.dataset_row, totals.join(", ")));
+        }
+        s
+    }
+}
+
+impl super::RolloutBatch {
+    fn title(&self) -> String {
+        let n: usize = self.groups.iter().map(|g| g.completions.len()).sum();
+        format!(
+            "Rollout batch {} (weights v{}): {} prompts, {n} completions, {} tokens generated in {:.2} s",
+            self.index,
+            self.version,
+            self.groups.len(),
+            self.generated_tokens,
+            self.generation_s
+        )
+    }
+}
+
+crate::rich_display!(super::RolloutBatch);
+
+impl Rich for super::EvalResult {
+    fn html(&self) -> String {
+        let mut rows = vec![
+            ("step", self.step.to_string()),
+            ("completions", self.completions.to_string()),
+            ("reward", format!("{:.3} ± {:.3}", self.reward_mean, self.reward_std)),
+        ];
+        let per: Vec<(String, String)> = self
+            .per_function
+            .iter()
+            .map(|r| (r.name.clone(), format!("{:.3} ± {:.3}", r.mean, r.std)))
+            .collect();
+        rows.extend(per.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        let rows: Vec<(&str, String)> = rows.into_iter().map(|(k, v)| (k, escape(&v))).collect();
+        display::style::container(&display::section("Evaluation", &display::kv_table(&rows)))
+    }
+
+    fn text(&self) -> String {
+        let per: Vec<String> = self
+            .per_function
+            .iter()
+            .map(|r| format!("{} {:.3}", r.name, r.mean))
+            .collect();
+        format!(
+            "eval at step {}: reward {:.3} ± {:.3} over {} completions ({})\n",
+            self.step,
+            self.reward_mean,
+            self.reward_std,
+            self.completions,
+            per.join(", ")
+        )
+    }
+}
+
+crate::rich_display!(super::EvalResult);
+
+impl Rich for super::UpdateStats {
+    fn html(&self) -> String {
+        let rows = [
+            ("loss", format!("{:.6}", self.loss)),
+            ("loss terms", self.terms.to_string()),
+            ("rows", self.rows.to_string()),
+            (
+                "tokens forwarded / raw",
+                format!(
+                    "{} / {} ({:.2}x)",
+                    self.forwarded_tokens,
+                    self.raw_tokens,
+                    self.packing_ratio()
+                ),
+            ),
+            ("clip ratio", format!("{:.4}", self.clip_ratio)),
+            (
+                "approx KL / KL to reference",
+                format!("{:.2e} / {:.2e}", self.approx_kl, self.ref_kl),
+            ),
+            ("entropy", format!("{:.4}", self.entropy)),
+            ("forward + backward", format!("{:.1} ms", self.forward_backward_s * 1e3)),
+        ];
+        let rows: Vec<(&str, String)> = rows.into_iter().map(|(k, v)| (k, escape(&v))).collect();
+        display::style::container(&display::section("Policy update", &display::kv_table(&rows)))
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "update: loss {:.6}, {} terms in {} rows, {} of {} tokens forwarded ({:.2}x), {:.1} ms\n",
+            self.loss,
+            self.terms,
+            self.rows,
+            self.forwarded_tokens,
+            self.raw_tokens,
+            self.packing_ratio(),
+            self.forward_backward_s * 1e3
+        )
+    }
+}
+
+crate::rich_display!(super::UpdateStats);
