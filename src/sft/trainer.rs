@@ -228,6 +228,8 @@ pub struct SftTrainer {
     pad_multiple: Option<usize>,
     packing: Option<PackingStrategy>,
     pad_id: i64,
+    /// The current epoch's micro-batches (shuffling and packing every row is not free).
+    epoch_batches: Option<(u64, std::sync::Arc<Vec<MicroBatch>>)>,
 }
 
 impl std::fmt::Debug for SftTrainer {
@@ -362,6 +364,7 @@ impl SftTrainer {
             pad_multiple: pad.resolve(platform),
             packing,
             pad_id,
+            epoch_batches: None,
             config,
         };
         let per_epoch = (trainer.micro_batches(0).len() / trainer.config.gradient_accumulation_steps).max(1) as u64;
@@ -413,6 +416,27 @@ impl SftTrainer {
         rows.chunks(self.config.batch_size)
             .map(<[Vec<usize>]>::to_vec)
             .collect()
+    }
+
+    /// [`SftTrainer::micro_batches`] of `epoch`, computed once per epoch.
+    fn cached_batches(&mut self, epoch: u64) -> std::sync::Arc<Vec<MicroBatch>> {
+        match &self.epoch_batches {
+            Some((e, b)) if *e == epoch => b.clone(),
+            _ => {
+                let b = std::sync::Arc::new(self.micro_batches(epoch));
+                self.epoch_batches = Some((epoch, b.clone()));
+                b
+            }
+        }
+    }
+
+    /// Trained tokens of a micro-batch (what [`SftTrainer::tensors`] emits as targets: masked
+    /// positions after each sequence's first token).
+    fn trained_tokens(&self, mb: &MicroBatch) -> usize {
+        mb.iter()
+            .flatten()
+            .map(|&i| self.train[i].loss_mask.iter().skip(1).filter(|&&m| m == 1).count())
+            .sum()
     }
 
     /// The tensors of a micro-batch (rows concatenated, right-padded to a common length).
@@ -477,6 +501,7 @@ impl SftTrainer {
             real,
             total,
         } = self.tensors(mb);
+        debug_assert_eq!(self.trained_tokens(mb), tgt.len(), "window normalisation counts differ");
         self.ledger.record("sft/forward", &ids.size());
         let layout = AttentionLayout::Packed { sequence_ids: seq };
         let hidden = self.model.lm.forward_hidden(&ids, &pos, &layout).map_err(other)?;
@@ -498,7 +523,7 @@ impl SftTrainer {
         let start = Instant::now();
         let mut window: Vec<MicroBatch> = Vec::new();
         while window.len() < self.config.gradient_accumulation_steps {
-            let batches = self.micro_batches(self.state.epoch);
+            let batches = self.cached_batches(self.state.epoch);
             if self.state.micro_batch >= batches.len() {
                 self.state.epoch += 1;
                 self.state.micro_batch = 0;
@@ -508,7 +533,7 @@ impl SftTrainer {
             self.state.micro_batch += 1;
         }
         // The loss is normalised over every trained token of the window, not per micro-batch.
-        let window_tokens: usize = window.iter().map(|mb| self.tensors(mb).tgt.len()).sum::<usize>().max(1);
+        let window_tokens: usize = window.iter().map(|mb| self.trained_tokens(mb)).sum::<usize>().max(1);
         let (mut loss_sum, mut real, mut total) = (0.0, 0usize, 0usize);
         let rows: Vec<usize> = window.iter().flatten().flatten().copied().collect();
         let step = self.state.global_step + 1;
@@ -539,7 +564,7 @@ impl SftTrainer {
             self.optimizer.zero_grad();
         }
         self.state.global_step = step;
-        let per_epoch = self.micro_batches(self.state.epoch).len().max(1) as f64;
+        let per_epoch = self.cached_batches(self.state.epoch).len().max(1) as f64;
         let m = StepMetrics {
             step,
             epoch: self.state.epoch as f64 + self.state.micro_batch as f64 / per_epoch,
@@ -726,3 +751,14 @@ impl Rich for SftTrainer {
 }
 
 crate::rich_display!(SftTrainer);
+
+impl Rich for SftConfig {
+    fn html(&self) -> String {
+        display::config_html("SFT config", self)
+    }
+    fn text(&self) -> String {
+        display::config_text(self)
+    }
+}
+
+crate::rich_display!(SftConfig);
