@@ -421,3 +421,78 @@ fn a_resumed_sync_run_continues_exactly() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn loss_types_match_per_rollout_references_in_both_packings() {
+    use treetrain::grpo::{LossType, accumulate_gradients_with};
+    use treetrain::pack::{grpo_loss, pack_flat};
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 4,
+        ..config()
+    })
+    .unwrap();
+    t.step().unwrap();
+    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    // Another model than the one that sampled: ratios away from 1, some clipped, so the loss
+    // is not the near-zero sum of centred advantages.
+    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    let cfg = treetrain::pack::GrpoLossConfig::default();
+    // Independent references: each rollout forwarded alone; its summed and mean terms.
+    let (mut sums, mut means, mut terms) = (0.0, 0.0, 0usize);
+    for r in &rollouts {
+        let row = pack_flat(std::slice::from_ref(r)).unwrap();
+        let n = row.token_index.len();
+        let sum = grpo_loss(&m.lm, &row, &cfg, Some(1.0)).unwrap().loss.double_value(&[]);
+        sums += sum;
+        means += sum / n as f64;
+        terms += n;
+    }
+    let r = rollouts.len() as f64;
+    let want = [
+        (LossType::Dapo, sums / terms as f64),
+        (LossType::Grpo, means / r),
+        (LossType::DrGrpo, sums / (r * 16.0)),
+    ];
+    for (loss_type, want) in want {
+        for packing in [UpdatePacking::Tree, UpdatePacking::Flat] {
+            let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
+            let got = tch::no_grad(|| accumulate_gradients_with(&m.lm, None, &rows, &cfg, loss_type, 16))
+                .unwrap()
+                .loss;
+            let rel = (got - want).abs() / want.abs().max(1e-9);
+            assert!(rel < 1e-5, "{loss_type:?} {packing:?}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn num_iterations_reuses_a_batch_and_masking_drops_truncated_completions() {
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 3,
+        num_iterations: 2,
+        max_completion_length: 4,
+        mask_truncated_completions: true,
+        ..config()
+    })
+    .unwrap();
+    t.train_for(3).unwrap();
+    let h = &t.state.history;
+    assert_eq!(
+        h.iter().map(|m| (m.generated_by, m.staleness)).collect::<Vec<_>>(),
+        [(0, 0), (0, 1), (2, 0)]
+    );
+    assert_eq!(t.state.batches_consumed, 2);
+    // The second pass over batch 0 sees weights one step away from the generating ones.
+    assert!(h[1].approx_kl > 1e-7 || h[1].loss == 0.0, "{:?}", h[1]);
+    // Truncated completions (4 tokens, no EOS) are left out of the update.
+    let batch = t.last_batch.as_ref().unwrap();
+    let kept: usize = batch
+        .groups
+        .iter()
+        .flat_map(|g| g.completions.iter().map(move |c| (g.prompt_ids.len(), c)))
+        .filter(|(_, c)| c.finish_reason != treetrain::generate::FinishReason::Length)
+        .map(|(p, c)| p + c.output_ids.len())
+        .sum();
+    assert!(h[2].truncated_ratio > 0.0, "{:?}", h[2]);
+    assert_eq!(h[2].raw_tokens, kept);
+}

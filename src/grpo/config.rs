@@ -28,6 +28,19 @@ pub enum RolloutMode {
     Async,
 }
 
+/// How the loss terms of a step are averaged (TRL's `loss_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Over all loss terms of the step (token level; TRL's default).
+    #[default]
+    Dapo,
+    /// Per rollout first, then over rollouts (the original GRPO; favours short completions).
+    Grpo,
+    /// Over rollouts x `max_completion_length` (Dr. GRPO: no length bias).
+    DrGrpo,
+}
+
 /// A built-in reward by name, with its weight.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardSpec {
@@ -94,6 +107,14 @@ pub struct GrpoConfig {
     pub beta: f64,
     /// Advantage scaling within a group.
     pub scale_rewards: ScaleRewards,
+    /// How loss terms are averaged.
+    pub loss_type: LossType,
+    /// Leave completions cut at `max_completion_length` out of the loss (TRL's
+    /// `mask_truncated_completions`).
+    pub mask_truncated_completions: bool,
+    /// Optimizer steps taken on each generated batch (TRL's `num_iterations`, μ); the clip
+    /// bounds how far later iterations move from the generating weights.
+    pub num_iterations: usize,
     /// Tree (default) or flat packing of the update.
     pub packing: UpdatePacking,
     /// Most tokens per packed row of the update (unique tokens for trees).
@@ -159,6 +180,9 @@ impl Default for GrpoConfig {
             epsilon_high: 0.2,
             beta: 0.0,
             scale_rewards: ScaleRewards::Group,
+            loss_type: LossType::Dapo,
+            mask_truncated_completions: false,
+            num_iterations: 1,
             packing: UpdatePacking::Tree,
             token_budget: 4096,
             mode: RolloutMode::Sync,
@@ -209,8 +233,12 @@ impl GrpoConfig {
         if self.num_generations < 2 {
             return bad("num_generations must be at least 2 (advantages compare completions of one prompt)");
         }
-        if self.prompts_per_step == 0 || self.max_completion_length == 0 || self.token_budget == 0 {
-            return bad("prompts_per_step, max_completion_length and token_budget must be at least 1");
+        if self.prompts_per_step == 0
+            || self.max_completion_length == 0
+            || self.token_budget == 0
+            || self.num_iterations == 0
+        {
+            return bad("prompts_per_step, max_completion_length, token_budget and num_iterations must be at least 1");
         }
         if self.mode == RolloutMode::Async && (self.queue_size == 0 || self.weight_sync_steps == 0) {
             return bad("queue_size and weight_sync_steps must be at least 1 in async mode");

@@ -19,11 +19,11 @@ mod view;
 mod worker;
 
 pub use advantage::{ScaleRewards, group_advantages};
-pub use config::{GrpoConfig, RewardSpec, RolloutMode, UpdatePacking};
+pub use config::{GrpoConfig, LossType, RewardSpec, RolloutMode, UpdatePacking};
 pub use reward::{GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, RolloutBatch, RolloutProducer, ScoredGroup};
 pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
-pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
+pub use update::{UpdateStats, accumulate_gradients, accumulate_gradients_with, pack_rollouts};
 pub use worker::AsyncRollouts;
 
 /// Errors from GRPO.

@@ -177,22 +177,32 @@ impl RolloutBatch {
     /// The rollouts to train on, group by group: prompt tokens untrained, completion tokens
     /// trained with the generator's untruncated log-probs as old log-probs.
     pub fn rollouts(&self) -> Vec<Rollout> {
+        self.rollouts_for_update(false)
+    }
+
+    /// [`RolloutBatch::rollouts`], leaving out completions cut at the length limit when
+    /// `mask_truncated` (their advantages still came from the whole group).
+    pub fn rollouts_for_update(&self, mask_truncated: bool) -> Vec<Rollout> {
         self.groups
             .iter()
             .flat_map(|g| {
-                g.completions.iter().zip(&g.advantages).map(move |(c, &advantage)| {
-                    let p = g.prompt_ids.len();
-                    let input_ids: Vec<i64> = g.prompt_ids.iter().chain(&c.output_ids).copied().collect();
-                    let mut old_log_probs = vec![0.0; p];
-                    old_log_probs.extend(&c.untruncated_logprobs);
-                    Rollout {
-                        completion_mask: (0..input_ids.len()).map(|i| u8::from(i >= p)).collect(),
-                        old_log_probs,
-                        input_ids,
-                        advantage,
-                        group_id: format!("{}/{}", self.index, g.dataset_row),
-                    }
-                })
+                g.completions
+                    .iter()
+                    .zip(&g.advantages)
+                    .filter(move |(c, _)| !(mask_truncated && c.finish_reason == FinishReason::Length))
+                    .map(move |(c, &advantage)| {
+                        let p = g.prompt_ids.len();
+                        let input_ids: Vec<i64> = g.prompt_ids.iter().chain(&c.output_ids).copied().collect();
+                        let mut old_log_probs = vec![0.0; p];
+                        old_log_probs.extend(&c.untruncated_logprobs);
+                        Rollout {
+                            completion_mask: (0..input_ids.len()).map(|i| u8::from(i >= p)).collect(),
+                            old_log_probs,
+                            input_ids,
+                            advantage,
+                            group_id: format!("{}/{}", self.index, g.dataset_row),
+                        }
+                    })
             })
             .collect()
     }

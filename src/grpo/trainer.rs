@@ -8,7 +8,7 @@ use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
     GrpoConfig, GrpoError, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer,
-    accumulate_gradients, other, pack_rollouts,
+    accumulate_gradients_with, other, pack_rollouts,
 };
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
@@ -170,6 +170,8 @@ pub struct GrpoTrainer {
     generation: GenerationConfig,
     reference: Option<Model>,
     rewards: Arc<Vec<RewardFn>>,
+    /// A batch with optimizer steps left (`num_iterations > 1`).
+    pending: Option<(RolloutBatch, usize)>,
     optimizer: AdamW,
     schedule: LrSchedule,
     source: Source,
@@ -314,6 +316,7 @@ impl GrpoTrainer {
             generation,
             reference,
             rewards,
+            pending: None,
             source,
             config,
         })
@@ -382,16 +385,33 @@ impl GrpoTrainer {
     /// packed update, one optimizer step.
     pub fn step(&mut self) -> Result<GrpoStepMetrics, GrpoError> {
         let start = Instant::now();
-        let (batch, wait_s, dropped) = self.next_batch()?;
+        let (batch, wait_s, dropped) = match self.pending.take() {
+            Some((batch, left)) => {
+                if left > 1 {
+                    self.pending = Some((batch.clone(), left - 1));
+                }
+                (batch, 0.0, 0)
+            }
+            None => {
+                let (batch, wait_s, dropped) = self.next_batch()?;
+                if self.config.num_iterations > 1 {
+                    self.pending = Some((batch.clone(), self.config.num_iterations - 1));
+                }
+                (batch, wait_s, dropped)
+            }
+        };
         let version = self.state.global_step;
         let t = Instant::now();
-        let rows = pack_rollouts(batch.rollouts(), self.config.packing, self.config.token_budget)?;
+        let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
+        let rows = pack_rollouts(rollouts, self.config.packing, self.config.token_budget)?;
         let pack_s = t.elapsed().as_secs_f64();
-        let stats = accumulate_gradients(
+        let stats = accumulate_gradients_with(
             &self.model.lm,
             self.reference.as_ref().map(|m| &m.lm),
             &rows,
             &self.loss_config(),
+            self.config.loss_type,
+            self.config.max_completion_length,
         )?;
         let t = Instant::now();
         let grad_norm = self.optimizer.clip_grad_norm(self.config.max_grad_norm);

@@ -3,9 +3,11 @@
 
 use std::time::Instant;
 
-use super::{GrpoError, UpdatePacking};
+use super::{GrpoError, LossType, UpdatePacking};
 use crate::model::CausalLm;
-use crate::pack::{GrpoLossConfig, PackedRow, Rollout, grpo_loss_with_reference, pack_flat, plan, row_logprobs_at};
+use crate::pack::{
+    GrpoLossConfig, PackedRow, Rollout, TermWeights, grpo_loss_with_reference, pack_flat, plan, row_logprobs_at,
+};
 
 /// Packs `rollouts` into rows of at most `budget` tokens.
 ///
@@ -81,18 +83,37 @@ impl UpdateStats {
 }
 
 /// Runs forward and backward over every row, accumulating gradients in `policy`'s variables
-/// (not zeroed here). With `reference` and `cfg.beta > 0`, adds the KL penalty to the
-/// reference's log-probs. Each row's loss is divided by the step's total number of loss terms,
-/// so the gradient is the same whatever the packing.
+/// (not zeroed here; under `tch::no_grad` only the loss and statistics are computed). With `reference` and `cfg.beta > 0`, adds the KL penalty to the
+/// reference's log-probs. Each row's loss is divided by the step's total number of loss terms
+/// ([`LossType::Dapo`]), so the gradient is the same whatever the packing.
 pub fn accumulate_gradients(
     policy: &CausalLm,
     reference: Option<&CausalLm>,
     rows: &[PackedRow],
     cfg: &GrpoLossConfig,
 ) -> Result<UpdateStats, GrpoError> {
+    accumulate_gradients_with(policy, reference, rows, cfg, LossType::Dapo, 0)
+}
+
+/// [`accumulate_gradients`] with a choice of normalisation (`max_completion_length` is
+/// Dr. GRPO's constant).
+///
+/// - `Dapo`: every term / all loss terms of the step (token level).
+/// - `Grpo`: every term / (its rollout's terms x rollouts of the step): each rollout's mean,
+///   then the mean over rollouts.
+/// - `DrGrpo`: every term / (rollouts x `max_completion_length`).
+pub fn accumulate_gradients_with(
+    policy: &CausalLm,
+    reference: Option<&CausalLm>,
+    rows: &[PackedRow],
+    cfg: &GrpoLossConfig,
+    loss_type: LossType,
+    max_completion_length: usize,
+) -> Result<UpdateStats, GrpoError> {
     let start = Instant::now();
     let terms: usize = rows.iter().map(|r| r.token_index.len()).sum();
     let norm = terms.max(1) as f64;
+    let rollouts: usize = rows.iter().map(|r| r.rollouts).sum::<usize>().max(1);
     let mut stats = UpdateStats {
         terms,
         rows: rows.len(),
@@ -104,10 +125,30 @@ pub fn accumulate_gradients(
             Some(m) => Some(tch::no_grad(|| row_logprobs_at(m, row, cfg.chunks, cfg.temperature))?),
             None => None,
         };
-        let out = grpo_loss_with_reference(policy, row, cfg, Some(norm), reference_lp.as_ref())?;
+        let per_term: Vec<f32>;
+        let weights = match loss_type {
+            LossType::Dapo => TermWeights::Uniform(1.0 / norm),
+            LossType::DrGrpo => TermWeights::Uniform(1.0 / (rollouts * max_completion_length.max(1)) as f64),
+            LossType::Grpo => {
+                let mut count = vec![0usize; row.rollouts];
+                for &s in &row.segment_id {
+                    count[s as usize] += 1;
+                }
+                per_term = row
+                    .segment_id
+                    .iter()
+                    .map(|&s| 1.0 / (count[s as usize] * rollouts) as f32)
+                    .collect();
+                TermWeights::PerTerm(&per_term)
+            }
+        };
+        let out = grpo_loss_with_reference(policy, row, cfg, weights, reference_lp.as_ref())?;
         stats.loss += out.loss.double_value(&[]);
-        if out.num_terms > 0 {
-            out.loss.backward();
+        // Under `tch::no_grad` (evaluation) there is nothing to back-propagate.
+        if out.num_terms > 0 && out.loss.requires_grad() {
+            out.loss
+                .f_backward()
+                .map_err(|e| GrpoError::Other(format!("backward: {e}")))?;
         }
         clipped += out.clip_fraction * out.num_terms as f64;
         stats.approx_kl += out.approx_kl_sum;

@@ -32,6 +32,16 @@ impl Default for GrpoLossConfig {
     }
 }
 
+/// How each loss term is weighted in the sum that becomes a row's loss.
+#[derive(Debug, Clone, Copy)]
+pub enum TermWeights<'a> {
+    /// Every term times this (1 / the loss terms of the window: token-level normalisation).
+    Uniform(f64),
+    /// One weight per loss term `[M]` (e.g. 1 / (the term's rollout length x rollouts):
+    /// sequence-level normalisation).
+    PerTerm(&'a [f32]),
+}
+
 /// The loss of one packed row and what it was made of.
 #[derive(Debug)]
 pub struct GrpoLoss {
@@ -118,16 +128,18 @@ pub fn grpo_loss(
     cfg: &GrpoLossConfig,
     normalizer: Option<f64>,
 ) -> Result<GrpoLoss, ModelError> {
-    grpo_loss_with_reference(model, row, cfg, normalizer, None)
+    let norm = normalizer.unwrap_or(row.token_index.len().max(1) as f64);
+    grpo_loss_with_reference(model, row, cfg, TermWeights::Uniform(1.0 / norm), None)
 }
 
-/// [`grpo_loss`] plus `beta * k3(reference, policy)` per term when `reference` holds the frozen
-/// reference model's log-probs of the row's terms `[M]` and `cfg.beta > 0`.
+/// The clipped surrogate with per-term `weights`, plus `beta * k3(policy, reference)` per term
+/// when `reference` holds the frozen reference model's log-probs of the row's terms `[M]` and
+/// `cfg.beta > 0`: `loss = sum_t weight_t * term_t`.
 pub fn grpo_loss_with_reference(
     model: &CausalLm,
     row: &PackedRow,
     cfg: &GrpoLossConfig,
-    normalizer: Option<f64>,
+    weights: TermWeights<'_>,
     reference: Option<&Tensor>,
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
@@ -156,8 +168,18 @@ pub fn grpo_loss_with_reference(
         ref_kl_sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
         per_term += kl * cfg.beta;
     }
-    let norm = normalizer.unwrap_or(m.max(1) as f64);
-    let loss = per_term.sum(Kind::Float) / norm;
+    let loss = match weights {
+        TermWeights::Uniform(w) => per_term.sum(Kind::Float) * w,
+        TermWeights::PerTerm(w) => {
+            if w.len() != m {
+                return Err(ModelError::Input(format!(
+                    "{} term weights for a row of {m} loss terms",
+                    w.len()
+                )));
+            }
+            (per_term * Tensor::from_slice(w).to_device(device)).sum(Kind::Float)
+        }
+    };
     let (clip_fraction, approx_kl_sum) = if m == 0 {
         (0.0, 0.0)
     } else {

@@ -12,7 +12,9 @@ mod tree;
 mod view;
 
 pub use error::PackError;
-pub use loss::{GrpoLoss, GrpoLossConfig, grpo_loss, grpo_loss_with_reference, row_logprobs, row_logprobs_at};
+pub use loss::{
+    GrpoLoss, GrpoLossConfig, TermWeights, grpo_loss, grpo_loss_with_reference, row_logprobs, row_logprobs_at,
+};
 pub use planner::{PackPlan, plan};
 pub use rollout::Rollout;
 pub use row::{PackKind, PackedRow, Segment};
