@@ -496,3 +496,37 @@ fn num_iterations_reuses_a_batch_and_masking_drops_truncated_completions() {
     assert!(h[2].truncated_ratio > 0.0, "{:?}", h[2]);
     assert_eq!(h[2].raw_tokens, kept);
 }
+
+#[test]
+fn a_failing_generation_thread_reports_instead_of_hanging() {
+    use std::sync::Arc;
+    use treetrain::grpo::{AsyncRollouts, PromptSampler, PromptSet, RolloutProducer};
+    let tokenizer = Arc::new(treetrain::tokenizer::Tokenizer::from_dir(&sft_model()).unwrap());
+    let ds = treetrain::data::Dataset::open(&root().join("datasets/grpo/test.parquet")).unwrap();
+    let prompts = Arc::new(PromptSet::load(&ds, &tokenizer, "prompt", 512, false).unwrap());
+    let producer = RolloutProducer {
+        sampler: PromptSampler::new(prompts.prompts.len(), 1),
+        prompts,
+        rewards: Arc::new(vec![RewardFn::exact_answer()]),
+        tokenizer,
+        // A padding id outside the vocabulary: the generator refuses it.
+        generation: treetrain::generate::GenerationConfig {
+            pad_token_id: 1 << 40,
+            ..Default::default()
+        },
+        group: 2,
+        per_batch: 2,
+        scale: Default::default(),
+        produced: 0,
+        generator: Default::default(),
+    };
+    let model = Model::load(&sft_model(), LoadOptions::default()).unwrap();
+    let worker = AsyncRollouts::spawn(producer, model, 0, 1);
+    let err = worker.next().unwrap_err().to_string();
+    assert!(
+        err.starts_with("async rollouts:") && err.contains("pad_token_id"),
+        "{err}"
+    );
+    // And again: the thread has ended, the answer does not hang.
+    assert!(worker.next().unwrap_err().to_string().contains("stopped"));
+}

@@ -210,3 +210,72 @@ fn long_segments_split_into_query_blocks_stay_exact() {
     let got = tch::no_grad(|| row_logprobs(&m.lm, &tree, LogprobChunks::default())).unwrap();
     assert!(max_diff(&got, &reference) <= 1e-5, "{}", max_diff(&got, &reference));
 }
+
+/// Short paths are attended in padded batches, long ones alone; a row mixing both (and
+/// batches of different sizes) keeps log-probs and gradients exact.
+#[test]
+fn batched_short_segments_and_long_ones_mix_exactly() {
+    let mut rng = treetrain::util::SplitMix64::new(11);
+    let mut tok = |n: usize| -> Vec<i64> { (0..n).map(|_| rng.below(256) as i64).collect() };
+    let (long, short, mid) = (tok(280), tok(10), tok(40));
+    let mut rs = Vec::new();
+    for (k, n) in [5usize, 7, 3].iter().enumerate() {
+        rs.push(r(&[long.clone(), tok(*n)].concat(), 280, k as f32 - 1.0, "long"));
+    }
+    for (k, n) in [4usize, 6, 2, 9].iter().enumerate() {
+        rs.push(r(&[short.clone(), tok(*n)].concat(), 10, 0.5 - k as f32 * 0.3, "short"));
+    }
+    for (k, n) in [100usize, 90].iter().enumerate() {
+        rs.push(r(&[mid.clone(), tok(*n)].concat(), 40, 1.0 - 2.0 * k as f32, "mid"));
+    }
+    let cfg = GrpoLossConfig {
+        chunks: LogprobChunks { tokens: 64, vocab: 128 },
+        ..Default::default()
+    };
+    let a = model();
+    let reference = reference_logprobs(&a, &rs);
+    let flat = pack_flat(&rs).unwrap();
+    let old = Tensor::from_slice(&flat.old_log_probs);
+    let adv = Tensor::from_slice(&flat.advantages);
+    let ratio = (&reference - old).exp();
+    let clipped = ratio.clamp(0.8, 1.2);
+    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float) / flat.token_index.len() as f64;
+    loss_ref.backward();
+    let (e_ref, h_ref) = grads(&a);
+    for row in [tree_row(&rs), flat] {
+        let (_, _, layout) = row.layout(Device::Cpu);
+        let AttentionLayout::Segments(l) = &layout else {
+            panic!("segments layout expected")
+        };
+        assert!(
+            !l.singles.is_empty() && l.batches.len() >= 2,
+            "{:?}: {} singles, {} batches",
+            row.kind,
+            l.singles.len(),
+            l.batches.len()
+        );
+        let b = model();
+        let lp = tch::no_grad(|| row_logprobs(&b.lm, &row, cfg.chunks)).unwrap();
+        assert!(
+            max_diff(&lp, &reference) <= 1e-5,
+            "{:?} log-probs {}",
+            row.kind,
+            max_diff(&lp, &reference)
+        );
+        let loss = grpo_loss(&b.lm, &row, &cfg, None).unwrap();
+        loss.loss.backward();
+        let (e, h) = grads(&b);
+        assert!(
+            max_diff(&e, &e_ref) <= 1e-4,
+            "{:?} embed grad {}",
+            row.kind,
+            max_diff(&e, &e_ref)
+        );
+        assert!(
+            max_diff(&h, &h_ref) <= 1e-4,
+            "{:?} lm_head grad {}",
+            row.kind,
+            max_diff(&h, &h_ref)
+        );
+    }
+}

@@ -52,6 +52,15 @@ pub enum GrpoError {
     Other(String),
 }
 
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 pub(crate) fn other<E: std::fmt::Display>(e: E) -> GrpoError {
     GrpoError::Other(e.to_string())
 }

@@ -113,13 +113,7 @@ impl RewardFn {
             Ok(Some(v)) if v.is_nan() => Err("returned NaN".into()),
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err("returned None".into()),
-            Err(panic) => Err(match panic.downcast_ref::<&str>() {
-                Some(s) => format!("panicked: {s}"),
-                None => match panic.downcast_ref::<String>() {
-                    Some(s) => format!("panicked: {s}"),
-                    None => "panicked".into(),
-                },
-            }),
+            Err(panic) => Err(format!("panicked: {}", super::panic_message(panic.as_ref()))),
         }
     }
 }

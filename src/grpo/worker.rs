@@ -2,12 +2,13 @@
 //! of scored batches, each tagged with the weight version that generated it.
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use tch::{Tensor, nn::VarStore};
 
-use super::{GrpoError, RolloutBatch, RolloutProducer};
+use super::{GrpoError, RolloutBatch, RolloutProducer, panic_message};
 use crate::model::Model;
 
 /// Deep copies of every parameter, by `state_dict` name.
@@ -116,7 +117,12 @@ impl AsyncRollouts {
                     }
                     version = v;
                 }
-                let batch = producer.produce(&model.lm, version).map_err(|e| e.to_string());
+                // A panic inside libtorch or a reward must reach the trainer as an error, not
+                // leave it waiting.
+                let batch = match catch_unwind(AssertUnwindSafe(|| producer.produce(&model.lm, version))) {
+                    Ok(b) => b.map_err(|e| e.to_string()),
+                    Err(panic) => Err(format!("generation panicked: {}", panic_message(panic.as_ref()))),
+                };
                 let failed = batch.is_err();
                 let mut s = worker.lock();
                 while s.batches.len() >= worker.capacity && !s.stop {

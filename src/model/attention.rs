@@ -4,7 +4,7 @@ use tch::{Tensor, nn};
 
 use super::config::ModelConfig;
 use super::layers::{Linear, RmsNorm};
-use super::layout::{AttentionLayout, KeySource, SegmentAttention};
+use super::layout::{AttentionLayout, KeySource, SegmentLayout};
 use super::rope;
 
 /// `self_attn` of one decoder layer.
@@ -100,18 +100,18 @@ impl Attention {
     ) -> Tensor {
         let (q, k, v) = self.qkv(x, cos, sin);
         match layout {
-            AttentionLayout::Segments(segs) => self.attend_segments(&q, &k, &v, segs),
+            AttentionLayout::Segments(layout) => self.attend_segments(&q, &k, &v, layout),
             _ => self.attend(&q, &k, &v, mask),
         }
     }
 
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
     /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
-    fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, segs: &[SegmentAttention]) -> Tensor {
+    fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
         let (k, v) = self.expand_kv(k, v);
         let scale = (self.head_dim as f64).powf(-0.5);
         let mut outs: Vec<Tensor> = Vec::new();
-        for s in segs {
+        for s in &layout.singles {
             let (ks, vs) = match &s.keys {
                 KeySource::Contiguous { start, len } => (k.narrow(2, *start, *len), v.narrow(2, *start, *len)),
                 KeySource::Gather(idx) => (k.index_select(2, idx), v.index_select(2, idx)),
@@ -132,7 +132,33 @@ impl Attention {
                 ));
             }
         }
+        let (heads, d) = (self.num_heads, self.head_dim);
+        for b in &layout.batches {
+            // [1, H, G * len, d] -> [G, H, len, d]
+            let gather = |t: &Tensor, index: &Tensor, len: i64| {
+                t.index_select(2, index).view([heads, b.groups, len, d]).transpose(0, 1)
+            };
+            let out = Tensor::scaled_dot_product_attention(
+                &gather(q, &b.q_index, b.q_max),
+                &gather(&k, &b.k_index, b.k_max),
+                &gather(&v, &b.k_index, b.k_max),
+                Some(&b.mask),
+                0.0,
+                false,
+                scale,
+                false,
+            );
+            outs.push(
+                out.transpose(0, 1)
+                    .reshape([1, heads, b.groups * b.q_max, d])
+                    .index_select(2, &b.out_slots),
+            );
+        }
         let out = Tensor::cat(&outs, 2);
+        let out = match &layout.order {
+            Some(order) => out.index_select(2, order),
+            None => out,
+        };
         let n = q.size()[2];
         self.o_proj
             .forward(&out.transpose(1, 2).reshape([1, n, self.num_heads * self.head_dim]))

@@ -35,7 +35,43 @@ pub enum AttentionLayout {
     /// root-to-segment path) and flat packing (a sequence sees itself). Attention costs the
     /// sum over segments of `q_len x k_len`, not `seq x seq`. Build with
     /// [`AttentionLayout::segments`].
-    Segments(Vec<SegmentAttention>),
+    Segments(SegmentLayout),
+}
+
+/// The segments of an [`AttentionLayout::Segments`] layout: long ones attended one by one,
+/// short ones batched (a few kernel calls instead of a few per segment: with many short
+/// segments, as GRPO completions are, per-call overhead would otherwise dominate).
+#[derive(Debug)]
+pub struct SegmentLayout {
+    /// Segments attended one by one, in position order.
+    pub singles: Vec<SegmentAttention>,
+    /// Groups of short segments attended in one padded call each.
+    pub batches: Vec<SegmentBatch>,
+    /// `[seq]` int64: row of each packed position in the concatenated outputs (singles' query
+    /// ranges, then each batch's real queries); `None` when everything is in `singles`, in order.
+    pub order: Option<Tensor>,
+    /// Query positions covered.
+    pub tokens: i64,
+}
+
+/// Short segments attended together: `G` segments padded to `q_max` queries and `k_max` keys.
+#[derive(Debug)]
+pub struct SegmentBatch {
+    /// `[G * q_max]` int64: packed position of each query slot (padding slots repeat a real one).
+    pub q_index: Tensor,
+    /// `[G * k_max]` int64: packed position of each key slot (padding repeats the path's first).
+    pub k_index: Tensor,
+    /// `[G, 1, q_max, k_max]` bool: bottom-right causal over real keys; a padding query sees its
+    /// first key only, so no row of scores is empty.
+    pub mask: Tensor,
+    /// Segments `G`.
+    pub groups: i64,
+    /// Longest segment.
+    pub q_max: i64,
+    /// Longest path.
+    pub k_max: i64,
+    /// `[real queries]` int64: the slot in `0..G * q_max` of each real query, segment by segment.
+    pub out_slots: Tensor,
 }
 
 /// Where one segment's keys come from.
@@ -86,57 +122,183 @@ pub struct QueryBlock {
 /// Queries per block of a segment that continues a path.
 pub const QUERY_BLOCK: i64 = 256;
 
+/// Segments with paths up to this many keys are attended in padded batches.
+pub const BATCHED_MAX_KEYS: i64 = 256;
+
+/// Score entries (`G x q_max x k_max`, per head) one padded batch may hold.
+const BATCH_SCORES: i64 = 1 << 20;
+
 impl AttentionLayout {
     /// A segments layout from `cu_q` (`S + 1` segment boundaries), `cu_k` (`S + 1` boundaries in
     /// `kv_index`) and `kv_index` (key positions of every segment, concatenated), the tensors of
     /// TRL's tree packing. Paths that are one contiguous run of positions are sliced, not gathered.
     pub fn segments(cu_q: Vec<i64>, cu_k: Vec<i64>, kv_index: &[i64], device: Device) -> Self {
         let mut segs = Vec::with_capacity(cu_q.len().saturating_sub(1));
+        let mut short: Vec<(i64, i64, &[i64])> = Vec::new();
         for s in 0..cu_q.len().saturating_sub(1) {
             let (q_start, q_len) = (cu_q[s], cu_q[s + 1] - cu_q[s]);
             let path = &kv_index[cu_k[s] as usize..cu_k[s + 1] as usize];
             let k_len = path.len() as i64;
-            let contiguous = path.windows(2).all(|w| w[1] == w[0] + 1);
-            let keys = if contiguous && !path.is_empty() {
-                KeySource::Contiguous {
-                    start: path[0],
-                    len: k_len,
+            if q_len >= 1 && k_len >= q_len && k_len <= BATCHED_MAX_KEYS {
+                short.push((q_start, q_len, path));
+            } else {
+                segs.push(single(q_start, q_len, path, device));
+            }
+        }
+        let tokens = segs.iter().map(|s| s.q_len).sum::<i64>() + short.iter().map(|s| s.1).sum::<i64>();
+        if short.len() < 2 {
+            // Nothing to batch: attend the odd short segment alone, in order.
+            for (q_start, q_len, path) in short.drain(..) {
+                segs.push(single(q_start, q_len, path, device));
+            }
+            segs.sort_by_key(|s| s.q_start);
+        }
+        // Similar path lengths share a batch, so padding stays small.
+        short.sort_by_key(|s| (s.2.len(), s.1));
+        let mut batches = Vec::new();
+        let mut start = 0;
+        while start < short.len() {
+            let k_min = short[start].2.len() as i64;
+            let mut end = start + 1;
+            let mut q_max = short[start].1;
+            while end < short.len() {
+                let k = short[end].2.len() as i64;
+                let q = q_max.max(short[end].1);
+                if k > 2 * k_min + 16 || (end + 1 - start) as i64 * q * k > BATCH_SCORES {
+                    break;
+                }
+                q_max = q;
+                end += 1;
+            }
+            batches.push(segment_batch(&short[start..end], device));
+            start = end;
+        }
+        let order = if batches.is_empty() {
+            None
+        } else {
+            // Concatenated outputs: singles' ranges, then every batch's queries.
+            let mut at_position = vec![0i64; tokens as usize];
+            let mut row = 0;
+            for s in &segs {
+                for p in s.q_start..s.q_start + s.q_len {
+                    at_position[p as usize] = row;
+                    row += 1;
+                }
+            }
+            for group in short_groups(&short, &batches) {
+                for &(q_start, q_len, _) in group {
+                    for p in q_start..q_start + q_len {
+                        at_position[p as usize] = row;
+                        row += 1;
+                    }
+                }
+            }
+            Some(Tensor::from_slice(&at_position).to_device(device))
+        };
+        AttentionLayout::Segments(SegmentLayout {
+            singles: segs,
+            batches,
+            order,
+            tokens,
+        })
+    }
+}
+
+/// One segment attended on its own: its path sliced or gathered, queries in blocks.
+fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> SegmentAttention {
+    let k_len = path.len() as i64;
+    let contiguous = path.windows(2).all(|w| w[1] == w[0] + 1);
+    let keys = if contiguous && !path.is_empty() {
+        KeySource::Contiguous {
+            start: path[0],
+            len: k_len,
+        }
+    } else {
+        KeySource::Gather(Tensor::from_slice(path).to_device(device))
+    };
+    let prefix = k_len - q_len;
+    let blocks = if prefix == 0 {
+        vec![QueryBlock {
+            q_offset: 0,
+            q_len,
+            k_len,
+            mask: None,
+        }]
+    } else {
+        (0..q_len)
+            .step_by(QUERY_BLOCK as usize)
+            .map(|off| {
+                let len = QUERY_BLOCK.min(q_len - off);
+                let k = prefix + off + len;
+                let mask = Tensor::ones([len, k], (Kind::Bool, device)).tril(k - len);
+                QueryBlock {
+                    q_offset: off,
+                    q_len: len,
+                    k_len: k,
+                    mask: Some(mask),
+                }
+            })
+            .collect()
+    };
+    SegmentAttention {
+        q_start,
+        q_len,
+        keys,
+        blocks,
+    }
+}
+
+/// The groups of `short` (sorted) that `batches` were built from, in order.
+fn short_groups<'a>(
+    short: &'a [(i64, i64, &'a [i64])],
+    batches: &[SegmentBatch],
+) -> impl Iterator<Item = &'a [(i64, i64, &'a [i64])]> {
+    let mut start = 0;
+    batches.iter().map(move |b| {
+        let g = &short[start..start + b.groups as usize];
+        start += b.groups as usize;
+        g
+    })
+}
+
+/// One padded call for segments `(q_start, q_len, path)` with `q_len <= path.len()`.
+fn segment_batch(group: &[(i64, i64, &[i64])], device: Device) -> SegmentBatch {
+    let g = group.len() as i64;
+    let q_max = group.iter().map(|s| s.1).max().unwrap_or(1);
+    let k_max = group.iter().map(|s| s.2.len() as i64).max().unwrap_or(1);
+    let mut q_index = Vec::with_capacity((g * q_max) as usize);
+    let mut k_index = Vec::with_capacity((g * k_max) as usize);
+    let mut mask = vec![false; (g * q_max * k_max) as usize];
+    let mut out_slots = Vec::new();
+    for (j, &(q_start, q_len, path)) in group.iter().enumerate() {
+        let k_len = path.len() as i64;
+        let prefix = k_len - q_len;
+        for i in 0..q_max {
+            q_index.push(q_start + i.min(q_len - 1));
+            let row = ((j as i64 * q_max + i) * k_max) as usize;
+            if i < q_len {
+                out_slots.push(j as i64 * q_max + i);
+                for m in &mut mask[row..row + (prefix + i + 1) as usize] {
+                    *m = true;
                 }
             } else {
-                KeySource::Gather(Tensor::from_slice(path).to_device(device))
-            };
-            let prefix = k_len - q_len;
-            let blocks = if prefix == 0 {
-                vec![QueryBlock {
-                    q_offset: 0,
-                    q_len,
-                    k_len,
-                    mask: None,
-                }]
-            } else {
-                (0..q_len)
-                    .step_by(QUERY_BLOCK as usize)
-                    .map(|off| {
-                        let len = QUERY_BLOCK.min(q_len - off);
-                        let k = prefix + off + len;
-                        let mask = Tensor::ones([len, k], (Kind::Bool, device)).tril(k - len);
-                        QueryBlock {
-                            q_offset: off,
-                            q_len: len,
-                            k_len: k,
-                            mask: Some(mask),
-                        }
-                    })
-                    .collect()
-            };
-            segs.push(SegmentAttention {
-                q_start,
-                q_len,
-                keys,
-                blocks,
-            });
+                mask[row] = true;
+            }
         }
-        AttentionLayout::Segments(segs)
+        k_index.extend(
+            path.iter()
+                .copied()
+                .chain(std::iter::repeat_n(path[0], (k_max - k_len) as usize)),
+        );
+    }
+    SegmentBatch {
+        q_index: Tensor::from_slice(&q_index).to_device(device),
+        k_index: Tensor::from_slice(&k_index).to_device(device),
+        mask: Tensor::from_slice(&mask).view([g, 1, q_max, k_max]).to_device(device),
+        groups: g,
+        q_max,
+        k_max,
+        out_slots: Tensor::from_slice(&out_slots).to_device(device),
     }
 }
 
@@ -191,14 +353,15 @@ impl AttentionLayout {
                 check(mask, "mask", &[batch, seq, seq])?;
                 mask.to_device(device).to_kind(Kind::Bool)
             }
-            AttentionLayout::Segments(segs) => {
-                let covered: i64 = segs.iter().map(|s| s.q_len).sum();
-                let ordered = segs.iter().scan(0, |at, s| {
+            AttentionLayout::Segments(layout) => {
+                let covered = layout.tokens;
+                let mut ordered = layout.singles.iter().scan(0, |at, s| {
                     let ok = s.q_start == *at;
                     *at += s.q_len;
                     Some(ok)
                 });
-                if batch != 1 || covered != seq || !ordered.clone().all(|ok| ok) {
+                let ordered = layout.order.is_some() || ordered.all(|ok| ok);
+                if batch != 1 || covered != seq || !ordered {
                     return Err(ModelError::Input(format!(
                         "a segments layout needs one row whose segments tile it in order: batch {batch}, {seq} tokens, segments cover {covered}"
                     )));

@@ -28,7 +28,10 @@ pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
 pub use error::ModelError;
 pub use layers::{Linear, Mlp, RmsNorm};
-pub use layout::{AttentionLayout, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention};
+pub use layout::{
+    AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
+    SegmentLayout,
+};
 pub use loaded::{LoadOptions, Model, SEED_FILE, parse_kind};
 pub use logprobs::{LogprobChunks, target_logprobs};
 pub use weights::{weight_files, write_safetensors};
