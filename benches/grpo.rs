@@ -8,6 +8,8 @@
 //! rollouts are packed both ways and one forward + backward of each is timed on a second copy
 //! of the model, alternating which goes first. Under `cargo test` a 2-step smoke run.
 
+mod common;
+
 use std::path::Path;
 use std::time::Instant;
 
@@ -19,14 +21,8 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let full = raw.iter().any(|a| a == "--bench");
-    let get = |flag: &str| raw.iter().position(|a| a == flag).and_then(|i| raw.get(i + 1)).cloned();
-    let steps: u64 = if full {
-        get("--steps").map_or(20, |s| s.parse().expect("--steps N"))
-    } else {
-        2
-    };
+    let args = common::Args::from_env();
+    let (full, steps) = (args.full, args.steps(20, 2));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let model_dir = root.join("datasets/tiny-qwen3-sft");
     let cfg = GrpoConfig {

@@ -15,14 +15,8 @@ use std::time::Instant;
 use treetrain::sft::{SftConfig, SftTrainer, TokenizeOptions};
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let full = raw.iter().any(|a| a == "--bench");
-    let get = |flag: &str| raw.iter().position(|a| a == flag).and_then(|i| raw.get(i + 1)).cloned();
-    let steps: u64 = if full {
-        get("--steps").map_or(20, |s| s.parse().expect("--steps N"))
-    } else {
-        2
-    };
+    let args = common::Args::from_env();
+    let (full, steps) = (args.full, args.steps(20, 2));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let model_dir = root.join("datasets/tiny-qwen3-sft");
     let data = root.join("datasets/sft/train.parquet");
@@ -56,7 +50,7 @@ fn main() {
     let mut result =
         serde_json::json!({"steps": steps, "treetrain_tokens_per_s": real, "threads": tch::get_num_threads()});
     if full {
-        match common::python(get("--python"), "trl, datasets") {
+        match common::python(args.get("--python"), "trl, datasets") {
             None => println!("TRL: skipped (no Python with trl + datasets; see scripts/fixtures/venv.sh)"),
             Some(py) => {
                 let out = Command::new(py)

@@ -116,6 +116,18 @@ fn tree_flat_and_dense_oracle_logprobs_equal_separate_forwards() {
     assert!(max_diff(&seg, &oracle) <= 1e-5);
 }
 
+/// The clipped surrogate over per-rollout forwards, normalised by all loss terms, as a
+/// differentiable scalar of `m`'s weights.
+fn reference_loss(m: &Model, rs: &[Rollout], eps_low: f64, eps_high: f64) -> Tensor {
+    let lp = reference_logprobs(m, rs);
+    let flat = pack_flat(rs).unwrap();
+    let old = Tensor::from_slice(&flat.old_log_probs);
+    let adv = Tensor::from_slice(&flat.advantages);
+    let ratio = (&lp - old).exp();
+    let clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high);
+    -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float) / flat.token_index.len() as f64
+}
+
 fn grads(m: &Model) -> (Tensor, Tensor) {
     let e = m.lm.embed_tokens.grad().copy();
     let h = m.lm.lm_head.as_ref().unwrap().weight.grad().copy();
@@ -133,16 +145,10 @@ fn tree_gradients_equal_separate_forwards() {
     };
     // Reference: per-rollout forwards, the same clipped surrogate, the same normaliser.
     let a = model();
-    let lp = reference_logprobs(&a, &rs);
-    let flat = pack_flat(&rs).unwrap();
-    let old = Tensor::from_slice(&flat.old_log_probs);
-    let adv = Tensor::from_slice(&flat.advantages);
-    let ratio = (&lp - old).exp();
-    let clipped = ratio.clamp(1.0 - 0.2, 1.0 + 0.28);
-    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float) / flat.token_index.len() as f64;
+    let loss_ref = reference_loss(&a, &rs, 0.2, 0.28);
     loss_ref.backward();
     let (e_ref, h_ref) = grads(&a);
-    for row in [tree_row(&rs), flat] {
+    for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {
         let b = model();
         let loss = grpo_loss(&b.lm, &row, &cfg, None).unwrap();
         assert!((loss.loss.double_value(&[]) - loss_ref.double_value(&[])).abs() <= 1e-6);
@@ -233,16 +239,10 @@ fn batched_short_segments_and_long_ones_mix_exactly() {
         ..Default::default()
     };
     let a = model();
-    let reference = reference_logprobs(&a, &rs);
-    let flat = pack_flat(&rs).unwrap();
-    let old = Tensor::from_slice(&flat.old_log_probs);
-    let adv = Tensor::from_slice(&flat.advantages);
-    let ratio = (&reference - old).exp();
-    let clipped = ratio.clamp(0.8, 1.2);
-    let loss_ref = -(&ratio * &adv).minimum(&(&clipped * &adv)).sum(Kind::Float) / flat.token_index.len() as f64;
-    loss_ref.backward();
+    let reference = tch::no_grad(|| reference_logprobs(&a, &rs));
+    reference_loss(&a, &rs, 0.2, 0.2).backward();
     let (e_ref, h_ref) = grads(&a);
-    for row in [tree_row(&rs), flat] {
+    for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {
         let (_, _, layout) = row.layout(Device::Cpu);
         let AttentionLayout::Segments(l) = &layout else {
             panic!("segments layout expected")

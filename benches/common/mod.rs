@@ -5,6 +5,7 @@ use std::process::Command;
 
 /// A Python that can `import modules` (e.g. `"transformers, torch"`): `--python`, else
 /// `$TREETRAIN_BENCH_PYTHON`, else the fixture venv made by scripts/fixtures/venv.sh.
+#[allow(dead_code)] // not every bench binary compares against Python
 pub fn python(arg: Option<String>, modules: &str) -> Option<String> {
     let home = std::env::var("HOME").unwrap_or_default();
     let venv = Path::new(&home).join(".cache/treetrain/fixture-venv/bin/python");
@@ -22,4 +23,40 @@ pub fn python(arg: Option<String>, modules: &str) -> Option<String> {
             .output()
             .is_ok_and(|o| o.status.success())
     })
+}
+
+/// The bench binary's arguments: `--bench` (what `cargo bench` passes) means a full run; without
+/// it (`cargo test --all-targets`) a seconds-long smoke run.
+pub struct Args {
+    raw: Vec<String>,
+    /// Full run (`--bench` given).
+    pub full: bool,
+}
+
+#[allow(dead_code)] // each bench binary compiles this module and uses part of it
+impl Args {
+    /// From the process's arguments.
+    pub fn from_env() -> Self {
+        let raw: Vec<String> = std::env::args().skip(1).collect();
+        let full = raw.iter().any(|a| a == "--bench");
+        Args { raw, full }
+    }
+
+    /// The value after `flag`.
+    pub fn get(&self, flag: &str) -> Option<String> {
+        self.raw
+            .iter()
+            .position(|a| a == flag)
+            .and_then(|i| self.raw.get(i + 1))
+            .cloned()
+    }
+
+    /// `--steps N` in a full run (default `full`), `smoke` otherwise.
+    pub fn steps(&self, full: u64, smoke: u64) -> u64 {
+        if self.full {
+            self.get("--steps").map_or(full, |s| s.parse().expect("--steps N"))
+        } else {
+            smoke
+        }
+    }
 }

@@ -21,13 +21,7 @@ pub fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32
     if scored.is_empty() {
         return vec![0.0; rewards.len()];
     }
-    let n = scored.len() as f64;
-    let mean = scored.iter().sum::<f64>() / n;
-    let std = if scored.len() > 1 {
-        (scored.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
+    let (mean, std) = mean_std(&scored);
     rewards
         .iter()
         .map(|r| match r {
@@ -41,6 +35,21 @@ pub fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32
             }
         })
         .collect()
+}
+
+/// Mean and Bessel-corrected standard deviation (`torch.std`; 0 for fewer than two values).
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let std = if v.len() > 1 {
+        (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (mean, std)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::advantage::mean_std;
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
@@ -533,15 +534,7 @@ impl GrpoTrainer {
         self.state.samples = samples;
         self.state.history.push(m.clone());
         if let Some(dir) = &self.config.output_dir {
-            use std::io::Write;
-            let _ = std::fs::create_dir_all(dir);
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("log.jsonl"))
-            {
-                let _ = writeln!(f, "{}", serde_json::to_string(m).unwrap_or_default());
-            }
+            crate::train::append_log(dir, m);
         }
     }
 
@@ -565,16 +558,15 @@ impl GrpoTrainer {
             .output_dir
             .clone()
             .ok_or_else(|| GrpoError::Config("output_dir is not set".into()))?;
-        let dir = out.join(format!("checkpoint-{}", self.state.global_step));
-        let tmp = out.join(format!(".checkpoint-{}.tmp", self.state.global_step));
-        let _ = std::fs::remove_dir_all(&tmp);
-        self.model.save(&tmp, Some(&self.tokenizer.dir))?;
-        self.optimizer.save(&tmp)?;
-        let state = serde_json::to_string_pretty(&self.state).map_err(other)?;
-        std::fs::write(tmp.join("trainer_state.json"), state).map_err(other)?;
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&tmp, &dir).map_err(other)?;
-        Ok(dir)
+        crate::train::save_atomically(&out, self.state.global_step, |tmp| {
+            self.model
+                .save(tmp, Some(&self.tokenizer.dir))
+                .map_err(|e| e.to_string())?;
+            self.optimizer.save(tmp).map_err(|e| e.to_string())?;
+            let state = serde_json::to_string_pretty(&self.state).map_err(|e| e.to_string())?;
+            std::fs::write(tmp.join("trainer_state.json"), state).map_err(|e| e.to_string())
+        })
+        .map_err(GrpoError::Other)
     }
 
     /// Reward functions of the run.
@@ -728,19 +720,4 @@ fn prompt_summary(prompt: &super::PromptRow, field: &str) -> String {
         .get(field)
         .and_then(|v| v.as_array()?.last()?.get("content")?.as_str().map(str::to_string))
         .unwrap_or_else(|| prompt.text.clone())
-}
-
-/// Mean and Bessel-corrected standard deviation (0 for fewer than two values).
-fn mean_std(v: &[f64]) -> (f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let std = if v.len() > 1 {
-        (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (mean, std)
 }

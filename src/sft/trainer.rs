@@ -576,15 +576,7 @@ impl SftTrainer {
             skipped: bad.is_some(),
         };
         if let Some(dir) = &self.config.output_dir {
-            use std::io::Write;
-            let _ = std::fs::create_dir_all(dir);
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("log.jsonl"))
-            {
-                let _ = writeln!(f, "{}", serde_json::to_string(&m).unwrap_or_default());
-            }
+            crate::train::append_log(dir, &m);
         }
         self.state.history.push(m.clone());
         Ok(m)
@@ -644,16 +636,15 @@ impl SftTrainer {
             .output_dir
             .clone()
             .ok_or_else(|| SftError::Config("output_dir is not set".into()))?;
-        let dir = out.join(format!("checkpoint-{}", self.state.global_step));
-        let tmp = out.join(format!(".checkpoint-{}.tmp", self.state.global_step));
-        let _ = std::fs::remove_dir_all(&tmp);
-        self.model.save(&tmp, Some(&self.tokenizer.dir)).map_err(other)?;
-        self.optimizer.save(&tmp).map_err(other)?;
-        let state = serde_json::to_string_pretty(&self.state).map_err(other)?;
-        std::fs::write(tmp.join("trainer_state.json"), state).map_err(other)?;
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&tmp, &dir).map_err(other)?;
-        Ok(dir)
+        crate::train::save_atomically(&out, self.state.global_step, |tmp| {
+            self.model
+                .save(tmp, Some(&self.tokenizer.dir))
+                .map_err(|e| e.to_string())?;
+            self.optimizer.save(tmp).map_err(|e| e.to_string())?;
+            let state = serde_json::to_string_pretty(&self.state).map_err(|e| e.to_string())?;
+            std::fs::write(tmp.join("trainer_state.json"), state).map_err(|e| e.to_string())
+        })
+        .map_err(SftError::Other)
     }
 
     /// The input shapes one epoch of training would feed the model, priced as Neuron compiles:

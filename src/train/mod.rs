@@ -1,8 +1,10 @@
 //! Training building blocks shared by the SFT and GRPO trainers: AdamW with savable state,
-//! learning-rate schedules.
+//! learning-rate schedules, checkpoint folders and the step log.
 
 mod adamw;
+mod checkpoint;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, decays};
+pub use checkpoint::{append_log, save_atomically};
 pub use schedule::{LrSchedule, ScheduleKind};

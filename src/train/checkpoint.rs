@@ -1,0 +1,62 @@
+//! What every trainer writes: atomic checkpoint folders and a JSON-lines log.
+
+use std::path::{Path, PathBuf};
+
+/// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
+/// place, so a crash never leaves a half-written checkpoint under the real name.
+pub fn save_atomically(
+    out: &Path,
+    step: u64,
+    write: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
+    let dir = out.join(format!("checkpoint-{step}"));
+    let tmp = out.join(format!(".checkpoint-{step}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    write(&tmp)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Appends `value` as one JSON line to `dir/log.jsonl` (best effort: a log that cannot be
+/// written never stops training).
+pub fn append_log(dir: &Path, value: &impl serde::Serialize) {
+    use std::io::Write;
+    let _ = std::fs::create_dir_all(dir);
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log.jsonl"))
+    {
+        let _ = writeln!(f, "{}", serde_json::to_string(value).unwrap_or_default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_leaves_no_checkpoint_and_a_good_one_replaces_the_old() {
+        let out = std::env::temp_dir().join(format!("treetrain-ckpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let err = save_atomically(&out, 3, |_| Err("disk full".into())).unwrap_err();
+        assert_eq!(err, "disk full");
+        assert!(!out.join("checkpoint-3").exists());
+        for text in ["old", "new"] {
+            let dir = save_atomically(&out, 3, |tmp| {
+                std::fs::write(tmp.join("x"), text).map_err(|e| e.to_string())
+            })
+            .unwrap();
+            assert_eq!(std::fs::read_to_string(dir.join("x")).unwrap(), text);
+        }
+        append_log(&out, &serde_json::json!({"step": 1}));
+        append_log(&out, &serde_json::json!({"step": 2}));
+        assert_eq!(
+            std::fs::read_to_string(out.join("log.jsonl")).unwrap(),
+            "{\"step\":1}\n{\"step\":2}\n"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
