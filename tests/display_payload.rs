@@ -30,6 +30,23 @@ fn html_is_theme_aware_and_self_contained() {
 fn every_notebook_type_renders() {
     use treetrain::display::LineChart;
     let chart = LineChart::new("loss", "step", "loss").with_series("train", vec![(1.0, 2.0), (2.0, 1.5)]);
+    let m = treetrain::sft::StepMetrics {
+        step: 3,
+        epoch: 0.5,
+        loss: 1.25,
+        lr: 1e-3,
+        grad_norm: 0.5,
+        tokens_per_s: 1000.0,
+        padding_fraction: 0.25,
+        skipped: true,
+    };
+    assert_eq!(
+        m.text(),
+        "step 3: loss 1.2500, lr 1.00e-3, grad norm 0.500, 1000 tokens/s, padding 25.0% (skipped)\n"
+    );
+    assert!(m.html().contains("<th>grad_norm</th><td>0.5</td>"));
+    let cfg = treetrain::sft::SftConfig::default();
+    assert!(cfg.text().contains("tokenize.max_length = ") && cfg.html().contains("SFT config"));
     assert!(chart.html().contains("<svg") && chart.text().contains("train: 2 points, last 1.5000 at 2"));
     let ds = treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo"))
         .unwrap();

@@ -351,6 +351,17 @@ fn state_display_shows_curves_samples_and_the_tree() {
         prompts: held_out.prompts[..4].to_vec(),
         skipped: 0,
     };
+    assert_eq!(
+        held_out.text(),
+        format!(
+            "100 prompts (0 skipped), longest {} tokens\n",
+            held_out.prompts.iter().map(|p| p.ids.len()).max().unwrap()
+        )
+    );
+    assert!(held_out.html().contains("the first 8"));
+    let last = t.state.history.last().unwrap();
+    assert!(last.text().starts_with("step 2: reward") && last.html().contains("GRPO step 2"));
+    assert_eq!(t.rewards()[1].text(), "reward answer_format x 0.5\n");
     let eval = t.evaluate(&small, 0, 1).unwrap();
     assert_eq!(eval.completions, 4);
     assert!(eval.text().starts_with("eval at step 2: reward") && eval.html().contains("answer_format"));

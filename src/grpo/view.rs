@@ -344,3 +344,80 @@ impl Rich for super::UpdateStats {
 }
 
 crate::rich_display!(super::UpdateStats);
+
+impl Rich for GrpoStepMetrics {
+    fn html(&self) -> String {
+        let rows = display::fields(self);
+        let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), escape(v))).collect();
+        display::style::container(&display::section(
+            &format!("GRPO step {}", self.step),
+            &display::kv_table(&rows),
+        ))
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "step {}: reward {:.3} ± {:.3}, completion {:.1} tokens, loss {:+.4}, clip {:.3}, approx KL {:.1e}, entropy {:.2}, packing {:.2}x, staleness {}, {:.2} s\n",
+            self.step,
+            self.reward_mean,
+            self.reward_std,
+            self.completion_length,
+            self.loss,
+            self.clip_ratio,
+            self.approx_kl,
+            self.entropy,
+            self.packing_ratio,
+            self.staleness,
+            self.step_s
+        )
+    }
+}
+
+crate::rich_display!(GrpoStepMetrics);
+
+impl Rich for super::PromptSet {
+    fn html(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .prompts
+            .iter()
+            .take(8)
+            .map(|p| {
+                vec![
+                    p.dataset_row.to_string(),
+                    p.ids.len().to_string(),
+                    format!("<code>{}</code>", escape(&tail(&p.text, 100))),
+                ]
+            })
+            .collect();
+        display::style::container(&display::section(
+            &format!("{} prompts ({} skipped); the first 8", self.prompts.len(), self.skipped),
+            &display::table(&["row", "tokens", "prompt (end)"], &rows),
+        ))
+    }
+
+    fn text(&self) -> String {
+        let longest = self.prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+        format!(
+            "{} prompts ({} skipped), longest {longest} tokens\n",
+            self.prompts.len(),
+            self.skipped
+        )
+    }
+}
+
+crate::rich_display!(super::PromptSet);
+
+impl Rich for super::RewardFn {
+    fn html(&self) -> String {
+        display::style::container(&display::kv_table(&[
+            ("reward", escape(&self.name)),
+            ("weight", format!("{}", self.weight)),
+        ]))
+    }
+
+    fn text(&self) -> String {
+        format!("reward {} x {}\n", self.name, self.weight)
+    }
+}
+
+crate::rich_display!(super::RewardFn);

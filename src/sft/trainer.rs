@@ -743,6 +743,26 @@ impl Rich for SftTrainer {
 
 crate::rich_display!(SftTrainer);
 
+impl Rich for StepMetrics {
+    fn html(&self) -> String {
+        display::config_html(&format!("SFT step {}", self.step), self)
+    }
+    fn text(&self) -> String {
+        format!(
+            "step {}: loss {:.4}, lr {:.2e}, grad norm {:.3}, {:.0} tokens/s, padding {:.1}%{}\n",
+            self.step,
+            self.loss,
+            self.lr,
+            self.grad_norm,
+            self.tokens_per_s,
+            100.0 * self.padding_fraction,
+            if self.skipped { " (skipped)" } else { "" }
+        )
+    }
+}
+
+crate::rich_display!(StepMetrics);
+
 impl Rich for SftConfig {
     fn html(&self) -> String {
         display::config_html("SFT config", self)
