@@ -39,7 +39,7 @@ fn config() -> GrpoConfig {
         prompts_per_step: 16,
         max_completion_length: 16,
         learning_rate: 1e-3,
-        lr_scheduler: treetrain::train::ScheduleKind::Constant,
+        lr_scheduler: treetrain::train::ScheduleKind::Linear,
         token_budget: 2048,
         max_steps: 40,
         seed: 7,
