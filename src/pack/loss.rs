@@ -71,15 +71,57 @@ fn k3(sampled: &Tensor, other: &Tensor) -> Tensor {
     d.exp() - &d - 1.0
 }
 
-/// Hidden states at the predicting positions of `row` `[M, hidden]`, divided by `temperature`
-/// (so that `h W^T = logits / temperature`).
-fn term_hidden(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<Tensor, ModelError> {
+/// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
+/// rollouts that share it in the tree is several terms with one hidden state and one target, so
+/// its log-prob (and the LM head's work for it) is computed once and fanned out.
+struct DistinctTerms {
+    /// `[U]` hidden states at the pairs' positions, divided by the temperature (so that
+    /// `h W^T = logits / temperature`).
+    hidden: Tensor,
+    /// `[U]` targets.
+    targets: Tensor,
+    /// `[M]` the pair of each loss term.
+    of_term: Tensor,
+    /// `[U]` terms per pair (f64, for weighting per-pair statistics).
+    counts: Vec<f64>,
+}
+
+fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
     let device = model.device();
+    let targets = row.targets();
+    let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
+    let (mut positions, mut pair_targets, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    let of_term: Vec<i64> = row
+        .token_index
+        .iter()
+        .zip(&targets)
+        .map(|(&p, &t)| {
+            let id = *seen.entry((p, t)).or_insert_with(|| {
+                positions.push(p);
+                pair_targets.push(t);
+                counts.push(0.0);
+                positions.len() as i64 - 1
+            });
+            counts[id as usize] += 1.0;
+            id
+        })
+        .collect();
     let (ids, pos, layout) = row.layout(device);
     let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
-    let index = Tensor::from_slice(&row.token_index).to_device(device);
-    let h = hidden.index_select(0, &index);
-    Ok(if temperature == 1.0 { h } else { h / temperature })
+    let h = hidden.index_select(0, &Tensor::from_slice(&positions).to_device(device));
+    Ok(DistinctTerms {
+        hidden: if temperature == 1.0 { h } else { h / temperature },
+        targets: Tensor::from_slice(&pair_targets),
+        of_term: Tensor::from_slice(&of_term).to_device(device),
+        counts,
+    })
+}
+
+impl DistinctTerms {
+    /// Log-prob of every loss term `[M]`.
+    fn logprobs(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+        Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
+    }
 }
 
 /// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
@@ -95,23 +137,26 @@ pub fn row_logprobs_at(
     chunks: LogprobChunks,
     temperature: f64,
 ) -> Result<Tensor, ModelError> {
-    let h = term_hidden(model, row, temperature)?;
-    target_logprobs(&h, model.lm_head_weight(), &Tensor::from_slice(&row.targets()), chunks)
+    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
 }
 
-/// Sum of the entropies of `softmax(h W^T)` over rows of `h` `[M, hidden]`, without gradient,
-/// `chunk` rows at a time (full-vocabulary logits only for one chunk).
-fn entropy_sum(h: &Tensor, lm_head: &Tensor, chunk: i64) -> f64 {
+/// `sum_i weights[i] * entropy(softmax(h_i W^T))` over rows of `h` `[U, hidden]`, without
+/// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
+fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> f64 {
     tch::no_grad(|| {
         let n = h.size()[0];
         let w = lm_head.to_kind(Kind::Float);
+        let weights = Tensor::from_slice(weights).to_kind(Kind::Float).to_device(h.device());
         let mut total = 0.0;
         let mut start = 0;
         while start < n {
             let len = chunk.max(1).min(n - start);
             let logits = h.narrow(0, start, len).to_kind(Kind::Float).matmul(&w.transpose(0, 1));
             let logp = logits.log_softmax(-1, Kind::Float);
-            total -= (logp.exp() * &logp).sum(Kind::Float).double_value(&[]);
+            let entropy = -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float);
+            total += (entropy * weights.narrow(0, start, len))
+                .sum(Kind::Float)
+                .double_value(&[]);
             start += len;
         }
         total
@@ -144,13 +189,8 @@ pub fn grpo_loss_with_reference(
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
     let m = row.token_index.len();
-    let h = term_hidden(model, row, cfg.temperature)?;
-    let logprobs = target_logprobs(
-        &h,
-        model.lm_head_weight(),
-        &Tensor::from_slice(&row.targets()),
-        cfg.chunks,
-    )?;
+    let terms = distinct_terms(model, row, cfg.temperature)?;
+    let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
     let old = Tensor::from_slice(&row.old_log_probs).to_device(device);
     let adv = Tensor::from_slice(&row.advantages).to_device(device);
     let ratio = (&logprobs - &old).exp();
@@ -195,7 +235,12 @@ pub fn grpo_loss_with_reference(
             (clip, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
         })
     };
-    let entropy_sum = entropy_sum(&h, model.lm_head_weight(), cfg.chunks.tokens.min(256));
+    let entropy_sum = entropy_sum(
+        &terms.hidden,
+        model.lm_head_weight(),
+        &terms.counts,
+        cfg.chunks.tokens.min(256),
+    );
     Ok(GrpoLoss {
         loss,
         logprobs,
