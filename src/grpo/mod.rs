@@ -8,6 +8,23 @@
 //! mode the importance ratio starts at 1 (up to floating-point differences between the
 //! static-cache decode and the packed forward) and in async mode it measures how far the
 //! weights moved since generation, which the clip bounds.
+//!
+//! ```
+//! use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
+//! let mut config = GrpoConfig::from_toml_file(&treetrain::shipped::datasets_dir().join("grpo.toml")).unwrap();
+//! config.output_dir = None;
+//! config.prompts_per_step = 2;
+//! let rewards = vec![
+//!     RewardFn::exact_answer(),
+//!     RewardFn::answer_format().with_weight(0.5),
+//!     // Our own: a bonus for answers of at most 6 tokens.
+//!     RewardFn::new("short", |x| Some(if x.completion_ids.len() <= 6 { 1.0 } else { 0.0 })).with_weight(0.1),
+//! ];
+//! let mut trainer = GrpoTrainer::with_rewards(config, rewards).unwrap();
+//! let m = trainer.step().unwrap(); // 2 prompts x 8 completions, one tree-packed update
+//! assert_eq!(m.rewards.len(), 3);
+//! assert!(m.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
+//! ```
 
 mod advantage;
 mod config;
