@@ -187,7 +187,7 @@ fn tree_and_flat_packing_give_the_same_update() {
 }
 
 #[test]
-fn stale_batches_are_dropped_and_counted() {
+fn stale_groups_are_dropped_and_counted() {
     let mut t = GrpoTrainer::new(GrpoConfig {
         mode: RolloutMode::Async,
         prompts_per_step: 2,
@@ -197,12 +197,15 @@ fn stale_batches_are_dropped_and_counted() {
         ..config()
     })
     .unwrap();
-    t.async_rollouts().unwrap().wait_for(3);
+    // 3 steps' worth: 6 groups of version 0 waiting.
+    t.async_rollouts().unwrap().wait_for(6);
+    assert_eq!(t.async_rollouts().unwrap().queued(), 6);
     let first = t.step().unwrap();
     assert_eq!((first.staleness, first.dropped_stale), (0, 0));
-    // The three batches of version 0 still queued are older than max_staleness now.
+    // The four groups of version 0 still queued are older than max_staleness now.
     let second = t.step().unwrap();
-    assert!(second.dropped_stale >= 3, "{second:?}");
+    assert!(second.dropped_stale >= 4, "{second:?}");
+    assert!(t.last_batch.as_ref().unwrap().groups.iter().all(|g| g.version == 1));
     assert_eq!((second.staleness, second.generated_by), (0, 1));
     assert_eq!(t.state.dropped_stale, second.dropped_stale);
     assert_eq!(t.state.forced_syncs, 0);

@@ -23,8 +23,8 @@ pub enum RolloutMode {
     /// Generate, then train, with the same weights: on-policy, deterministic.
     #[default]
     Sync,
-    /// A generation thread with its own copy of the weights fills a bounded queue while the
-    /// trainer updates; samples may be a few weight versions old.
+    /// A generation thread with its own copy of the weights fills a bounded queue of scored
+    /// groups while the trainer updates; samples may be a few weight versions old.
     Async,
 }
 
@@ -121,9 +121,10 @@ pub struct GrpoConfig {
     pub token_budget: usize,
     /// Sync (default) or async rollouts.
     pub mode: RolloutMode,
-    /// Async: finished batches waiting for the trainer.
+    /// Async: finished groups that may wait for the trainer, in steps' worth
+    /// (`queue_size x prompts_per_step` groups).
     pub queue_size: usize,
-    /// Async: batches generated more than this many weight versions ago are dropped.
+    /// Async: groups generated more than this many weight versions ago are dropped.
     pub max_staleness: u64,
     /// Async: the generator receives the trainer's weights every this many steps.
     pub weight_sync_steps: u64,

@@ -38,7 +38,7 @@ mod worker;
 pub use advantage::{ScaleRewards, group_advantages};
 pub use config::{GrpoConfig, LossType, RewardSpec, RolloutMode, UpdatePacking};
 pub use reward::{GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
-pub use rollouts::{PromptRow, PromptSampler, PromptSet, RolloutBatch, RolloutProducer, ScoredGroup};
+pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup};
 pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
 pub use update::{UpdateStats, accumulate_gradients, accumulate_gradients_with, pack_rollouts};
 pub use worker::AsyncRollouts;

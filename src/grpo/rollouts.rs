@@ -138,6 +138,10 @@ impl PromptSampler {
 /// The completions of one prompt with their rewards and advantages.
 #[derive(Debug, Clone)]
 pub struct ScoredGroup {
+    /// Weight version that generated it.
+    pub version: u64,
+    /// Running number of the generation call that made it.
+    pub origin: u64,
     /// Index into the run's [`PromptSet`].
     pub prompt: usize,
     /// Dataset row of the prompt.
@@ -157,15 +161,15 @@ pub struct ScoredGroup {
 /// One step's worth of scored groups and how they were made.
 #[derive(Debug, Clone)]
 pub struct RolloutBatch {
-    /// Weight version (optimizer steps) of the weights that generated it.
+    /// Weight version (optimizer steps) of the oldest weights that generated its groups.
     pub version: u64,
-    /// Running number of batches produced.
+    /// Running number of the batch (generated, or assembled from queued groups in async mode).
     pub index: u64,
     /// The groups.
     pub groups: Vec<ScoredGroup>,
-    /// Seconds spent generating.
+    /// Seconds spent generating (async: the groups' shares of their generation calls).
     pub generation_s: f64,
-    /// Seconds spent scoring.
+    /// Seconds spent scoring (async: the groups' shares).
     pub reward_s: f64,
     /// Tokens generated.
     pub generated_tokens: usize,
@@ -200,7 +204,7 @@ impl RolloutBatch {
                             old_log_probs,
                             input_ids,
                             advantage,
-                            group_id: format!("{}/{}", self.index, g.dataset_row),
+                            group_id: format!("{}/{}", g.origin, g.dataset_row),
                         }
                     })
             })
@@ -211,6 +215,48 @@ impl RolloutBatch {
     pub fn totals(&self) -> impl Iterator<Item = Option<f32>> + '_ {
         self.groups.iter().flat_map(|g| g.rewards.total.iter().copied())
     }
+
+    /// The batch cut into single groups, each carrying its share of the batch's time and tokens
+    /// (what the async generation thread queues).
+    pub fn into_groups(self) -> Vec<QueuedGroup> {
+        let n = self.groups.len().max(1) as f64;
+        let (generation_s, reward_s) = (self.generation_s / n, self.reward_s / n);
+        self.groups
+            .into_iter()
+            .map(|group| QueuedGroup {
+                generated_tokens: group.completions.iter().map(|c| c.output_ids.len()).sum(),
+                group,
+                generation_s,
+                reward_s,
+            })
+            .collect()
+    }
+
+    /// A batch assembled from queued groups (async mode).
+    pub fn from_groups(index: u64, groups: Vec<QueuedGroup>, reward_names: Vec<String>) -> Self {
+        RolloutBatch {
+            version: groups.iter().map(|g| g.group.version).min().unwrap_or(0),
+            index,
+            generation_s: groups.iter().map(|g| g.generation_s).sum(),
+            reward_s: groups.iter().map(|g| g.reward_s).sum(),
+            generated_tokens: groups.iter().map(|g| g.generated_tokens).sum(),
+            groups: groups.into_iter().map(|g| g.group).collect(),
+            reward_names,
+        }
+    }
+}
+
+/// One scored group as the async generation thread queues it.
+#[derive(Debug, Clone)]
+pub struct QueuedGroup {
+    /// The group (with the weight version that generated it).
+    pub group: ScoredGroup,
+    /// Its share of its generation call's seconds.
+    pub generation_s: f64,
+    /// Its share of the scoring seconds.
+    pub reward_s: f64,
+    /// Tokens generated for it.
+    pub generated_tokens: usize,
 }
 
 /// Generates and scores batches with whatever weights it is handed; owned by the trainer in
@@ -278,6 +324,8 @@ impl RolloutProducer {
             let rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
             let advantages = group_advantages(&rewards.total, self.scale);
             groups.push(ScoredGroup {
+                version,
+                origin: self.produced,
                 prompt: p,
                 dataset_row: prompt.dataset_row,
                 prompt_ids: prompt.ids.clone(),

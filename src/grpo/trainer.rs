@@ -34,11 +34,11 @@ pub struct RewardStat {
 pub struct GrpoStepMetrics {
     /// Step number (1-based).
     pub step: u64,
-    /// Weight version that generated the batch.
+    /// Weight version that generated the batch (its oldest group).
     pub generated_by: u64,
-    /// Steps between generation and this update.
+    /// Steps between generation and this update (of the oldest group).
     pub staleness: u64,
-    /// Batches dropped as too stale before this one.
+    /// Groups dropped as too stale while this step's batch was assembled.
     pub dropped_stale: usize,
     /// Mean total (weighted) reward.
     pub reward_mean: f64,
@@ -128,7 +128,7 @@ pub struct GrpoState {
     pub reward_names: Vec<String>,
     /// Every step's metrics.
     pub history: Vec<GrpoStepMetrics>,
-    /// Batches dropped as older than `max_staleness`.
+    /// Groups dropped as older than `max_staleness`.
     pub dropped_stale: usize,
     /// Weight syncs forced because every queued batch would have been too stale.
     pub forced_syncs: usize,
@@ -287,12 +287,8 @@ impl GrpoTrainer {
             RolloutMode::Sync => Source::Sync(Box::new(producer)),
             RolloutMode::Async => {
                 let copy = Model::load(weights, opts)?;
-                Source::Async(AsyncRollouts::spawn(
-                    producer,
-                    copy,
-                    state.global_step,
-                    config.queue_size,
-                ))
+                let capacity = config.queue_size * config.prompts_per_step;
+                Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
             }
         };
         let reference = if config.beta > 0.0 {
@@ -362,13 +358,14 @@ impl GrpoTrainer {
             }
             Source::Async(a) => {
                 let (mut wait, mut dropped) = (0.0, 0);
-                loop {
+                let mut groups = Vec::with_capacity(self.config.prompts_per_step);
+                while groups.len() < self.config.prompts_per_step {
                     let t = Instant::now();
-                    let batch = a.next()?;
+                    let queued = a.next()?;
                     wait += t.elapsed().as_secs_f64();
-                    self.state.batches_consumed += 1;
-                    if version - batch.version.min(version) <= self.config.max_staleness {
-                        return Ok((batch, wait, dropped));
+                    if version - queued.group.version.min(version) <= self.config.max_staleness {
+                        groups.push(queued);
+                        continue;
                     }
                     dropped += 1;
                     self.state.dropped_stale += 1;
@@ -378,6 +375,10 @@ impl GrpoTrainer {
                         self.state.forced_syncs += 1;
                     }
                 }
+                let batch =
+                    RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone());
+                self.state.batches_consumed += 1;
+                Ok((batch, wait, dropped))
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Async rollouts: a generation thread with its own copy of the weights fills a bounded queue
-//! of scored batches, each tagged with the weight version that generated it.
+//! of scored groups (one prompt's completions), each tagged with the weight version that
+//! generated it.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -8,7 +9,7 @@ use std::thread::JoinHandle;
 
 use tch::{Tensor, nn::VarStore};
 
-use super::{GrpoError, RolloutBatch, RolloutProducer, panic_message};
+use super::{GrpoError, QueuedGroup, RolloutProducer, panic_message};
 use crate::model::Model;
 
 /// Deep copies of every parameter, by `state_dict` name.
@@ -38,7 +39,7 @@ pub(crate) fn load_snapshot(vs: &VarStore, weights: &[(String, Tensor)]) -> Resu
 }
 
 struct Slots {
-    batches: VecDeque<Result<RolloutBatch, String>>,
+    groups: VecDeque<Result<QueuedGroup, String>>,
     weights: Option<(u64, Vec<(String, Tensor)>)>,
     stop: bool,
     finished: bool,
@@ -86,11 +87,12 @@ impl std::fmt::Debug for AsyncRollouts {
 
 impl AsyncRollouts {
     /// Starts generating at once with `model` (weights of `version`), at most `capacity`
-    /// finished batches waiting.
+    /// finished groups waiting (the thread generates a batch of `producer.per_batch` prompts
+    /// at a time and queues its groups one by one).
     pub fn spawn(mut producer: RolloutProducer, model: Model, version: u64, capacity: usize) -> Self {
         let shared = Arc::new(Shared {
             slots: Mutex::new(Slots {
-                batches: VecDeque::new(),
+                groups: VecDeque::new(),
                 weights: None,
                 stop: false,
                 finished: false,
@@ -112,7 +114,7 @@ impl AsyncRollouts {
                 };
                 if let Some((v, w)) = weights {
                     if let Err(e) = load_snapshot(&model.vs, &w) {
-                        worker.lock().batches.push_back(Err(e.to_string()));
+                        worker.lock().groups.push_back(Err(e.to_string()));
                         return;
                     }
                     version = v;
@@ -123,16 +125,21 @@ impl AsyncRollouts {
                     Ok(b) => b.map_err(|e| e.to_string()),
                     Err(panic) => Err(format!("generation panicked: {}", panic_message(panic.as_ref()))),
                 };
-                let failed = batch.is_err();
-                let mut s = worker.lock();
-                while s.batches.len() >= worker.capacity && !s.stop {
-                    s = worker.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                let (items, failed): (Vec<Result<QueuedGroup, String>>, bool) = match batch {
+                    Ok(b) => (b.into_groups().into_iter().map(Ok).collect(), false),
+                    Err(e) => (vec![Err(e)], true),
+                };
+                for item in items {
+                    let mut s = worker.lock();
+                    while s.groups.len() >= worker.capacity && !s.stop {
+                        s = worker.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                    }
+                    if s.stop {
+                        return;
+                    }
+                    s.groups.push_back(item);
+                    worker.changed.notify_all();
                 }
-                if s.stop {
-                    return;
-                }
-                s.batches.push_back(batch);
-                worker.changed.notify_all();
                 if failed {
                     return;
                 }
@@ -158,16 +165,16 @@ impl AsyncRollouts {
         self.published
     }
 
-    /// Finished batches waiting.
+    /// Finished groups waiting.
     pub fn queued(&self) -> usize {
-        self.shared.lock().batches.len()
+        self.shared.lock().groups.len()
     }
 
-    /// The oldest finished batch, waiting for one if the queue is empty.
-    pub fn next(&self) -> Result<RolloutBatch, GrpoError> {
+    /// The oldest finished group, waiting for one if the queue is empty.
+    pub fn next(&self) -> Result<QueuedGroup, GrpoError> {
         let mut s = self.shared.lock();
         loop {
-            if let Some(b) = s.batches.pop_front() {
+            if let Some(b) = s.groups.pop_front() {
                 self.shared.changed.notify_all();
                 return b.map_err(GrpoError::Worker);
             }
@@ -178,11 +185,11 @@ impl AsyncRollouts {
         }
     }
 
-    /// Waits until `n` batches are queued (or the thread stopped); for tests and notebooks
-    /// that want a full queue before stepping.
+    /// Waits until `n` groups are queued (or the thread stopped); for tests and notebooks that
+    /// want a full queue before stepping.
     pub fn wait_for(&self, n: usize) {
         let mut s = self.shared.lock();
-        while s.batches.len() < n.min(self.shared.capacity) && !s.finished {
+        while s.groups.len() < n.min(self.shared.capacity) && !s.finished {
             s = self.shared.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
     }
