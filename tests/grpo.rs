@@ -306,6 +306,13 @@ fn bad_configs_are_refused_with_reasons() {
         })
         .contains("max_prompt_length is 5")
     );
+    assert!(
+        err(GrpoConfig {
+            device: "tpu".into(),
+            ..config()
+        })
+        .contains("device \"tpu\": expected cpu, cuda")
+    );
 }
 
 #[test]

@@ -210,3 +210,18 @@ fn malformed_rows_are_named_or_skipped() {
     .unwrap();
     assert_eq!((t.num_train_rows(), t.state.skipped_rows), (2, 2));
 }
+
+#[test]
+fn an_unknown_device_is_a_config_error() {
+    let err = SftTrainer::new(SftConfig {
+        device: "cuda:7".into(),
+        ..config(None)
+    })
+    .unwrap_err()
+    .to_string();
+    let n = tch::Cuda::device_count();
+    assert!(
+        err.contains(&format!("device \"cuda:7\": libtorch sees {n} CUDA device")),
+        "{err}"
+    );
+}

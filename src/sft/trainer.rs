@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use super::{PackingStrategy, TokenizeOptions, TrainExample, pack, tokenize};
 use crate::data::Dataset;
@@ -77,6 +77,8 @@ pub struct SftConfig {
     pub skip_invalid_rows: bool,
     /// Parameter dtype (`fp32` or `bf16`).
     pub dtype: String,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
+    pub device: String,
     /// Write a checkpoint every this many steps (CLI).
     pub save_steps: Option<u64>,
     /// Evaluate every this many steps (CLI).
@@ -109,6 +111,7 @@ impl Default for SftConfig {
             on_nan: NanPolicy::Skip,
             skip_invalid_rows: false,
             dtype: "fp32".into(),
+            device: "cpu".into(),
             save_steps: None,
             eval_steps: None,
         }
@@ -295,7 +298,7 @@ impl SftTrainer {
             weights_dir,
             LoadOptions {
                 dtype: Some(dtype),
-                device: Device::Cpu,
+                device: crate::device::parse_device(&config.device).map_err(|e| SftError::Config(e.to_string()))?,
             },
         )
         .map_err(other)?;
@@ -503,11 +506,18 @@ impl SftTrainer {
         } = self.tensors(mb);
         debug_assert_eq!(self.trained_tokens(mb), tgt.len(), "window normalisation counts differ");
         self.ledger.record("sft/forward", &ids.size());
-        let layout = AttentionLayout::Packed { sequence_ids: seq };
-        let hidden = self.model.lm.forward_hidden(&ids, &pos, &layout).map_err(other)?;
+        let device = self.model.lm.device();
+        let layout = AttentionLayout::Packed {
+            sequence_ids: seq.to_device(device),
+        };
+        let hidden = self
+            .model
+            .lm
+            .forward_hidden(&ids.to_device(device), &pos.to_device(device), &layout)
+            .map_err(other)?;
         let h = hidden
             .view([-1, self.model.lm.config.hidden_size])
-            .index_select(0, &Tensor::from_slice(&src));
+            .index_select(0, &Tensor::from_slice(&src).to_device(device));
         let lp = target_logprobs(
             &h,
             self.model.lm.lm_head_weight(),
