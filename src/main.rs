@@ -723,10 +723,10 @@ fn demo(out: &Path) -> Result<()> {
         ..Default::default()
     };
     let mut sft = treetrain::sft::SftTrainer::new(sft_config)?;
-    let before = sft.evaluate()?;
+    let sft_before = sft.evaluate()?;
     sft.train_for(30)?;
-    let after = sft.evaluate()?;
-    println!("held-out loss per assistant token: {before:.3} -> {after:.3}");
+    let sft_after = sft.evaluate()?;
+    println!("held-out loss per assistant token: {sft_before:.3} -> {sft_after:.3}");
     print!("{}", sft.state.text());
     std::fs::write(out.join("sft_curves.svg"), {
         let pts = |f: fn(&treetrain::sft::StepMetrics) -> f64| {
@@ -869,6 +869,11 @@ fn demo(out: &Path) -> Result<()> {
             "parameters": model.lm.config.num_parameters(),
             "assistant_tokens_scored": trained_tokens,
             "mean_nll": nll,
+        },
+        "sft": {
+            "steps": 30,
+            "held_out_loss_before": sft_before,
+            "held_out_loss_after": sft_after,
         },
         "grpo": {
             "steps": steps,

@@ -319,3 +319,57 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
     assert!(!ok && err.contains("--mode sometimes"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "slow: the whole demo (~40 s)"]
+fn the_demo_tells_the_whole_story() {
+    let out = std::env::temp_dir().join(format!("treetrain-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let (ok, stdout, err) = treetrain(&["demo", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for section in [
+        "== 1. Environment",
+        "== 4. SFT",
+        "== 5. GRPO",
+        "== 6. The last informative step",
+    ] {
+        assert!(stdout.contains(section), "missing {section}:\n{stdout}");
+    }
+    for file in [
+        "report.html",
+        "shapes.svg",
+        "sft_curves.svg",
+        "grpo_curves.svg",
+        "grpo/log.jsonl",
+        "grpo/checkpoint-40/model.safetensors",
+    ] {
+        assert!(out.join(file).exists(), "{file} missing");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s = &summary["sft"];
+    assert!(s["held_out_loss_after"].as_f64().unwrap() < s["held_out_loss_before"].as_f64().unwrap() - 1.0);
+    let g = &summary["grpo"];
+    let (before, after) = (
+        g["held_out_reward_before"].as_f64().unwrap(),
+        g["held_out_reward_after"].as_f64().unwrap(),
+    );
+    assert!(after > before + 0.02, "held-out reward {before} -> {after}");
+    let t = &summary["tree_packing"];
+    assert!(
+        t["packing_ratio"].as_f64().unwrap() > 3.0 && t["tree_speedup"].as_f64().unwrap() > 1.5,
+        "{t}"
+    );
+    let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
+    assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-6), "{tree} vs {flat}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("grpo/log.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        40
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("Sample completions") && html.contains("Latest micro-batch"));
+    let _ = std::fs::remove_dir_all(&out);
+}
