@@ -306,6 +306,13 @@ fn bad_configs_are_refused_with_reasons() {
         })
         .contains("max_prompt_length is 5")
     );
+    let weird = GrpoTrainer::with_rewards(config(), vec![RewardFn::exact_answer().with_weight(f32::NAN)]);
+    assert!(
+        weird
+            .unwrap_err()
+            .to_string()
+            .contains("reward `exact_answer` has weight NaN")
+    );
     assert!(
         err(GrpoConfig {
             device: "tpu".into(),

@@ -107,10 +107,13 @@ impl RewardFn {
         }
     }
 
-    /// Scores one rollout; a panic or a NaN becomes an error message instead of unwinding.
+    /// Scores one rollout; a panic, NaN or infinity becomes an error message instead of
+    /// unwinding or poisoning the group's advantages.
     pub fn score(&self, input: &RewardInput) -> Result<f32, String> {
         match catch_unwind(AssertUnwindSafe(|| (self.f)(input))) {
             Ok(Some(v)) if v.is_nan() => Err("returned NaN".into()),
+            // An infinite reward would make its whole group's advantages NaN.
+            Ok(Some(v)) if v.is_infinite() => Err(format!("returned {v}")),
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err("returned None".into()),
             Err(panic) => Err(format!("panicked: {}", super::panic_message(panic.as_ref()))),
@@ -207,19 +210,26 @@ mod tests {
             RewardFn::new("len", |x| Some(x.completion.len() as f32)).with_weight(0.5),
             RewardFn::new("picky", |x| match x.completion {
                 "nan" => Some(f32::NAN),
+                "inf" => Some(f32::NEG_INFINITY),
                 "none" => None,
                 "panic" => panic!("bad input"),
                 _ => Some(1.0),
             }),
         ];
-        let texts = ["ok", "nan", "none", "panic"];
+        let texts = ["ok", "nan", "none", "panic", "inf"];
         let inputs: Vec<RewardInput> = texts.iter().map(|t| input(t, &row)).collect();
         // The panic's message is printed by the default hook; scoring goes on.
         let g = score_group(&fns, 3, &inputs);
-        assert_eq!(g.total, vec![Some(2.0), None, None, None]);
-        assert_eq!(g.per_function[0], vec![Some(2.0), Some(3.0), Some(4.0), Some(5.0)]);
+        assert_eq!(g.total, vec![Some(2.0), None, None, None, None]);
+        assert_eq!(
+            g.per_function[0],
+            vec![Some(2.0), Some(3.0), Some(4.0), Some(5.0), Some(3.0)]
+        );
         let reasons: Vec<&str> = g.failures.iter().map(|f| f.reason.as_str()).collect();
-        assert_eq!(reasons, ["returned NaN", "returned None", "panicked: bad input"]);
+        assert_eq!(
+            reasons,
+            ["returned NaN", "returned None", "panicked: bad input", "returned -inf"]
+        );
         assert!(g.failures.iter().all(|f| f.function == "picky" && f.dataset_row == 3));
         assert_eq!(g.failures[2].completion, 3);
     }

@@ -94,7 +94,8 @@ pub struct GrpoStepMetrics {
     pub generation_tokens_per_s: f64,
     /// Raw (rollout) tokens per second of forward + backward.
     pub training_tokens_per_s: f64,
-    /// Whether the update was skipped (non-finite loss or gradient).
+    /// Whether the update was skipped (non-finite loss or gradient norm: the weights are left
+    /// untouched, the step counts in `skipped_steps`).
     pub skipped: bool,
 }
 
@@ -226,6 +227,12 @@ impl GrpoTrainer {
         if rewards.is_empty() {
             return Err(GrpoError::Config("no reward function".into()));
         }
+        if let Some(r) = rewards.iter().find(|r| !r.weight.is_finite()) {
+            return Err(GrpoError::Config(format!(
+                "reward `{}` has weight {}",
+                r.name, r.weight
+            )));
+        }
         let hub = crate::hub::HubCache::from_env();
         let dir = hub.model_dir(&config.model).map_err(other)?;
         let opts = LoadOptions {
@@ -346,8 +353,9 @@ impl GrpoTrainer {
         }
     }
 
-    /// The next batch to train on: generated now (sync), or the oldest queued one that is at
-    /// most `max_staleness` versions old (async; older ones are dropped and counted).
+    /// The next batch to train on: generated now (sync), or assembled from the oldest queued
+    /// groups that are at most `max_staleness` versions old (async; older ones are dropped and
+    /// counted).
     fn next_batch(&mut self) -> Result<(RolloutBatch, f64, usize), GrpoError> {
         let version = self.state.global_step;
         match &mut self.source {
@@ -407,14 +415,21 @@ impl GrpoTrainer {
         let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
         let rows = pack_rollouts(rollouts, self.config.packing, self.config.token_budget)?;
         let pack_s = t.elapsed().as_secs_f64();
-        let stats = accumulate_gradients_with(
+        let stats = match accumulate_gradients_with(
             &self.model.lm,
             self.reference.as_ref().map(|m| &m.lm),
             &rows,
             &self.loss_config(),
             self.config.loss_type,
             self.config.max_completion_length,
-        )?;
+        ) {
+            Ok(stats) => stats,
+            Err(e) => {
+                // Rows before the failure left gradients behind: the next step must not see them.
+                self.optimizer.zero_grad();
+                return Err(e);
+            }
+        };
         let t = Instant::now();
         let grad_norm = self.optimizer.clip_grad_norm(self.config.max_grad_norm);
         let lr = self.schedule.lr_at(version);
