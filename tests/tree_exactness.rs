@@ -279,3 +279,36 @@ fn batched_short_segments_and_long_ones_mix_exactly() {
         );
     }
 }
+
+#[test]
+fn a_hand_made_row_with_bad_indices_is_an_error_not_a_panic() {
+    let m = model();
+    let mut row = tree_row(&rollouts());
+    row.token_index[0] = row.len() as i64 + 3;
+    let err = grpo_loss(&m.lm, &row, &GrpoLossConfig::default(), None).unwrap_err();
+    assert!(err.to_string().contains("token_index"), "{err}");
+    let mut row = tree_row(&rollouts());
+    row.advantages.pop();
+    let err = row_logprobs(&m.lm, &row, LogprobChunks::default()).unwrap_err();
+    assert!(err.to_string().contains("advantages"), "{err}");
+}
+
+#[test]
+fn packers_emit_rows_that_pass_their_own_check() {
+    let rs = rollouts();
+    tree_row(&rs).check().unwrap();
+    pack_flat(&rs).unwrap().check().unwrap();
+    let mut row = tree_row(&rs);
+    row.tree_kv_index[2] = -1;
+    assert_eq!(
+        row.check().unwrap_err(),
+        "tree_kv_index holds -1, outside 0..".to_string() + &row.len().to_string()
+    );
+    let mut row = tree_row(&rs);
+    *row.tree_cu_seqlens_q.last_mut().unwrap() += 1;
+    assert!(
+        row.check()
+            .unwrap_err()
+            .starts_with("tree_cu_seqlens_q must rise from 0")
+    );
+}

@@ -81,6 +81,8 @@ proptest! {
         check_visibility(&tree, &rollouts);
         let flat = pack_flat(&rollouts).unwrap();
         check_visibility(&flat, &rollouts);
+        prop_assert_eq!(tree.check(), Ok(()));
+        prop_assert_eq!(flat.check(), Ok(()));
         prop_assert!(tree.len() <= flat.len());
         prop_assert_eq!(flat.len(), rollouts.iter().map(|r| r.input_ids.len()).sum::<usize>());
         prop_assert_eq!(tree.tree_cu_seqlens_q.last().copied(), Some(tree.len() as i32));

@@ -132,7 +132,12 @@ pub fn accumulate_gradients_with(
             LossType::Grpo => {
                 let mut count = vec![0usize; row.rollouts];
                 for &s in &row.segment_id {
-                    count[s as usize] += 1;
+                    *count.get_mut(s as usize).ok_or_else(|| {
+                        GrpoError::Other(format!(
+                            "packed row: segment_id {s} but the row holds {} rollouts",
+                            row.rollouts
+                        ))
+                    })? += 1;
                 }
                 per_term = row
                     .segment_id

@@ -88,6 +88,8 @@ struct DistinctTerms {
 
 fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
     let device = model.device();
+    // Rows are public data: a hand-made one must fail with a message, not an index panic.
+    row.check().map_err(|e| ModelError::Input(format!("packed row: {e}")))?;
     let targets = row.targets();
     let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
     let (mut positions, mut pair_targets, mut counts) = (Vec::new(), Vec::new(), Vec::new());

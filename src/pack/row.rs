@@ -154,6 +154,54 @@ impl PackedRow {
         (ids, pos, layout)
     }
 
+    /// Checks that the fields agree with each other (lengths, boundaries, indices in range), so a
+    /// hand-made or edited row fails with a message instead of an index panic in the forward.
+    pub fn check(&self) -> Result<(), String> {
+        let (n, m) = (self.len(), self.token_index.len());
+        if self.position_ids.len() != n || self.shift_labels.len() != n {
+            return Err(format!(
+                "{} position_ids and {} shift_labels for {n} input_ids",
+                self.position_ids.len(),
+                self.shift_labels.len()
+            ));
+        }
+        if self.old_log_probs.len() != m || self.advantages.len() != m || self.segment_id.len() != m {
+            return Err(format!(
+                "{} old_log_probs, {} advantages and {} segment_id for {m} loss terms",
+                self.old_log_probs.len(),
+                self.advantages.len(),
+                self.segment_id.len()
+            ));
+        }
+        let bounds = |name: &str, cu: &[i32], end: usize| -> Result<(), String> {
+            let ok = cu.first() == Some(&0)
+                && cu.last().is_some_and(|&e| e as usize == end)
+                && cu.windows(2).all(|w| w[0] <= w[1]);
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{name} must rise from 0 to {end}"))
+            }
+        };
+        bounds("tree_cu_seqlens_q", &self.tree_cu_seqlens_q, n)?;
+        bounds("tree_cu_seqlens_k", &self.tree_cu_seqlens_k, self.tree_kv_index.len())?;
+        if self.tree_cu_seqlens_q.len() != self.tree_cu_seqlens_k.len() {
+            return Err("tree_cu_seqlens_q and tree_cu_seqlens_k differ in length".into());
+        }
+        for (name, v) in [
+            ("tree_kv_index", &self.tree_kv_index),
+            ("token_index", &self.token_index),
+        ] {
+            if let Some(p) = v.iter().find(|&&p| p < 0 || p as usize >= n) {
+                return Err(format!("{name} holds {p}, outside 0..{n}"));
+            }
+        }
+        if let Some(s) = self.segment_id.iter().find(|&&s| s < 0 || s as usize >= self.rollouts) {
+            return Err(format!("segment_id {s} but the row holds {} rollouts", self.rollouts));
+        }
+        Ok(())
+    }
+
     /// Targets of the loss terms `[M]`: the label at each term's position.
     pub fn targets(&self) -> Vec<i64> {
         self.token_index
