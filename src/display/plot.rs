@@ -107,7 +107,16 @@ impl LineChart {
         for (i, s) in self.series.iter().enumerate() {
             let (r, g, b) = PALETTE[i % PALETTE.len()];
             let color = RGBColor(r, g, b);
-            let points = s.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite());
+            let points: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .copied()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .collect();
+            // A line needs two points: after a first training step a curve is one dot.
+            if points.len() == 1 {
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            }
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(2)))?
                 .label(&s.name)
@@ -138,6 +147,10 @@ mod tests {
         assert!(svg.contains("no padding") && svg.contains("pad 128"));
         assert!(svg.contains("compiles") && svg.contains("batch"));
         assert!(svg.contains("<polyline"));
+        let one = LineChart::new("reward", "step", "reward")
+            .with_series("total", vec![(1.0, 0.5)])
+            .to_svg();
+        assert!(one.contains("<circle"), "a single point is drawn as a dot");
     }
 
     #[test]
