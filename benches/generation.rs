@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -80,13 +80,12 @@ fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
 }
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let full = raw.iter().any(|a| a == "--bench");
-    let get = |flag: &str| raw.iter().position(|a| a == flag).and_then(|i| raw.get(i + 1)).cloned();
+    let args = common::Args::from_env();
+    let full = args.full;
     let (n_prompts, new, repeats) = if full {
         (
-            get("--prompts").map_or(8, |v| v.parse().expect("--prompts N")),
-            get("--new").map_or(64, |v| v.parse().expect("--new N")),
+            args.get("--prompts").map_or(8, |v| v.parse().expect("--prompts N")),
+            args.get("--new").map_or(64, |v| v.parse().expect("--new N")),
             3,
         )
     } else {
@@ -157,7 +156,7 @@ fn main() {
         "group_shared_tokens_per_s": gtotal / shared_s, "group_separate_tokens_per_s": gtotal / separate_s,
     });
     if full {
-        match common::python(get("--python"), "transformers, torch") {
+        match common::python(args.get("--python"), "transformers, torch") {
             None => {
                 println!("transformers: skipped (no Python with torch + transformers; see scripts/fixtures/venv.sh)")
             }
@@ -201,12 +200,5 @@ fn main() {
             }
         }
     }
-    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join(if full {
-        "target/bench/generation.json"
-    } else {
-        "target/bench/generation_smoke.json"
-    });
-    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
-    std::fs::write(&path, serde_json::to_string_pretty(&results).expect("json")).expect("write");
-    println!("wrote {}", path.display());
+    args.write_result("generation", &results);
 }

@@ -22,7 +22,7 @@ fn mean(v: &[f64]) -> f64 {
 
 fn main() {
     let args = common::Args::from_env();
-    let (full, steps) = (args.full, args.steps(20, 2));
+    let steps = args.steps(20, 2);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let model_dir = root.join("datasets/tiny-qwen3-sft");
     let cfg = GrpoConfig {
@@ -120,12 +120,5 @@ fn main() {
         "reward_first": h.first().map(|m| m.reward_mean),
         "reward_last": h.last().map(|m| m.reward_mean),
     });
-    let path = root.join(if full {
-        "target/bench/grpo.json"
-    } else {
-        "target/bench/grpo_smoke.json"
-    });
-    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
-    std::fs::write(&path, serde_json::to_string_pretty(&result).expect("json")).expect("write");
-    println!("wrote {}", path.display());
+    args.write_result("grpo", &result);
 }

@@ -85,12 +85,5 @@ fn main() {
             }
         }
     }
-    let path = root.join(if full {
-        "target/bench/sft.json"
-    } else {
-        "target/bench/sft_smoke.json"
-    });
-    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
-    std::fs::write(&path, serde_json::to_string_pretty(&result).expect("json")).expect("write");
-    println!("wrote {}", path.display());
+    args.write_result("sft", &result);
 }

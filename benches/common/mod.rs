@@ -51,6 +51,19 @@ impl Args {
             .cloned()
     }
 
+    /// Writes `target/bench/<name>.json` (`<name>_smoke.json` for a smoke run) and says where.
+    pub fn write_result(&self, name: &str, result: &serde_json::Value) {
+        let file = if self.full {
+            format!("{name}.json")
+        } else {
+            format!("{name}_smoke.json")
+        };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench").join(file);
+        let _ = std::fs::create_dir_all(path.parent().expect("parent"));
+        std::fs::write(&path, serde_json::to_string_pretty(result).expect("json")).expect("write");
+        println!("wrote {}", path.display());
+    }
+
     /// `--steps N` in a full run (default `full`), `smoke` otherwise.
     pub fn steps(&self, full: u64, smoke: u64) -> u64 {
         if self.full {
