@@ -62,12 +62,7 @@ fn main() {
             let start = Instant::now();
             let stats = accumulate_gradients(&probe.lm, None, &rows, &loss_cfg).expect("update");
             let secs = start.elapsed().as_secs_f64();
-            for (_, v) in probe.vs.variables() {
-                let mut g = v.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
+            treetrain::train::zero_grads(&probe.vs);
             (secs, stats.forwarded_tokens)
         };
         let ((ts, tt), (fs, ft)) = if step % 2 == 0 {

@@ -181,12 +181,7 @@ fn status_kib(field: &str) -> f64 {
 fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
     let cfg = GrpoLossConfig::default();
     let step = || {
-        for v in model.vs.trainable_variables() {
-            let mut g = v.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
+        treetrain::train::zero_grads(&model.vs);
         let loss = grpo_loss(&model.lm, row, &cfg, None).expect("loss");
         loss.loss.backward();
         if let Device::Cuda(i) = args.device {

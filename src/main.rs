@@ -809,12 +809,7 @@ fn demo(out: &Path) -> Result<()> {
     let (tree_ms, tree_stats) = time_update(treetrain::grpo::UpdatePacking::Tree)?;
     let (flat_ms, flat_stats) = time_update(treetrain::grpo::UpdatePacking::Flat)?;
     // Only timing: the gradients accumulated here are never applied.
-    for (_, v) in grpo.model.vs.variables() {
-        let mut g = v.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
+    treetrain::train::zero_grads(&grpo.model.vs);
     println!(
         "step {}, {} rollouts: {} tokens flat, {} forwarded as prefix trees (packing ratio {:.2}); update {flat_ms:.0} ms flat, {tree_ms:.0} ms tree ({:.2}x); loss {:.6} vs {:.6}",
         batch.version + 1,

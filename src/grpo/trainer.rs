@@ -257,7 +257,7 @@ impl GrpoTrainer {
         )?);
         let generation = generation_config(&config, &tokenizer, &model.lm.config);
         let rewards = Arc::new(rewards);
-        let producer = RolloutProducer {
+        let mut producer = RolloutProducer {
             prompts: prompts.clone(),
             rewards: rewards.clone(),
             tokenizer: tokenizer.clone(),
@@ -276,13 +276,8 @@ impl GrpoTrainer {
             ..Default::default()
         };
         let mut optimizer = AdamW::new(&model.vs, config.adamw);
-        let mut producer = producer;
         if let Some(ckpt) = checkpoint {
-            optimizer.load(ckpt)?;
-            let path = ckpt.join("trainer_state.json");
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| GrpoError::Other(format!("{}: {e}", path.display())))?;
-            state = serde_json::from_str(&text).map_err(|e| GrpoError::Other(format!("{}: {e}", path.display())))?;
+            state = crate::train::load_checkpoint(ckpt, &mut optimizer).map_err(GrpoError::Other)?;
             state.total_steps = config.max_steps;
             // The prompt order and sampling seeds pick up after the last batch the run consumed.
             for _ in 0..state.batches_consumed {
@@ -574,14 +569,14 @@ impl GrpoTrainer {
             .output_dir
             .clone()
             .ok_or_else(|| GrpoError::Config("output_dir is not set".into()))?;
-        crate::train::save_atomically(&out, self.state.global_step, |tmp| {
-            self.model
-                .save(tmp, Some(&self.tokenizer.dir))
-                .map_err(|e| e.to_string())?;
-            self.optimizer.save(tmp).map_err(|e| e.to_string())?;
-            let state = serde_json::to_string_pretty(&self.state).map_err(|e| e.to_string())?;
-            std::fs::write(tmp.join("trainer_state.json"), state).map_err(|e| e.to_string())
-        })
+        crate::train::save_checkpoint(
+            &out,
+            self.state.global_step,
+            &self.model,
+            &self.tokenizer.dir,
+            &self.optimizer,
+            &self.state,
+        )
         .map_err(GrpoError::Other)
     }
 

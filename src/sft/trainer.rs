@@ -391,12 +391,7 @@ impl SftTrainer {
         };
         trainer.state.total_steps = total;
         if let Some(ckpt) = checkpoint {
-            trainer.optimizer.load(ckpt).map_err(other)?;
-            let path = ckpt.join("trainer_state.json");
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| SftError::Other(format!("{}: {e}", path.display())))?;
-            trainer.state =
-                serde_json::from_str(&text).map_err(|e| SftError::Other(format!("{}: {e}", path.display())))?;
+            trainer.state = crate::train::load_checkpoint(ckpt, &mut trainer.optimizer).map_err(SftError::Other)?;
         }
         Ok(trainer)
     }
@@ -646,14 +641,14 @@ impl SftTrainer {
             .output_dir
             .clone()
             .ok_or_else(|| SftError::Config("output_dir is not set".into()))?;
-        crate::train::save_atomically(&out, self.state.global_step, |tmp| {
-            self.model
-                .save(tmp, Some(&self.tokenizer.dir))
-                .map_err(|e| e.to_string())?;
-            self.optimizer.save(tmp).map_err(|e| e.to_string())?;
-            let state = serde_json::to_string_pretty(&self.state).map_err(|e| e.to_string())?;
-            std::fs::write(tmp.join("trainer_state.json"), state).map_err(|e| e.to_string())
-        })
+        crate::train::save_checkpoint(
+            &out,
+            self.state.global_step,
+            &self.model,
+            &self.tokenizer.dir,
+            &self.optimizer,
+            &self.state,
+        )
         .map_err(SftError::Other)
     }
 

@@ -8,6 +8,22 @@ use tch::{Kind, Tensor, nn};
 
 use crate::model::{ModelError, write_safetensors};
 
+/// Zeroes the gradient of every tensor that has one.
+fn clear_grads<'a>(params: impl IntoIterator<Item = &'a Tensor>) {
+    for p in params {
+        let mut g = p.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+}
+
+/// Zeroes the gradients of every variable of `vs` (after a forward/backward that is measured or
+/// inspected but not applied).
+pub fn zero_grads(vs: &nn::VarStore) {
+    clear_grads(vs.variables().values());
+}
+
 /// AdamW hyper-parameters (PyTorch's defaults except the learning rate, which the schedule sets).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
@@ -131,12 +147,7 @@ impl AdamW {
 
     /// Clears every parameter's gradient.
     pub fn zero_grad(&self) {
-        for p in self.params.values() {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
+        clear_grads(self.params.values());
     }
 
     /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`,

@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::AdamW;
+use crate::model::Model;
+
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
 /// place, so a crash never leaves a half-written checkpoint under the real name.
 pub fn save_atomically(
@@ -18,6 +21,35 @@ pub fn save_atomically(
     std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(dir)
 }
+
+/// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder (with the
+/// tokenizer files of `tokenizer_dir`), the optimizer state and `trainer_state.json`.
+pub fn save_checkpoint(
+    out: &Path,
+    step: u64,
+    model: &Model,
+    tokenizer_dir: &Path,
+    optimizer: &AdamW,
+    state: &impl serde::Serialize,
+) -> Result<PathBuf, String> {
+    save_atomically(out, step, |tmp| {
+        model.save(tmp, Some(tokenizer_dir)).map_err(|e| e.to_string())?;
+        optimizer.save(tmp).map_err(|e| e.to_string())?;
+        let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
+        std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())
+    })
+}
+
+/// Restores `optimizer` from a folder written by [`save_checkpoint`] and returns the trainer
+/// state saved with it.
+pub fn load_checkpoint<T: serde::de::DeserializeOwned>(checkpoint: &Path, optimizer: &mut AdamW) -> Result<T, String> {
+    optimizer.load(checkpoint).map_err(|e| e.to_string())?;
+    let path = checkpoint.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+const STATE_FILE: &str = "trainer_state.json";
 
 /// Appends `value` as one JSON line to `dir/log.jsonl` (best effort: a log that cannot be
 /// written never stops training).

@@ -5,6 +5,6 @@ mod adamw;
 mod checkpoint;
 mod schedule;
 
-pub use adamw::{AdamW, AdamWConfig, decays};
-pub use checkpoint::{append_log, save_atomically};
+pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
+pub use checkpoint::{append_log, load_checkpoint, save_atomically, save_checkpoint};
 pub use schedule::{LrSchedule, ScheduleKind};
