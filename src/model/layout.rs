@@ -176,22 +176,15 @@ impl AttentionLayout {
         let order = if batches.is_empty() {
             None
         } else {
-            // Concatenated outputs: singles' ranges, then every batch's queries.
+            // Concatenated outputs: singles' ranges, then every batch's queries (the batches
+            // take `short` in order).
             let mut at_position = vec![0i64; tokens as usize];
-            let mut row = 0;
-            for s in &segs {
-                for p in s.q_start..s.q_start + s.q_len {
-                    at_position[p as usize] = row;
-                    row += 1;
-                }
-            }
-            for group in short_groups(&short, &batches) {
-                for &(q_start, q_len, _) in group {
-                    for p in q_start..q_start + q_len {
-                        at_position[p as usize] = row;
-                        row += 1;
-                    }
-                }
+            let ranges = segs
+                .iter()
+                .map(|s| (s.q_start, s.q_len))
+                .chain(short.iter().map(|s| (s.0, s.1)));
+            for (row, p) in ranges.flat_map(|(start, len)| start..start + len).enumerate() {
+                at_position[p as usize] = row as i64;
             }
             Some(Tensor::from_slice(&at_position).to_device(device))
         };
@@ -246,19 +239,6 @@ fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> SegmentAtte
         keys,
         blocks,
     }
-}
-
-/// The groups of `short` (sorted) that `batches` were built from, in order.
-fn short_groups<'a>(
-    short: &'a [(i64, i64, &'a [i64])],
-    batches: &[SegmentBatch],
-) -> impl Iterator<Item = &'a [(i64, i64, &'a [i64])]> {
-    let mut start = 0;
-    batches.iter().map(move |b| {
-        let g = &short[start..start + b.groups as usize];
-        start += b.groups as usize;
-        g
-    })
 }
 
 /// One padded call for segments `(q_start, q_len, path)` with `q_len <= path.len()`.
