@@ -209,22 +209,19 @@ impl GrpoConfig {
     /// Parses a TOML file of [`GrpoConfig`] fields (unset fields keep their defaults; relative
     /// paths are taken relative to the file's folder).
     pub fn from_toml_file(path: &Path) -> Result<Self, GrpoError> {
-        let text = std::fs::read_to_string(path).map_err(|e| GrpoError::Config(format!("{}: {e}", path.display())))?;
-        let mut cfg: GrpoConfig =
-            toml::from_str(&text).map_err(|e| GrpoError::Config(format!("{}: {e}", path.display())))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        if cfg.dataset.is_relative() && base.join(&cfg.dataset).exists() {
-            cfg.dataset = base.join(&cfg.dataset);
+        use crate::train::config_file::{anchor, anchor_model, read_toml};
+        let (mut cfg, base): (GrpoConfig, _) = read_toml(path).map_err(GrpoError::Config)?;
+        // A dataset that is not a file under the config's folder may be a hub repo id.
+        if base.join(&cfg.dataset).exists() {
+            anchor(base, &mut cfg.dataset);
         }
-        if let Some(eval) = cfg.eval_dataset.as_mut().filter(|e| e.is_relative()) {
-            *eval = base.join(&*eval);
+        for p in [cfg.eval_dataset.as_mut(), cfg.output_dir.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            anchor(base, p);
         }
-        if let Some(out) = cfg.output_dir.as_mut().filter(|o| o.is_relative()) {
-            *out = base.join(&*out);
-        }
-        if Path::new(&cfg.model).is_relative() && base.join(&cfg.model).is_dir() {
-            cfg.model = base.join(&cfg.model).display().to_string();
-        }
+        anchor_model(base, &mut cfg.model);
         Ok(cfg)
     }
 

@@ -247,19 +247,13 @@ impl SftConfig {
     /// Parses a TOML file of [`SftConfig`] fields (unset fields keep their defaults; relative
     /// paths are taken relative to the file's folder).
     pub fn from_toml_file(path: &Path) -> Result<Self, SftError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
-        let mut cfg: SftConfig =
-            toml::from_str(&text).map_err(|e| SftError::Config(format!("{}: {e}", path.display())))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        if cfg.dataset.is_relative() {
-            cfg.dataset = base.join(&cfg.dataset);
+        use crate::train::config_file::{anchor, anchor_model, read_toml};
+        let (mut cfg, base): (SftConfig, _) = read_toml(path).map_err(SftError::Config)?;
+        anchor(base, &mut cfg.dataset);
+        if let Some(out) = cfg.output_dir.as_mut() {
+            anchor(base, out);
         }
-        if let Some(out) = cfg.output_dir.as_mut().filter(|o| o.is_relative()) {
-            *out = base.join(&*out);
-        }
-        if Path::new(&cfg.model).is_relative() && base.join(&cfg.model).is_dir() {
-            cfg.model = base.join(&cfg.model).display().to_string();
-        }
+        anchor_model(base, &mut cfg.model);
         Ok(cfg)
     }
 }

@@ -3,6 +3,7 @@
 
 mod adamw;
 mod checkpoint;
+pub(crate) mod config_file;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
