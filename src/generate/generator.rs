@@ -355,6 +355,18 @@ impl Generator {
         self.check(model, prompts, cfg)?;
         let cache = self.static_cache(model, prompts.len() as i64, prompts, cfg)?;
         let slots = cache.max_len;
+        self.one_per_prompt(model, prompts, cfg, cache, slots)
+    }
+
+    /// Prefill into `cache` (`slots` wide), then decode one completion per prompt.
+    fn one_per_prompt<C: KvCache>(
+        &mut self,
+        model: &CausalLm,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+        cache: C,
+        slots: i64,
+    ) -> Result<Vec<Completion>, GenerateError> {
         let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let index: Vec<usize> = (0..prompts.len()).collect();
         tch::no_grad(|| self.decode(model, st, &index, cfg))
@@ -402,9 +414,7 @@ impl Generator {
         self.check(model, prompts, cfg)?;
         let cache = DynamicCache::new(model.config.num_layers as usize);
         let (padded, ..) = self.pad(prompts, cfg);
-        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, padded))?;
-        let index: Vec<usize> = (0..prompts.len()).collect();
-        tch::no_grad(|| self.decode(model, st, &index, cfg))
+        self.one_per_prompt(model, prompts, cfg, cache, padded)
     }
 }
 
