@@ -16,6 +16,12 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// The last `n` characters of `s` (the end of a long prompt is what tells prompts apart).
+pub fn tail(s: &str, n: usize) -> String {
+    let count = s.chars().count();
+    s.chars().skip(count.saturating_sub(n)).collect()
+}
+
 /// A table with a header row; cells are already-escaped HTML. Cells that parse as numbers are
 /// right-aligned.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {

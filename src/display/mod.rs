@@ -9,7 +9,7 @@ mod html;
 mod plot;
 pub mod style;
 
-pub use html::{escape, kv_table, section, table};
+pub use html::{escape, kv_table, section, table, tail};
 pub use plot::{LineChart, Series};
 
 /// A value with an HTML and a plain-text rendering.

@@ -53,17 +53,7 @@ impl Rich for Completions {
             .iter()
             .zip(&self.texts)
             .map(|(c, t)| {
-                let prompt: String = self
-                    .prompts
-                    .get(c.prompt_index)
-                    .map_or("", String::as_str)
-                    .chars()
-                    .rev()
-                    .take(80)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
+                let prompt = display::tail(self.prompts.get(c.prompt_index).map_or("", String::as_str), 80);
                 vec![
                     c.prompt_index.to_string(),
                     format!("<code>{}</code>", escape(&prompt)),

@@ -2,17 +2,11 @@
 //! with their rewards, and the prefix tree of the latest micro-batch.
 
 use super::{GrpoState, GrpoStepMetrics, GrpoTrainer};
-use crate::display::{self, LineChart, Rich, escape};
+use crate::display::{self, LineChart, Rich, escape, tail};
 use crate::pack::TreeView;
 
 fn fmt_reward(r: Option<f32>) -> String {
     r.map_or("failed".into(), |v| format!("{v:.2}"))
-}
-
-/// The last `n` characters of `s`.
-fn tail(s: &str, n: usize) -> String {
-    let count = s.chars().count();
-    s.chars().skip(count.saturating_sub(n)).collect()
 }
 
 impl GrpoState {
