@@ -22,5 +22,5 @@ pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
 pub use cuda::{CudaDevice, CudaInfo, load_torch_cuda};
 pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};
-pub use policy::{PadTo, Platform, parse_device, round_up};
+pub use policy::{DeviceSpec, PadTo, Platform, parse_device, round_up};
 pub use probe::HostProbe;

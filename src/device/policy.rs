@@ -5,17 +5,22 @@ use super::DeviceError;
 
 /// The kind of machine a run targets; policies depend on it, not on the tch device, because
 /// Neuron runs are planned here while tch itself cannot address Neuron.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum Platform {
     /// Host CPU.
+    #[default]
     Cpu,
     /// NVIDIA GPU through libtorch's CUDA backend.
+    #[value(alias = "gpu")]
     Cuda,
     /// Apple GPU.
     Mps,
     /// AWS Trainium/Inferentia (TorchNeuron's `neuron` PrivateUse1 device).
+    #[value(alias = "trainium", alias = "xla")]
     Neuron,
 }
+
+crate::util::serde_via_str!(Platform, PadTo, DeviceSpec);
 
 impl Platform {
     /// The dtype a run should default to here. Neuron: bf16 (static-cache generation needs it and
@@ -125,34 +130,78 @@ impl FromStr for PadTo {
     }
 }
 
-/// The tch device a run's `device` setting names: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, `mps`,
-/// or `auto` (the first CUDA device when libtorch sees one, else CPU). Naming a CUDA device
-/// that libtorch cannot see is an error rather than a silent CPU run.
-pub fn parse_device(name: &str) -> Result<tch::Device, DeviceError> {
-    let bad = |reason: String| DeviceError::UnknownDevice {
-        name: name.to_string(),
-        reason,
-    };
-    let cuda = |i: usize| {
-        let n = tch::Cuda::device_count().max(0) as usize;
-        if i < n {
-            Ok(tch::Device::Cuda(i))
-        } else {
-            Err(bad(format!(
-                "libtorch sees {n} CUDA device(s) (`treetrain env` says why)"
-            )))
+/// Where a run's parameters live: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, `mps`, or `auto` (the
+/// first CUDA device when libtorch sees one, else CPU). Parsing checks the spelling; whether the
+/// device exists is checked by [`DeviceSpec::resolve`], when the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// Host CPU.
+    #[default]
+    Cpu,
+    /// CUDA device `N`.
+    Cuda(usize),
+    /// Apple GPU.
+    Mps,
+    /// CUDA device 0 when libtorch sees one, else CPU.
+    Auto,
+}
+
+impl DeviceSpec {
+    /// The tch device, or an error when libtorch cannot see the CUDA device named (rather than
+    /// a silent CPU run).
+    pub fn resolve(self) -> Result<tch::Device, DeviceError> {
+        match self {
+            DeviceSpec::Cpu => Ok(tch::Device::Cpu),
+            DeviceSpec::Mps => Ok(tch::Device::Mps),
+            DeviceSpec::Auto => Ok(tch::Device::cuda_if_available()),
+            DeviceSpec::Cuda(i) => {
+                let n = tch::Cuda::device_count().max(0) as usize;
+                if i < n {
+                    Ok(tch::Device::Cuda(i))
+                } else {
+                    Err(DeviceError::UnknownDevice {
+                        name: self.to_string(),
+                        reason: format!("libtorch sees {n} CUDA device(s) (`treetrain env` says why)"),
+                    })
+                }
+            }
         }
-    };
-    match name.trim().to_ascii_lowercase().as_str() {
-        "cpu" => Ok(tch::Device::Cpu),
-        "mps" => Ok(tch::Device::Mps),
-        "auto" => Ok(tch::Device::cuda_if_available()),
-        "cuda" | "gpu" => cuda(0),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(i)) => cuda(i),
-            _ => Err(bad("expected cpu, cuda, cuda:N, mps or auto".into())),
-        },
     }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::Mps => f.write_str("mps"),
+            DeviceSpec::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "mps" => Ok(DeviceSpec::Mps),
+            "auto" => Ok(DeviceSpec::Auto),
+            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
+                _ => Err(DeviceError::UnknownDevice {
+                    name: name.to_string(),
+                    reason: "expected cpu, cuda, cuda:N, mps or auto".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// The tch device a `device` setting names ([`DeviceSpec`] parsed, then resolved).
+pub fn parse_device(name: &str) -> Result<tch::Device, DeviceError> {
+    name.parse::<DeviceSpec>()?.resolve()
 }
 
 #[cfg(test)]
@@ -211,5 +260,26 @@ mod tests {
                 .contains("expected cpu, cuda")
         );
         assert!(parse_device("cuda:x").is_err());
+    }
+
+    #[test]
+    fn typed_settings_read_from_config_text() {
+        #[derive(serde::Deserialize)]
+        struct Cfg {
+            pad: PadTo,
+            platform: Platform,
+            device: DeviceSpec,
+        }
+        let c: Cfg = toml::from_str("pad = 128\nplatform = \"trainium\"\ndevice = \"cuda:1\"").unwrap();
+        assert_eq!(
+            (c.pad, c.platform, c.device),
+            (PadTo::Multiple(128), Platform::Neuron, DeviceSpec::Cuda(1))
+        );
+        let err = toml::from_str::<Cfg>("pad = \"auto\"\nplatform = \"tpu\"\ndevice = \"cpu\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("expected cpu, cuda, mps or neuron"), "{err}");
+        assert_eq!(serde_json::to_string(&DeviceSpec::Cuda(2)).unwrap(), "\"cuda:2\"");
     }
 }

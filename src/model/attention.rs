@@ -2,10 +2,32 @@
 
 use tch::{Tensor, nn};
 
+use super::ModelError;
+use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
 use super::rope;
+
+/// Where a layer's attention takes its keys and values from.
+pub enum KeyValues<'a> {
+    /// The forwarded tokens themselves, under `layout` (`mask`: the SDPA mask precomputed from
+    /// it, for layouts other than segments).
+    Layout {
+        /// The attention pattern.
+        layout: &'a AttentionLayout,
+        /// Its SDPA mask (`None`: causal, or per-segment attention).
+        mask: Option<&'a Tensor>,
+    },
+    /// A KV cache: the chunk's keys and values are stored, then its queries attend over the
+    /// cache's slots under `mask` `[batch, 1, t, slots]`.
+    Cache {
+        /// The cache.
+        cache: &'a mut dyn KvCache,
+        /// Which slots each query sees.
+        mask: &'a Tensor,
+    },
+}
 
 /// `self_attn` of one decoder layer.
 #[derive(Debug)]
@@ -88,21 +110,28 @@ impl Attention {
             .forward(&out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim]))
     }
 
-    /// Full self-attention of `x` `[batch, seq, hidden]` under `layout` (`mask` is the SDPA
-    /// mask precomputed from it for non-segment layouts).
+    /// Self-attention of `x` `[batch, seq, hidden]` for layer `layer`, over the keys and values
+    /// `kv` says: the tokens themselves under a layout, or a KV cache this chunk is stored in.
     pub fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: Option<&Tensor>,
-        layout: &AttentionLayout,
-    ) -> Tensor {
+        layer: usize,
+        kv: &mut KeyValues<'_>,
+    ) -> Result<Tensor, ModelError> {
         let (q, k, v) = self.qkv(x, cos, sin);
-        match layout {
-            AttentionLayout::Segments(layout) => self.attend_segments(&q, &k, &v, layout),
-            _ => self.attend(&q, &k, &v, mask),
-        }
+        Ok(match kv {
+            KeyValues::Layout {
+                layout: AttentionLayout::Segments(layout),
+                ..
+            } => self.attend_segments(&q, &k, &v, layout),
+            KeyValues::Layout { mask, .. } => self.attend(&q, &k, &v, *mask),
+            KeyValues::Cache { cache, mask } => {
+                let (k_all, v_all) = cache.store(layer, &k, &v)?;
+                self.attend(&q, &k_all, &v_all, Some(mask))
+            }
+        })
     }
 
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`

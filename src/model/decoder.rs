@@ -2,7 +2,7 @@
 
 use tch::{Device, Kind, Tensor, nn};
 
-use super::attention::Attention;
+use super::attention::{Attention, KeyValues};
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::layers::{Linear, Mlp, RmsNorm};
@@ -37,20 +37,21 @@ impl DecoderLayer {
         }
     }
 
-    /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`.
+    /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`; this is layer `index` of the
+    /// stack, attending over `kv`.
     pub fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: Option<&Tensor>,
-        layout: &AttentionLayout,
-    ) -> Tensor {
+        index: usize,
+        kv: &mut KeyValues<'_>,
+    ) -> Result<Tensor, ModelError> {
         let h = x + self
             .self_attn
-            .forward(&self.input_layernorm.forward(x), cos, sin, mask, layout);
+            .forward(&self.input_layernorm.forward(x), cos, sin, index, kv)?;
         let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
-        h + out
+        Ok(h + out)
     }
 }
 
@@ -141,10 +142,23 @@ impl CausalLm {
             )));
         }
         let mask = layout.sdpa_mask(batch, seq, device)?;
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
-        let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
-        for layer in &self.layers {
-            x = layer.forward(&x, &cos, &sin, mask.as_ref(), layout);
+        self.run_layers(
+            &ids,
+            position_ids,
+            KeyValues::Layout {
+                layout,
+                mask: mask.as_ref(),
+            },
+        )
+    }
+
+    /// The stack itself: embed `ids` (already validated, on the model's device), every layer
+    /// over `kv`, the final norm.
+    fn run_layers(&self, ids: &Tensor, position_ids: &Tensor, mut kv: KeyValues<'_>) -> Result<Tensor, ModelError> {
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(self.device()), self.kind());
+        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
         }
         Ok(self.norm.forward(&x))
     }
@@ -171,20 +185,17 @@ impl CausalLm {
                 mask.size()
             )));
         }
-        let device = self.device();
-        let ids = input_ids.to_device(device).to_kind(Kind::Int64);
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(device), self.kind());
-        let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(&x);
-            let (q, k, v) = layer.self_attn.qkv(&h, &cos, &sin);
-            let (k_all, v_all) = cache.store(i, &k, &v)?;
-            let attn = layer.self_attn.attend(&q, &k_all, &v_all, Some(mask));
-            let h = x + attn;
-            x = &h + layer.mlp.forward(&layer.post_attention_layernorm.forward(&h));
-        }
+        let ids = input_ids.to_device(self.device()).to_kind(Kind::Int64);
+        let hidden = self.run_layers(
+            &ids,
+            position_ids,
+            KeyValues::Cache {
+                cache: &mut *cache,
+                mask,
+            },
+        )?;
         cache.advance(t);
-        Ok(self.norm.forward(&x))
+        Ok(hidden)
     }
 
     /// Logits `[..., vocab]` of hidden states `[..., hidden]` (full vocabulary: prefer

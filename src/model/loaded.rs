@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor, nn};
 
 use super::weights::{init_seeded, load_into, weight_files, write_safetensors};
-use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, target_logprobs};
+use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, parse_kind, target_logprobs};
 use crate::display::{self, Rich, escape};
 
 /// Where and how to materialise parameters.
@@ -24,21 +24,6 @@ impl Default for LoadOptions {
             dtype: None,
             device: Device::Cpu,
         }
-    }
-}
-
-/// Parses a dtype name as transformers writes it (`float32`, `bfloat16`, `float16`) or as
-/// users type it (`fp32`, `bf16`, `fp16`).
-pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
-    match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
-        "float32" | "fp32" | "f32" | "float" => Ok(Kind::Float),
-        "bfloat16" | "bf16" => Ok(Kind::BFloat16),
-        "float16" | "fp16" | "f16" | "half" => Ok(Kind::Half),
-        other => Err(ModelError::unsupported(
-            "dtype",
-            format!("{other:?}"),
-            "expected float32, bfloat16 or float16",
-        )),
     }
 }
 

@@ -14,24 +14,28 @@ mod attention;
 mod cache;
 mod config;
 mod decoder;
+mod dtype;
 mod error;
 mod layers;
 mod layout;
 mod loaded;
 mod logprobs;
 mod rope;
+mod special;
 mod weights;
 
-pub use attention::Attention;
+pub use attention::{Attention, KeyValues};
 pub use cache::{DynamicCache, KvCache, StaticCache};
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
+pub use dtype::{Dtype, parse_kind};
 pub use error::ModelError;
 pub use layers::{Linear, Mlp, RmsNorm};
 pub use layout::{
     AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
     SegmentLayout,
 };
-pub use loaded::{LoadOptions, Model, SEED_FILE, parse_kind};
+pub use loaded::{LoadOptions, Model, SEED_FILE};
 pub use logprobs::{LogprobChunks, target_logprobs};
+pub use special::SpecialTokens;
 pub use weights::{weight_files, write_safetensors};

@@ -1,0 +1,83 @@
+//! Parameter dtypes a run can choose, by the names PyTorch and transformers use.
+
+use std::fmt;
+use std::str::FromStr;
+
+use tch::Kind;
+
+use super::ModelError;
+
+/// A parameter dtype: `fp32` (`float32`), `bf16` (`bfloat16`) or `fp16` (`float16`); a
+/// `torch.` prefix and any case are accepted, as in `config.json`'s `torch_dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Dtype {
+    /// 32-bit float.
+    #[default]
+    #[value(alias = "float32")]
+    Fp32,
+    /// bfloat16.
+    #[value(alias = "bfloat16")]
+    Bf16,
+    /// IEEE half.
+    #[value(alias = "float16")]
+    Fp16,
+}
+
+crate::util::serde_via_str!(Dtype);
+
+impl Dtype {
+    /// The tch kind.
+    pub fn kind(self) -> Kind {
+        match self {
+            Dtype::Fp32 => Kind::Float,
+            Dtype::Bf16 => Kind::BFloat16,
+            Dtype::Fp16 => Kind::Half,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+        })
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = ModelError;
+    fn from_str(name: &str) -> Result<Self, ModelError> {
+        match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
+            "float32" | "fp32" | "f32" | "float" => Ok(Dtype::Fp32),
+            "bfloat16" | "bf16" => Ok(Dtype::Bf16),
+            "float16" | "fp16" | "f16" | "half" => Ok(Dtype::Fp16),
+            other => Err(ModelError::unsupported(
+                "dtype",
+                format!("{other:?}"),
+                "expected float32, bfloat16 or float16",
+            )),
+        }
+    }
+}
+
+/// The tch kind a dtype name denotes (see [`Dtype`]).
+pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
+    name.parse::<Dtype>().map(Dtype::kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_errors_list_the_choices() {
+        for d in [Dtype::Fp32, Dtype::Bf16, Dtype::Fp16] {
+            assert_eq!(d.to_string().parse::<Dtype>().unwrap(), d);
+        }
+        assert_eq!("torch.BFloat16".parse::<Dtype>().unwrap(), Dtype::Bf16);
+        let err = "int8".parse::<Dtype>().unwrap_err().to_string();
+        assert!(err.contains("expected float32, bfloat16 or float16"), "{err}");
+    }
+}
