@@ -5,16 +5,16 @@
 //!
 //! The shipped SFT model and prompts, 16 prompts x 8 completions a step, completions of at most
 //! 16 tokens, sync rollouts, fp32, CPU. After every trainer step (tree-packed), the step's
-//! rollouts are packed both ways and one forward + backward of each is timed on a second copy
-//! of the model, alternating which goes first. Under `cargo test` a 2-step smoke run.
+//! rollouts are packed both ways and one forward + backward of each is timed on the trainer's
+//! policy (`GrpoTrainer::measure_update`, gradients cleared after), alternating which goes first. Under `cargo test` a 2-step smoke run.
 
 mod common;
 
 use std::path::Path;
-use std::time::Instant;
 
-use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardSpec, UpdatePacking, accumulate_gradients, pack_rollouts};
-use treetrain::model::{LoadOptions, Model};
+use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
+use treetrain::pack::Packing;
+use treetrain::train::TrainConfig;
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -26,51 +26,41 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let model_dir = root.join("datasets/tiny-qwen3-sft");
     let cfg = GrpoConfig {
-        model: model_dir.display().to_string(),
-        dataset: root.join("datasets/grpo/train.parquet"),
-        rewards: ["exact_answer", "answer_format"]
-            .iter()
+        train: TrainConfig {
+            model: model_dir.display().to_string(),
+            dataset: root.join("datasets/grpo/train.parquet"),
+            learning_rate: 1e-3,
+            seed: 7,
+            ..Default::default()
+        },
+        rewards: [BuiltinReward::ExactAnswer, BuiltinReward::AnswerFormat]
+            .into_iter()
             .zip([1.0, 0.5])
-            .map(|(n, w)| RewardSpec {
-                name: n.to_string(),
-                weight: w,
-            })
+            .map(|(name, weight)| RewardSpec { name, weight })
             .collect(),
         prompts_per_step: 16,
         num_generations: 8,
         max_completion_length: 16,
-        learning_rate: 1e-3,
         token_budget: 2048,
         max_steps: steps,
-        seed: 7,
         ..Default::default()
     };
-    let loss_cfg = GrpoTrainer::new(GrpoConfig {
-        max_steps: 1,
-        ..cfg.clone()
-    })
-    .expect("trainer")
-    .loss_config();
     let mut t = GrpoTrainer::new(cfg.clone()).expect("trainer");
-    let probe = Model::load(&model_dir, LoadOptions::default()).expect("model");
     let (mut tree_s, mut flat_s, mut tree_tokens, mut flat_tokens) = (Vec::new(), Vec::new(), 0usize, 0usize);
     for step in 0..steps {
         t.step().expect("step");
-        let rollouts = t.last_batch.as_ref().expect("batch").rollouts();
-        let time = |packing: UpdatePacking| {
-            let rows = pack_rollouts(rollouts.clone(), packing, cfg.token_budget).expect("pack");
-            let start = Instant::now();
-            let stats = accumulate_gradients(&probe.lm, None, &rows, &loss_cfg).expect("update");
-            let secs = start.elapsed().as_secs_f64();
-            treetrain::train::zero_grads(&probe.vs);
+        let batch = t.last_batch.clone().expect("batch");
+        // The trainer's own policy (after this step's update); gradients are cleared after.
+        let time = |packing: Packing| {
+            let (secs, stats) = t.measure_update(&batch, packing, 1).expect("update");
             (secs, stats.forwarded_tokens)
         };
         let ((ts, tt), (fs, ft)) = if step % 2 == 0 {
-            let a = time(UpdatePacking::Tree);
-            (a, time(UpdatePacking::Flat))
+            let a = time(Packing::Tree);
+            (a, time(Packing::Flat))
         } else {
-            let b = time(UpdatePacking::Flat);
-            (time(UpdatePacking::Tree), b)
+            let b = time(Packing::Flat);
+            (time(Packing::Tree), b)
         };
         tree_s.push(ts);
         flat_s.push(fs);

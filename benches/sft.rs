@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use treetrain::sft::{SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::train::{TrainConfig, Trainer};
 
 fn main() {
     let args = common::Args::from_env();
@@ -21,15 +22,18 @@ fn main() {
     let model_dir = root.join("datasets/tiny-qwen3-sft");
     let data = root.join("datasets/sft/train.parquet");
     let cfg = SftConfig {
-        model: model_dir.display().to_string(),
-        dataset: data.clone(),
+        train: TrainConfig {
+            model: model_dir.display().to_string(),
+            dataset: data.clone(),
+            learning_rate: 2e-3,
+            ..Default::default()
+        },
         tokenize: TokenizeOptions {
             max_length: 256,
             ..Default::default()
         },
-        packing: Some("bfd".into()),
+        packing: Some(PackingStrategy::Bfd),
         batch_size: 8,
-        learning_rate: 2e-3,
         max_steps: Some(steps + 2),
         eval_fraction: 0.0,
         ..Default::default()

@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tch::{Device, Kind};
+use treetrain::grpo::{GrpoObjective, grpo_loss};
 use treetrain::model::{HfConfig, LoadOptions, Model, ModelConfig};
-use treetrain::pack::{GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat};
+use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
 use treetrain::util::SplitMix64;
 
 struct Args {
@@ -179,7 +180,7 @@ fn status_kib(field: &str) -> f64 {
 /// Median milliseconds of forward + backward, and the resident-memory peak of one more step
 /// above what was resident before it (MiB; CPU only).
 fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
-    let cfg = GrpoLossConfig::default();
+    let cfg = GrpoObjective::default();
     let step = || {
         treetrain::train::zero_grads(&model.vs);
         let loss = grpo_loss(&model.lm, row, &cfg, None).expect("loss");

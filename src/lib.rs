@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod demo;
 pub mod device;
 pub mod display;
 mod env_report;

@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 use treetrain::grpo::{
-    GrpoConfig, GrpoTrainer, RewardFn, RewardSpec, RolloutMode, UpdatePacking, accumulate_gradients, pack_rollouts,
+    BuiltinReward, GrpoConfig, GrpoObjective, GrpoTrainer, RewardFn, RewardSpec, RolloutMode, accumulate_gradients,
+    pack_rollouts,
 };
 use treetrain::model::{LoadOptions, Model};
-use treetrain::train::{AdamW, AdamWConfig};
+use treetrain::pack::Packing;
+use treetrain::train::{AdamW, AdamWConfig, TrainConfig, Trainer};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,27 +25,42 @@ fn sft_model() -> PathBuf {
 /// The shipped recipe (datasets/grpo.toml) at test size.
 fn config() -> GrpoConfig {
     GrpoConfig {
-        model: sft_model().display().to_string(),
-        dataset: root().join("datasets/grpo/train.parquet"),
+        train: TrainConfig {
+            model: sft_model().display().to_string(),
+            dataset: root().join("datasets/grpo/train.parquet"),
+            learning_rate: 1e-3,
+            lr_scheduler: treetrain::train::ScheduleKind::Linear,
+            seed: 7,
+            ..Default::default()
+        },
         rewards: vec![
             RewardSpec {
-                name: "exact_answer".into(),
+                name: BuiltinReward::ExactAnswer,
                 weight: 1.0,
             },
             RewardSpec {
-                name: "answer_format".into(),
+                name: BuiltinReward::AnswerFormat,
                 weight: 0.5,
             },
         ],
         num_generations: 8,
         prompts_per_step: 16,
         max_completion_length: 16,
-        learning_rate: 1e-3,
-        lr_scheduler: treetrain::train::ScheduleKind::Linear,
         token_budget: 2048,
         max_steps: 40,
-        seed: 7,
         ..Default::default()
+    }
+}
+
+/// [`config`] writing checkpoints and the log to `dir`.
+fn with_output(dir: Option<PathBuf>) -> GrpoConfig {
+    let c = config();
+    GrpoConfig {
+        train: TrainConfig {
+            output_dir: dir,
+            ..c.train.clone()
+        },
+        ..c
     }
 }
 
@@ -135,13 +152,13 @@ fn tree_and_flat_packing_give_the_same_update() {
     let batch = t.last_batch.clone().unwrap();
     let rollouts = batch.rollouts();
     assert!(rollouts.iter().any(|r| r.advantage != 0.0));
-    let cfg = treetrain::pack::GrpoLossConfig {
+    let cfg = GrpoObjective {
         beta: 0.05,
         temperature: 1.0,
         ..Default::default()
     };
     let reference = Model::load(&sft_model(), LoadOptions::default()).unwrap();
-    let update = |packing: UpdatePacking| {
+    let update = |packing: Packing| {
         let m = Model::load(&sft_model(), LoadOptions::default()).unwrap();
         let before: Vec<(String, Tensor)> =
             m.vs.variables()
@@ -160,8 +177,8 @@ fn tree_and_flat_packing_give_the_same_update() {
         delta.sort_by(|a, b| a.0.cmp(&b.0));
         (stats, grads, delta)
     };
-    let (tree, tree_grads, tree_delta) = update(UpdatePacking::Tree);
-    let (flat, flat_grads, flat_delta) = update(UpdatePacking::Flat);
+    let (tree, tree_grads, tree_delta) = update(Packing::Tree);
+    let (flat, flat_grads, flat_delta) = update(Packing::Flat);
     assert!(tree.rows >= 2 && flat.rows > tree.rows, "{tree:?} {flat:?}");
     assert_eq!(tree.terms, flat.terms);
     assert_eq!(tree.raw_tokens, flat.raw_tokens);
@@ -171,9 +188,11 @@ fn tree_and_flat_packing_give_the_same_update() {
     assert!((tree.ref_kl - flat.ref_kl).abs() <= 1e-6 * flat.ref_kl.abs().max(1.0));
     assert!((tree.entropy - flat.entropy).abs() <= 1e-5 * flat.entropy);
     // The parameter update of a gradient step (-lr x gradient), tensor by tensor.
+    // fp32 summation-order noise: the same code gave 1.05e-5 on an AVX-512 machine (MKL takes
+    // another kernel there), so the bound sits at 2e-5.
     for ((name, a), (_, b)) in tree_grads.iter().zip(&flat_grads) {
         assert!(
-            max_rel(b, a) <= 1e-5,
+            max_rel(b, a) <= 2e-5,
             "{name}: gradient differs by {:.2e}",
             max_rel(b, a)
         );
@@ -282,15 +301,12 @@ fn bad_configs_are_refused_with_reasons() {
         })
         .contains("num_generations")
     );
+    // Reward names are a closed set: an unknown one fails where it is read (a config file).
     assert!(
-        err(GrpoConfig {
-            rewards: vec![RewardSpec {
-                name: "vibes".into(),
-                weight: 1.0
-            }],
-            ..config()
-        })
-        .contains("unknown reward `vibes`")
+        "vibes"
+            .parse::<BuiltinReward>()
+            .unwrap_err()
+            .contains("unknown reward `vibes`")
     );
     assert!(
         err(GrpoConfig {
@@ -313,12 +329,13 @@ fn bad_configs_are_refused_with_reasons() {
             .to_string()
             .contains("reward `exact_answer` has weight NaN")
     );
+    // Device names are parsed where they are read: an unknown one never reaches a trainer.
     assert!(
-        err(GrpoConfig {
-            device: "tpu".into(),
-            ..config()
-        })
-        .contains("device \"tpu\": expected cpu, cuda")
+        "tpu"
+            .parse::<treetrain::device::DeviceSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("device \"tpu\": expected cpu, cuda")
     );
 }
 
@@ -328,9 +345,8 @@ fn state_display_shows_curves_samples_and_the_tree() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut t = GrpoTrainer::new(GrpoConfig {
         prompts_per_step: 3,
-        output_dir: Some(dir.clone()),
         log_completions: 5,
-        ..config()
+        ..with_output(Some(dir.clone()))
     })
     .unwrap();
     t.train_for(2).unwrap();
@@ -360,9 +376,9 @@ fn state_display_shows_curves_samples_and_the_tree() {
         "{html}"
     );
     assert_eq!(batch.text().lines().count(), 1 + 3);
-    let cfg_html = t.config.html();
+    let cfg_html = t.config().html();
     assert!(cfg_html.contains("<th>rewards</th>") && cfg_html.contains("<th>num_generations</th>"));
-    assert!(t.config.text().contains("packing = tree\n"));
+    assert!(t.config().text().contains("packing = tree\n"));
     let held_out = t.load_prompts(&root().join("datasets/grpo/test.parquet")).unwrap();
     let small = treetrain::grpo::PromptSet {
         prompts: held_out.prompts[..4].to_vec(),
@@ -382,8 +398,8 @@ fn state_display_shows_curves_samples_and_the_tree() {
     let eval = t.evaluate(&small, 0, 1).unwrap();
     assert_eq!(eval.completions, 4);
     assert!(eval.text().starts_with("eval at step 2: reward") && eval.html().contains("answer_format"));
-    let rows = pack_rollouts(batch.rollouts(), UpdatePacking::Tree, 2048).unwrap();
-    let stats = accumulate_gradients(&t.model.lm, None, &rows, &t.loss_config()).unwrap();
+    let rows = pack_rollouts(batch.rollouts(), Packing::Tree, 2048).unwrap();
+    let stats = accumulate_gradients(&t.model().lm, None, &rows, &t.objective()).unwrap();
     assert!(
         stats.text().contains(&format!("{} terms in 1 rows", stats.terms)) && stats.html().contains("Policy update")
     );
@@ -409,7 +425,7 @@ fn state_display_shows_curves_samples_and_the_tree() {
     }
     let ckpt = t.save_checkpoint().unwrap();
     let saved = Model::load(&ckpt, LoadOptions::default()).unwrap();
-    let a = t.model.vs.variables();
+    let a = t.model().vs.variables();
     for (k, v) in saved.vs.variables() {
         assert!(a[&k].equal(&v), "{k}");
     }
@@ -423,11 +439,13 @@ fn a_resumed_sync_run_continues_exactly() {
     let cfg = GrpoConfig {
         prompts_per_step: 3,
         max_steps: 4,
-        output_dir: Some(dir.clone()),
-        ..config()
+        ..with_output(Some(dir.clone()))
     };
     let mut straight = GrpoTrainer::new(GrpoConfig {
-        output_dir: None,
+        train: TrainConfig {
+            output_dir: None,
+            ..cfg.train.clone()
+        },
         ..cfg.clone()
     })
     .unwrap();
@@ -443,8 +461,8 @@ fn a_resumed_sync_run_continues_exactly() {
     assert_eq!(resumed.state.global_step, 4);
     let rewards = |t: &GrpoTrainer| t.state.history.iter().map(|m| m.reward_mean).collect::<Vec<_>>();
     assert_eq!(rewards(&resumed), rewards(&straight));
-    let a = straight.model.vs.variables();
-    for (k, v) in resumed.model.vs.variables() {
+    let a = straight.model().vs.variables();
+    for (k, v) in resumed.model().vs.variables() {
         assert!(a[&k].equal(&v), "{k} differs after resuming");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -452,8 +470,8 @@ fn a_resumed_sync_run_continues_exactly() {
 
 #[test]
 fn loss_types_match_per_rollout_references_in_both_packings() {
-    use treetrain::grpo::{LossType, accumulate_gradients_with};
-    use treetrain::pack::{grpo_loss, pack_flat};
+    use treetrain::grpo::{LossType, grpo_loss};
+    use treetrain::pack::pack_flat;
     let mut t = GrpoTrainer::new(GrpoConfig {
         prompts_per_step: 4,
         ..config()
@@ -464,7 +482,7 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
     // Another model than the one that sampled: ratios away from 1, some clipped, so the loss
     // is not the near-zero sum of centred advantages.
     let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
-    let cfg = treetrain::pack::GrpoLossConfig::default();
+    let cfg = GrpoObjective::default();
     // Independent references: each rollout forwarded alone; its summed and mean terms.
     let (mut sums, mut means, mut terms) = (0.0, 0.0, 0usize);
     for r in &rollouts {
@@ -482,9 +500,14 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
         (LossType::DrGrpo, sums / (r * 16.0)),
     ];
     for (loss_type, want) in want {
-        for packing in [UpdatePacking::Tree, UpdatePacking::Flat] {
+        for packing in [Packing::Tree, Packing::Flat] {
             let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
-            let got = tch::no_grad(|| accumulate_gradients_with(&m.lm, None, &rows, &cfg, loss_type, 16))
+            let objective = GrpoObjective {
+                loss_type,
+                max_completion_length: 16,
+                ..cfg
+            };
+            let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective))
                 .unwrap()
                 .loss;
             let rel = (got - want).abs() / want.abs().max(1e-9);

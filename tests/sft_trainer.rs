@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use tch::Kind;
-use treetrain::sft::{NanPolicy, SftConfig, SftError, SftTrainer, TokenizeOptions};
+use treetrain::device::{DeviceSpec, Platform};
+use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::train::{NanPolicy, TrainConfig, TrainError, Trainer};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -11,20 +13,29 @@ fn root() -> &'static Path {
 
 fn config(out: Option<PathBuf>) -> SftConfig {
     SftConfig {
-        model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-        dataset: root().join("datasets/sft/train.parquet"),
-        output_dir: out,
+        train: TrainConfig {
+            model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
+            dataset: root().join("datasets/sft/train.parquet"),
+            output_dir: out,
+            learning_rate: 3e-3,
+            warmup_ratio: 0.1,
+            ..Default::default()
+        },
         tokenize: TokenizeOptions {
             max_length: 128,
             ..Default::default()
         },
-        packing: Some("bfd".into()),
+        packing: Some(PackingStrategy::Bfd),
         batch_size: 4,
-        learning_rate: 3e-3,
-        warmup_ratio: 0.1,
         max_steps: Some(40),
         ..Default::default()
     }
+}
+
+/// `cfg` with its shared settings changed by `change`.
+fn tweak(mut cfg: SftConfig, change: impl FnOnce(&mut TrainConfig)) -> SftConfig {
+    change(&mut cfg.train);
+    cfg
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -37,7 +48,7 @@ fn scratch(name: &str) -> PathBuf {
 fn loss_goes_down_on_the_shipped_conversations() {
     // Planned for Neuron: pad_to_multiple_of = auto resolves to 128.
     let mut t = SftTrainer::new(SftConfig {
-        platform: "neuron".into(),
+        platform: Platform::Neuron,
         ..config(None)
     })
     .unwrap();
@@ -61,21 +72,23 @@ fn loss_goes_down_on_the_shipped_conversations() {
     );
     assert!(h.iter().all(|m| m.padding_fraction < 0.2), "bfd rows are nearly full");
     // The epoch forecast: padded batches have many shapes unless padded to a multiple.
-    let epoch = t.epoch_shapes(0);
+    let epoch = t.epoch_shapes(0).unwrap();
     assert!(epoch.distinct("sft/forward") <= 2, "{}", epoch.distinct("sft/forward"));
     let cpu = SftTrainer::new(SftConfig {
         packing: None,
         ..config(None)
     })
     .unwrap()
-    .epoch_shapes(0);
+    .epoch_shapes(0)
+    .unwrap();
     let neuron = SftTrainer::new(SftConfig {
         packing: None,
-        platform: "neuron".into(),
+        platform: Platform::Neuron,
         ..config(None)
     })
     .unwrap()
-    .epoch_shapes(0);
+    .epoch_shapes(0)
+    .unwrap();
     assert!(
         cpu.distinct("sft/forward") > 5 * neuron.distinct("sft/forward"),
         "{} vs {}",
@@ -113,8 +126,8 @@ fn resume_from_a_checkpoint_is_bit_exact() {
         assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "step {}", x.step);
         assert_eq!(x.grad_norm.to_bits(), y.grad_norm.to_bits());
     }
-    let wa = a.model.lm.embed_tokens.shallow_clone();
-    let wb = b.model.lm.embed_tokens.shallow_clone();
+    let wa = a.model().lm.embed_tokens.shallow_clone();
+    let wb = b.model().lm.embed_tokens.shallow_clone();
     assert_eq!((wa - wb).abs().max().double_value(&[]), 0.0);
     let log = std::fs::read_to_string(out.join("log.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 9, "6 steps of a, 3 of b");
@@ -125,8 +138,7 @@ fn accumulation_normalises_over_the_whole_window() {
     let base = SftConfig {
         packing: None,
         max_steps: Some(1),
-        max_grad_norm: None,
-        ..config(None)
+        ..tweak(config(None), |t| t.max_grad_norm = None)
     };
     let mut one = SftTrainer::new(SftConfig {
         batch_size: 4,
@@ -141,9 +153,8 @@ fn accumulation_normalises_over_the_whole_window() {
     })
     .unwrap();
     let warm = SftTrainer::new(SftConfig {
-        warmup_steps: Some(4),
         max_steps: Some(8),
-        ..config(None)
+        ..tweak(config(None), |t| t.warmup_steps = Some(4))
     })
     .unwrap();
     assert_eq!(warm.lr_schedule().warmup_steps, 4);
@@ -151,7 +162,7 @@ fn accumulation_normalises_over_the_whole_window() {
     let m2 = two.step().unwrap();
     assert!((m1.loss - m2.loss).abs() < 1e-5, "{} vs {}", m1.loss, m2.loss);
     assert!((m1.grad_norm - m2.grad_norm).abs() < 1e-5 * m1.grad_norm.max(1.0));
-    let d = (&one.model.lm.embed_tokens - &two.model.lm.embed_tokens)
+    let d = (&one.model().lm.embed_tokens - &two.model().lm.embed_tokens)
         .abs()
         .max()
         .double_value(&[]);
@@ -167,20 +178,20 @@ fn non_finite_steps_are_skipped_or_stop_with_the_rows_named() {
     })
     .unwrap();
     t.step().unwrap();
-    let _ = tch::no_grad(|| t.model.lm.norm.weight.shallow_clone().fill_(f64::NAN));
-    let before = t.model.lm.embed_tokens.copy();
+    let _ = tch::no_grad(|| t.model().lm.norm.weight.shallow_clone().fill_(f64::NAN));
+    let before = t.model().lm.embed_tokens.copy();
     let m = t.step().unwrap();
     assert!(m.skipped && t.state.skipped_steps == 1);
     assert_eq!(
-        (&t.model.lm.embed_tokens - before).abs().max().double_value(&[]),
+        (&t.model().lm.embed_tokens - before).abs().max().double_value(&[]),
         0.0,
         "weights untouched"
     );
-    t.config.on_nan = NanPolicy::Stop;
+    t.set_on_nan(NanPolicy::Stop);
     let err = t.step().unwrap_err();
-    assert!(matches!(err, SftError::NonFinite { what: "loss", .. }), "{err}");
+    assert!(matches!(err, TrainError::NonFinite { what: "loss", .. }), "{err}");
     assert!(err.to_string().contains("rows ["), "{err}");
-    assert_eq!(t.model.lm.embed_tokens.kind(), Kind::Float);
+    assert_eq!(t.model().lm.embed_tokens.kind(), Kind::Float);
 }
 
 #[test]
@@ -197,28 +208,20 @@ fn malformed_rows_are_named_or_skipped() {
     ];
     std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n")).unwrap();
     let cfg = SftConfig {
-        dataset: f,
         eval_fraction: 0.0,
-        ..config(None)
+        ..tweak(config(None), |t| t.dataset = f)
     };
     let err = SftTrainer::new(cfg.clone()).unwrap_err().to_string();
     assert!(err.contains("row 1") && err.contains("empty assistant turn"), "{err}");
-    let t = SftTrainer::new(SftConfig {
-        skip_invalid_rows: true,
-        ..cfg
-    })
-    .unwrap();
+    let t = SftTrainer::new(tweak(cfg, |t| t.skip_invalid_rows = true)).unwrap();
     assert_eq!((t.num_train_rows(), t.state.skipped_rows), (2, 2));
 }
 
 #[test]
 fn an_unknown_device_is_a_config_error() {
-    let err = SftTrainer::new(SftConfig {
-        device: "cuda:7".into(),
-        ..config(None)
-    })
-    .unwrap_err()
-    .to_string();
+    let err = SftTrainer::new(tweak(config(None), |t| t.device = DeviceSpec::Cuda(7)))
+        .unwrap_err()
+        .to_string();
     let n = tch::Cuda::device_count();
     assert!(
         err.contains(&format!("device \"cuda:7\": libtorch sees {n} CUDA device")),

@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
+use treetrain::grpo::{GrpoObjective, grpo_loss};
 use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
-use treetrain::pack::{GrpoLossConfig, PackedRow, PrefixTree, Rollout, grpo_loss, pack_flat, row_logprobs};
+use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
 
 fn model() -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
@@ -154,7 +155,7 @@ fn grads(m: &Model) -> (Tensor, Tensor) {
 #[test]
 fn tree_gradients_equal_separate_forwards() {
     let rs = rollouts();
-    let cfg = GrpoLossConfig {
+    let cfg = GrpoObjective {
         epsilon_low: 0.2,
         epsilon_high: 0.28,
         chunks: LogprobChunks { tokens: 7, vocab: 64 },
@@ -180,7 +181,7 @@ fn clipping_and_normalisation() {
     let m = model();
     let rs = rollouts();
     let row = tree_row(&rs);
-    let cfg = GrpoLossConfig::default();
+    let cfg = GrpoObjective::default();
     let own = tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, None)).unwrap();
     let window = tch::no_grad(|| grpo_loss(&m.lm, &row, &cfg, Some(2.0 * row.token_index.len() as f64))).unwrap();
     assert!((own.loss.double_value(&[]) - 2.0 * window.loss.double_value(&[])).abs() < 1e-6);
@@ -239,7 +240,7 @@ fn batched_short_segments_and_long_ones_mix_exactly() {
     for (k, n) in [100usize, 90].iter().enumerate() {
         rs.push(r(&[mid.clone(), tok(*n)].concat(), 40, 1.0 - 2.0 * k as f32, "mid"));
     }
-    let cfg = GrpoLossConfig {
+    let cfg = GrpoObjective {
         chunks: LogprobChunks { tokens: 64, vocab: 128 },
         ..Default::default()
     };
@@ -278,7 +279,7 @@ fn a_hand_made_row_with_bad_indices_is_an_error_not_a_panic() {
     let m = model();
     let mut row = tree_row(&rollouts());
     row.token_index[0] = row.len() as i64 + 3;
-    let err = grpo_loss(&m.lm, &row, &GrpoLossConfig::default(), None).unwrap_err();
+    let err = grpo_loss(&m.lm, &row, &GrpoObjective::default(), None).unwrap_err();
     assert!(err.to_string().contains("token_index"), "{err}");
     let mut row = tree_row(&rollouts());
     row.advantages.pop();

@@ -1,8 +1,9 @@
 //! Group-relative advantages.
 
 /// How rewards are scaled within a group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum ScaleRewards {
     /// `(r - mean) / (std + 1e-8)` (GRPO; TRL's default `"group"`).
     #[default]

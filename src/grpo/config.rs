@@ -2,23 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{GrpoError, ScaleRewards};
-use crate::train::{AdamWConfig, ScheduleKind};
-
-/// How the policy update packs the step's rollouts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UpdatePacking {
-    /// Prefix trees through the token-budget planner: each shared prompt forwarded once.
-    #[default]
-    Tree,
-    /// Sequence packing (every rollout forwarded whole), for comparison.
-    Flat,
-}
+use super::{BuiltinReward, ScaleRewards};
+use crate::pack::Packing;
+use crate::train::{TrainConfig, TrainError};
 
 /// Where rollouts come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum RolloutMode {
     /// Generate, then train, with the same weights: on-policy, deterministic.
     #[default]
@@ -29,8 +20,9 @@ pub enum RolloutMode {
 }
 
 /// How the loss terms of a step are averaged (TRL's `loss_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum LossType {
     /// Over all loss terms of the step (token level; TRL's default).
     #[default]
@@ -44,8 +36,8 @@ pub enum LossType {
 /// A built-in reward by name, with its weight.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardSpec {
-    /// `exact_answer` or `answer_format`.
-    pub name: String,
+    /// Which built-in.
+    pub name: BuiltinReward,
     /// Weight in the total reward.
     #[serde(default = "one")]
     pub weight: f32,
@@ -56,20 +48,16 @@ fn one() -> f32 {
 }
 
 /// Everything a GRPO run needs.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct GrpoConfig {
-    /// Model folder or cached repo id (the policy's starting point).
-    pub model: String,
-    /// Prompt dataset file or folder (Parquet, Arrow, JSON lines) or a cached hub dataset.
-    pub dataset: PathBuf,
-    /// Split of a hub dataset.
-    pub dataset_split: Option<String>,
+    /// Model (the policy's starting point), prompt dataset, optimizer, schedule, dtype, device,
+    /// bookkeeping.
+    #[serde(flatten)]
+    pub train: TrainConfig,
     /// Column holding the prompt: a list of chat messages (rendered with the chat template and
     /// the generation prompt) or plain text (used as is).
     pub prompt_field: String,
-    /// Where `log.jsonl` and checkpoints go (none: nothing written).
-    pub output_dir: Option<PathBuf>,
     /// Built-in rewards (custom closures: [`super::GrpoTrainer::with_rewards`]).
     pub rewards: Vec<RewardSpec>,
     /// Completions per prompt (the group size G).
@@ -89,16 +77,6 @@ pub struct GrpoConfig {
     pub top_k: Option<usize>,
     /// Min-p sampling.
     pub min_p: Option<f64>,
-    /// Peak learning rate.
-    pub learning_rate: f64,
-    /// Schedule after warmup.
-    pub lr_scheduler: ScheduleKind,
-    /// Warmup as a fraction of all steps.
-    pub warmup_ratio: f64,
-    /// AdamW hyper-parameters.
-    pub adamw: AdamWConfig,
-    /// Gradient-norm clipping (`None`: off).
-    pub max_grad_norm: Option<f64>,
     /// Lower clip of the importance ratio.
     pub epsilon_low: f64,
     /// Upper clip of the importance ratio.
@@ -116,7 +94,7 @@ pub struct GrpoConfig {
     /// bounds how far later iterations move from the generating weights.
     pub num_iterations: usize,
     /// Tree (default) or flat packing of the update.
-    pub packing: UpdatePacking,
+    pub packing: Packing,
     /// Most tokens per packed row of the update (unique tokens for trees).
     pub token_budget: usize,
     /// Sync (default) or async rollouts.
@@ -130,38 +108,26 @@ pub struct GrpoConfig {
     pub weight_sync_steps: u64,
     /// Optimizer steps of the run.
     pub max_steps: u64,
-    /// Seed of the prompt order and of sampling.
-    pub seed: u64,
-    /// Parameter dtype (`fp32` or `bf16`).
-    pub dtype: String,
-    /// Where the policy runs: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
-    pub device: String,
     /// Prompts are prefilled this many tokens at a time (a static shape).
     pub prefill_chunk_size: i64,
-    /// Skip prompts that cannot be used (counted) instead of failing on the first.
-    pub skip_invalid_rows: bool,
     /// Completions kept for the state display's sample table.
     pub log_completions: usize,
-    /// Write a checkpoint every this many steps (CLI).
-    pub save_steps: Option<u64>,
     /// Held-out prompts to evaluate on (CLI: before training, every `eval_steps` and at the end).
     pub eval_dataset: Option<PathBuf>,
     /// Completions per held-out prompt (0: one greedy completion).
     pub eval_samples: usize,
-    /// Evaluate every this many steps (CLI).
-    pub eval_steps: Option<u64>,
 }
 
 impl Default for GrpoConfig {
     fn default() -> Self {
         GrpoConfig {
-            model: String::new(),
-            dataset: PathBuf::new(),
-            dataset_split: None,
+            train: TrainConfig {
+                learning_rate: 1e-6,
+                ..TrainConfig::default()
+            },
             prompt_field: "prompt".into(),
-            output_dir: None,
             rewards: vec![RewardSpec {
-                name: "exact_answer".into(),
+                name: BuiltinReward::ExactAnswer,
                 weight: 1.0,
             }],
             num_generations: 8,
@@ -172,11 +138,6 @@ impl Default for GrpoConfig {
             top_p: None,
             top_k: None,
             min_p: None,
-            learning_rate: 1e-6,
-            lr_scheduler: ScheduleKind::Linear,
-            warmup_ratio: 0.0,
-            adamw: AdamWConfig::default(),
-            max_grad_norm: Some(1.0),
             epsilon_low: 0.2,
             epsilon_high: 0.2,
             beta: 0.0,
@@ -184,68 +145,67 @@ impl Default for GrpoConfig {
             loss_type: LossType::Dapo,
             mask_truncated_completions: false,
             num_iterations: 1,
-            packing: UpdatePacking::Tree,
+            packing: Packing::Tree,
             token_budget: 4096,
             mode: RolloutMode::Sync,
             queue_size: 2,
             max_staleness: 1,
             weight_sync_steps: 1,
             max_steps: 100,
-            seed: 42,
-            dtype: "fp32".into(),
-            device: "cpu".into(),
             prefill_chunk_size: 64,
-            skip_invalid_rows: false,
             log_completions: 8,
-            save_steps: None,
             eval_dataset: None,
             eval_samples: 4,
-            eval_steps: None,
         }
     }
 }
 
 impl GrpoConfig {
-    /// Parses a TOML file of [`GrpoConfig`] fields (unset fields keep their defaults; relative
-    /// paths are taken relative to the file's folder).
-    pub fn from_toml_file(path: &Path) -> Result<Self, GrpoError> {
-        use crate::train::config_file::{anchor, anchor_model, read_toml};
-        let (mut cfg, base): (GrpoConfig, _) = read_toml(path).map_err(GrpoError::Config)?;
-        // A dataset that is not a file under the config's folder may be a hub repo id.
-        if base.join(&cfg.dataset).exists() {
-            anchor(base, &mut cfg.dataset);
+    /// Parses a TOML file of [`GrpoConfig`] fields (unset fields keep their defaults, unknown
+    /// keys are refused; relative paths are taken relative to the file's folder).
+    pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
+        let (mut cfg, base): (GrpoConfig, _) = crate::train::config_file::read_toml(path)?;
+        cfg.train.anchor_paths(base);
+        if let Some(p) = cfg.eval_dataset.as_mut() {
+            crate::train::config_file::anchor(base, p);
         }
-        for p in [cfg.eval_dataset.as_mut(), cfg.output_dir.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            anchor(base, p);
-        }
-        anchor_model(base, &mut cfg.model);
         Ok(cfg)
     }
 
     /// Checks the numbers that would make a run meaningless or hang.
-    pub fn validate(&self) -> Result<(), GrpoError> {
-        let bad = |m: &str| Err(GrpoError::Config(m.to_string()));
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.train.validate()?;
         if self.num_generations < 2 {
-            return bad("num_generations must be at least 2 (advantages compare completions of one prompt)");
+            return Err(TrainError::config(
+                "num_generations",
+                "must be at least 2 (advantages compare completions of one prompt)",
+            ));
         }
-        if self.prompts_per_step == 0
-            || self.max_completion_length == 0
-            || self.token_budget == 0
-            || self.num_iterations == 0
-        {
-            return bad("prompts_per_step, max_completion_length, token_budget and num_iterations must be at least 1");
+        let mut positive = vec![
+            ("prompts_per_step", self.prompts_per_step),
+            ("max_completion_length", self.max_completion_length),
+            ("token_budget", self.token_budget),
+            ("num_iterations", self.num_iterations),
+        ];
+        if self.mode == RolloutMode::Async {
+            positive.extend([
+                ("queue_size", self.queue_size),
+                ("weight_sync_steps", self.weight_sync_steps as usize),
+            ]);
         }
-        if self.mode == RolloutMode::Async && (self.queue_size == 0 || self.weight_sync_steps == 0) {
-            return bad("queue_size and weight_sync_steps must be at least 1 in async mode");
+        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(TrainError::config(field, "must be at least 1"));
         }
         if self.temperature.is_nan() || self.temperature <= 0.0 {
-            return bad("temperature must be > 0");
+            return Err(TrainError::config("temperature", "must be > 0"));
         }
-        if self.epsilon_low < 0.0 || self.epsilon_high < 0.0 || self.beta < 0.0 {
-            return bad("epsilon_low, epsilon_high and beta must be >= 0");
+        let non_negative = [
+            ("epsilon_low", self.epsilon_low),
+            ("epsilon_high", self.epsilon_high),
+            ("beta", self.beta),
+        ];
+        if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(*v >= 0.0)) {
+            return Err(TrainError::config(field, "must be >= 0"));
         }
         Ok(())
     }

@@ -11,8 +11,9 @@
 //!
 //! ```
 //! use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
+//! use treetrain::train::Trainer;
 //! let mut config = GrpoConfig::from_toml_file(&treetrain::shipped::datasets_dir().join("grpo.toml")).unwrap();
-//! config.output_dir = None;
+//! config.train.output_dir = None;
 //! config.prompts_per_step = 2;
 //! let rewards = vec![
 //!     RewardFn::exact_answer(),
@@ -27,7 +28,9 @@
 //! ```
 
 mod advantage;
+mod answer;
 mod config;
+mod objective;
 mod reward;
 mod rollouts;
 mod trainer;
@@ -36,38 +39,14 @@ mod view;
 mod worker;
 
 pub use advantage::{ScaleRewards, group_advantages};
-pub use config::{GrpoConfig, LossType, RewardSpec, RolloutMode, UpdatePacking};
-pub use reward::{GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
+pub use answer::extract_answer;
+pub use config::{GrpoConfig, LossType, RewardSpec, RolloutMode};
+pub use objective::{GrpoLoss, GrpoObjective, TermWeights, grpo_loss, grpo_loss_with_reference};
+pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup};
 pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
-pub use update::{UpdateStats, accumulate_gradients, accumulate_gradients_with, pack_rollouts};
+pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;
-
-/// Errors from GRPO.
-#[derive(Debug, thiserror::Error)]
-pub enum GrpoError {
-    /// Configuration problem.
-    #[error("grpo config: {0}")]
-    Config(String),
-    /// A dataset row could not be used.
-    #[error("{0}")]
-    Data(String),
-    /// Generation failed.
-    #[error(transparent)]
-    Generate(#[from] crate::generate::GenerateError),
-    /// The model failed.
-    #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
-    /// Packing failed (names the rollout).
-    #[error(transparent)]
-    Pack(#[from] crate::pack::PackError),
-    /// The generation thread failed or stopped.
-    #[error("async rollouts: {0}")]
-    Worker(String),
-    /// Tokenizer, hub, optimizer or file failure.
-    #[error("{0}")]
-    Other(String),
-}
 
 /// The message of a caught panic.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -76,8 +55,4 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
-}
-
-pub(crate) fn other<E: std::fmt::Display>(e: E) -> GrpoError {
-    GrpoError::Other(e.to_string())
 }

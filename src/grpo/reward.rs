@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::shipped::tasks::extract_answer;
+use super::answer::extract_answer;
 
 /// What a reward function sees of one rollout.
 #[derive(Debug, Clone, Copy)]
@@ -98,12 +98,11 @@ impl RewardFn {
         })
     }
 
-    /// A built-in by name: `exact_answer` or `answer_format`.
-    pub fn builtin(name: &str) -> Option<Self> {
-        match name {
-            "exact_answer" => Some(Self::exact_answer()),
-            "answer_format" => Some(Self::answer_format()),
-            _ => None,
+    /// A built-in reward function.
+    pub fn builtin(which: BuiltinReward) -> Self {
+        match which {
+            BuiltinReward::ExactAnswer => Self::exact_answer(),
+            BuiltinReward::AnswerFormat => Self::answer_format(),
         }
     }
 
@@ -121,6 +120,39 @@ impl RewardFn {
     }
 }
 
+/// The reward functions a config file can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum BuiltinReward {
+    /// [`RewardFn::exact_answer`].
+    ExactAnswer,
+    /// [`RewardFn::answer_format`].
+    AnswerFormat,
+}
+
+crate::util::serde_via_str!(BuiltinReward);
+
+impl std::fmt::Display for BuiltinReward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        match self.to_possible_value() {
+            Some(v) => f.write_str(v.get_name()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::str::FromStr for BuiltinReward {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use clap::ValueEnum;
+        <Self as ValueEnum>::from_str(s, false).map_err(|_| {
+            let names: Vec<String> = Self::value_variants().iter().map(ToString::to_string).collect();
+            format!("unknown reward `{s}` (built-ins: {})", names.join(", "))
+        })
+    }
+}
+
 /// Every function's score of every rollout of one group, and their weighted totals.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GroupRewards {
@@ -130,6 +162,27 @@ pub struct GroupRewards {
     pub total: Vec<Option<f32>>,
     /// One entry per failed (function, completion).
     pub failures: Vec<RewardFailure>,
+}
+
+impl GroupRewards {
+    /// Marks completion `completion` as unscorable: every function's score and the total become
+    /// `None` (advantage 0), and one failure under `function` says why.
+    pub fn fail_completion(&mut self, completion: usize, dataset_row: usize, function: &str, reason: String) {
+        for scores in &mut self.per_function {
+            if let Some(s) = scores.get_mut(completion) {
+                *s = None;
+            }
+        }
+        if let Some(t) = self.total.get_mut(completion) {
+            *t = None;
+        }
+        self.failures.push(RewardFailure {
+            function: function.to_string(),
+            dataset_row,
+            completion,
+            reason,
+        });
+    }
 }
 
 /// Scores the completions of one prompt with every function.

@@ -6,12 +6,13 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
-use super::{GrpoError, ScaleRewards, group_advantages};
+use super::{ScaleRewards, group_advantages};
 use crate::data::Dataset;
 use crate::generate::{Completion, FinishReason, GenerationConfig, Generator};
 use crate::model::CausalLm;
 use crate::pack::Rollout;
 use crate::tokenizer::{ChatOptions, Tokenizer};
+use crate::train::TrainError;
 use crate::util::SplitMix64;
 
 /// One usable prompt.
@@ -46,14 +47,14 @@ impl PromptSet {
         field: &str,
         max_len: usize,
         skip_invalid: bool,
-    ) -> Result<Self, GrpoError> {
+    ) -> Result<Self, TrainError> {
         let mut set = PromptSet::default();
         let opts = ChatOptions {
             add_generation_prompt: true,
             ..Default::default()
         };
         for (i, row) in ds.rows().enumerate() {
-            let row = row.map_err(|e| GrpoError::Data(e.to_string()))?;
+            let row = row.map_err(|e| TrainError::Data(e.to_string()))?;
             let made = match row.get(field) {
                 Some(messages @ Value::Array(_)) => tokenizer
                     .tokenize_chat(messages, &opts)
@@ -79,11 +80,11 @@ impl PromptSet {
                     row,
                 }),
                 Err(_) if skip_invalid => set.skipped += 1,
-                Err(message) => return Err(GrpoError::Data(format!("prompt row {i}: {message}"))),
+                Err(message) => return Err(TrainError::Data(format!("prompt row {i}: {message}"))),
             }
         }
         if set.prompts.is_empty() {
-            return Err(GrpoError::Data("no usable prompt".into()));
+            return Err(TrainError::Data("no usable prompt".into()));
         }
         Ok(set)
     }
@@ -288,7 +289,7 @@ pub struct RolloutProducer {
 impl RolloutProducer {
     /// Generates `group` completions for each of the next `per_batch` prompts with `model`
     /// (weights of `version`) and scores them.
-    pub fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, GrpoError> {
+    pub fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, TrainError> {
         let picked = self.sampler.take(self.per_batch);
         let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
         let mut cfg = self.generation.clone();
@@ -298,43 +299,17 @@ impl RolloutProducer {
         let generation_s = start.elapsed().as_secs_f64();
         let generated_tokens = completions.iter().map(|c| c.output_ids.len()).sum();
         let start = Instant::now();
-        let mut groups = Vec::with_capacity(picked.len());
         let mut chunks = completions.chunks(self.group);
-        for &p in &picked {
-            let completions = chunks.next().map(<[Completion]>::to_vec).unwrap_or_default();
-            let prompt = &self.prompts.prompts[p];
-            let texts: Vec<String> = completions
-                .iter()
-                .map(|c| {
-                    let ids: Vec<u32> = c.output_ids.iter().map(|&t| t as u32).collect();
-                    self.tokenizer.decode(&ids, true).unwrap_or_default()
-                })
-                .collect();
-            let inputs: Vec<RewardInput> = completions
-                .iter()
-                .zip(&texts)
-                .map(|(c, text)| RewardInput {
-                    prompt: &prompt.text,
-                    completion: text,
-                    completion_ids: &c.output_ids,
-                    truncated: c.finish_reason == FinishReason::Length,
-                    row: &prompt.row,
-                })
-                .collect();
-            let rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
-            let advantages = group_advantages(&rewards.total, self.scale);
-            groups.push(ScoredGroup {
-                version,
-                origin: self.produced,
-                prompt: p,
-                dataset_row: prompt.dataset_row,
-                prompt_ids: prompt.ids.clone(),
-                completions,
-                texts,
-                rewards,
-                advantages,
-            });
-        }
+        let groups = picked
+            .iter()
+            .map(|&p| {
+                self.score_completions(
+                    p,
+                    chunks.next().map(<[Completion]>::to_vec).unwrap_or_default(),
+                    version,
+                )
+            })
+            .collect();
         let batch = RolloutBatch {
             version,
             index: self.produced,
@@ -346,5 +321,55 @@ impl RolloutProducer {
         };
         self.produced += 1;
         Ok(batch)
+    }
+
+    /// Decodes and scores the completions of prompt `p` (an index into the prompt set) made by
+    /// weights of `version`. A completion that does not decode
+    /// (an id outside the tokenizer's vocabulary) is a failure of every reward for it, reported
+    /// and given advantage 0, never scored as empty text.
+    pub fn score_completions(&self, p: usize, completions: Vec<Completion>, version: u64) -> ScoredGroup {
+        let prompt = &self.prompts.prompts[p];
+        let decoded: Vec<Result<String, String>> = completions
+            .iter()
+            .map(|c| {
+                let ids: Vec<u32> = c.output_ids.iter().map(|&t| t as u32).collect();
+                self.tokenizer.decode(&ids, true).map_err(|e| e.to_string())
+            })
+            .collect();
+        let texts: Vec<String> = decoded.iter().map(|d| d.clone().unwrap_or_default()).collect();
+        let inputs: Vec<RewardInput> = completions
+            .iter()
+            .zip(&texts)
+            .map(|(c, text)| RewardInput {
+                prompt: &prompt.text,
+                completion: text,
+                completion_ids: &c.output_ids,
+                truncated: c.finish_reason == FinishReason::Length,
+                row: &prompt.row,
+            })
+            .collect();
+        let mut rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
+        for (i, d) in decoded.iter().enumerate() {
+            if let Err(reason) = d {
+                rewards.fail_completion(
+                    i,
+                    prompt.dataset_row,
+                    "decode",
+                    format!("completion does not decode: {reason}"),
+                );
+            }
+        }
+        let advantages = group_advantages(&rewards.total, self.scale);
+        ScoredGroup {
+            version,
+            origin: self.produced,
+            prompt: p,
+            dataset_row: prompt.dataset_row,
+            prompt_ids: prompt.ids.clone(),
+            completions,
+            texts,
+            rewards,
+            advantages,
+        }
     }
 }

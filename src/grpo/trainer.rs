@@ -1,6 +1,6 @@
 //! The GRPO trainer: `step()` from a notebook cell, or `train_for(n)`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -8,15 +8,15 @@ use super::advantage::mean_std;
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
-    GrpoConfig, GrpoError, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer,
-    accumulate_gradients_with, other, pack_rollouts,
+    GrpoConfig, GrpoObjective, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer,
+    UpdateStats, accumulate_gradients, pack_rollouts,
 };
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
-use crate::model::{LoadOptions, LogprobChunks, Model};
-use crate::pack::{GrpoLossConfig, PackedRow};
+use crate::model::{Model, SpecialTokens};
+use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
-use crate::train::{AdamW, LrSchedule};
+use crate::train::{Progress, TrainConfig, TrainCore, TrainError, Trainer};
 
 /// Mean and spread of one reward function over a step's rollouts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -154,13 +154,10 @@ enum Source {
 }
 
 /// GRPO on one process: policy, optional frozen reference, rewards, optimizer and rollouts.
+///
+/// The configuration is fixed once built ([`GrpoTrainer::config`] reads it): in async mode a
+/// generation thread already works from it, so a change could not reach both sides alike.
 pub struct GrpoTrainer {
-    /// The configuration.
-    pub config: GrpoConfig,
-    /// The policy.
-    pub model: Model,
-    /// Its tokenizer.
-    pub tokenizer: Arc<Tokenizer>,
     /// Progress and metrics.
     pub state: GrpoState,
     /// The prompts.
@@ -169,13 +166,14 @@ pub struct GrpoTrainer {
     pub last_row: Option<PackedRow>,
     /// The latest batch trained on.
     pub last_batch: Option<RolloutBatch>,
+    config: GrpoConfig,
+    core: TrainCore,
     generation: GenerationConfig,
     reference: Option<Model>,
     rewards: Arc<Vec<RewardFn>>,
+    held_out: Option<PromptSet>,
     /// A batch with optimizer steps left (`num_iterations > 1`).
     pending: Option<(RolloutBatch, usize)>,
-    optimizer: AdamW,
-    schedule: LrSchedule,
     source: Source,
 }
 
@@ -190,13 +188,13 @@ impl std::fmt::Debug for GrpoTrainer {
 
 impl GrpoTrainer {
     /// A trainer with the built-in rewards named in `config.rewards`.
-    pub fn new(config: GrpoConfig) -> Result<Self, GrpoError> {
-        let rewards = builtin_rewards(&config)?;
+    pub fn new(config: GrpoConfig) -> Result<Self, TrainError> {
+        let rewards = builtin_rewards(&config);
         Self::with_rewards(config, rewards)
     }
 
     /// A trainer with the given reward functions (closures; `config.rewards` is ignored).
-    pub fn with_rewards(config: GrpoConfig, rewards: Vec<RewardFn>) -> Result<Self, GrpoError> {
+    pub fn with_rewards(config: GrpoConfig, rewards: Vec<RewardFn>) -> Result<Self, TrainError> {
         Self::build(config, rewards, None)
     }
 
@@ -204,8 +202,8 @@ impl GrpoTrainer {
     /// built-in rewards of `config`: policy weights, optimizer, state and the prompt order.
     /// Sync runs continue exactly as if never stopped (on CPU); async runs continue from the
     /// next unseen batch of prompts.
-    pub fn resume_from(config: GrpoConfig, checkpoint: &std::path::Path) -> Result<Self, GrpoError> {
-        let rewards = builtin_rewards(&config)?;
+    pub fn resume_from(config: GrpoConfig, checkpoint: &Path) -> Result<Self, TrainError> {
+        let rewards = builtin_rewards(&config);
         Self::build(config, rewards, Some(checkpoint))
     }
 
@@ -213,59 +211,32 @@ impl GrpoTrainer {
     pub fn resume_with_rewards(
         config: GrpoConfig,
         rewards: Vec<RewardFn>,
-        checkpoint: &std::path::Path,
-    ) -> Result<Self, GrpoError> {
+        checkpoint: &Path,
+    ) -> Result<Self, TrainError> {
         Self::build(config, rewards, Some(checkpoint))
     }
 
-    fn build(
-        config: GrpoConfig,
-        rewards: Vec<RewardFn>,
-        checkpoint: Option<&std::path::Path>,
-    ) -> Result<Self, GrpoError> {
+    fn build(config: GrpoConfig, rewards: Vec<RewardFn>, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
         config.validate()?;
-        if rewards.is_empty() {
-            return Err(GrpoError::Config("no reward function".into()));
-        }
-        if let Some(r) = rewards.iter().find(|r| !r.weight.is_finite()) {
-            return Err(GrpoError::Config(format!(
-                "reward `{}` has weight {}",
-                r.name, r.weight
-            )));
-        }
-        let hub = crate::hub::HubCache::from_env();
-        let dir = hub.model_dir(&config.model).map_err(other)?;
-        let opts = LoadOptions {
-            dtype: Some(crate::model::parse_kind(&config.dtype)?),
-            device: crate::device::parse_device(&config.device).map_err(|e| GrpoError::Config(e.to_string()))?,
-        };
-        let weights = checkpoint.unwrap_or(&dir);
-        let model = Model::load(weights, opts)?;
-        let tokenizer = Arc::new(Tokenizer::from_dir(&dir).map_err(other)?);
-        let ds = if config.dataset.exists() {
-            Dataset::open(&config.dataset)
-        } else {
-            Dataset::from_hub(&hub, &config.dataset.to_string_lossy(), config.dataset_split.as_deref())
-        }
-        .map_err(other)?;
-        let prompts = Arc::new(PromptSet::load(
-            &ds,
-            &tokenizer,
-            &config.prompt_field,
-            config.max_prompt_length,
-            config.skip_invalid_rows,
+        check_rewards(&rewards)?;
+        let mut core = TrainCore::load(&config.train, checkpoint)?;
+        core.set_schedule(&config.train, config.max_steps);
+        let prompts = Arc::new(load_prompt_set(
+            &config,
+            &core.tokenizer,
+            &TrainCore::open_dataset(&config.train)?,
         )?);
-        let generation = generation_config(&config, &tokenizer, &model.lm.config);
+        let generation = generation_config(&config, &core.special);
         let rewards = Arc::new(rewards);
         let mut producer = RolloutProducer {
             prompts: prompts.clone(),
             rewards: rewards.clone(),
-            tokenizer: tokenizer.clone(),
+            tokenizer: core.tokenizer.clone(),
             generation: generation.clone(),
             group: config.num_generations,
             per_batch: config.prompts_per_step,
             scale: config.scale_rewards,
-            sampler: PromptSampler::new(prompts.prompts.len(), config.seed),
+            sampler: PromptSampler::new(prompts.prompts.len(), config.train.seed),
             produced: 0,
             generator: Default::default(),
         };
@@ -275,9 +246,8 @@ impl GrpoTrainer {
             skipped_prompts: prompts.skipped,
             ..Default::default()
         };
-        let mut optimizer = AdamW::new(&model.vs, config.adamw);
         if let Some(ckpt) = checkpoint {
-            state = crate::train::load_checkpoint(ckpt, &mut optimizer).map_err(GrpoError::Other)?;
+            state = core.restore(ckpt)?;
             state.total_steps = config.max_steps;
             // The prompt order and sampling seeds pick up after the last batch the run consumed.
             for _ in 0..state.batches_consumed {
@@ -288,48 +258,52 @@ impl GrpoTrainer {
         let source = match config.mode {
             RolloutMode::Sync => Source::Sync(Box::new(producer)),
             RolloutMode::Async => {
-                let copy = Model::load(weights, opts)?;
+                let copy = Model::load(checkpoint.unwrap_or(&core.model_dir), core.load_options)?;
                 let capacity = config.queue_size * config.prompts_per_step;
                 Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
             }
         };
-        let reference = if config.beta > 0.0 {
-            Some(Model::load(&dir, opts)?)
-        } else {
-            None
+        let reference = (config.beta > 0.0)
+            .then(|| Model::load(&core.model_dir, core.load_options))
+            .transpose()?;
+        let held_out = match &config.eval_dataset {
+            Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?)?),
+            None => None,
         };
         Ok(GrpoTrainer {
-            optimizer,
-            schedule: LrSchedule::with_warmup_ratio(
-                config.learning_rate,
-                config.lr_scheduler,
-                config.warmup_ratio,
-                config.max_steps,
-            ),
             state,
-            model,
-            tokenizer,
             prompts,
             last_row: None,
             last_batch: None,
+            config,
+            core,
             generation,
             reference,
             rewards,
+            held_out,
             pending: None,
             source,
-            config,
         })
     }
 
-    /// The loss settings of the run.
-    pub fn loss_config(&self) -> GrpoLossConfig {
-        GrpoLossConfig {
-            epsilon_low: self.config.epsilon_low,
-            epsilon_high: self.config.epsilon_high,
-            chunks: LogprobChunks::default(),
-            temperature: self.config.temperature,
-            beta: self.config.beta,
-        }
+    /// The configuration (fixed once built).
+    pub fn config(&self) -> &GrpoConfig {
+        &self.config
+    }
+
+    /// The policy.
+    pub fn model(&self) -> &Model {
+        &self.core.model
+    }
+
+    /// Its tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.core.tokenizer
+    }
+
+    /// The loss of the run.
+    pub fn objective(&self) -> GrpoObjective {
+        GrpoObjective::from(&self.config)
     }
 
     /// Async mode: the generation thread and its queue.
@@ -351,11 +325,11 @@ impl GrpoTrainer {
     /// The next batch to train on: generated now (sync), or assembled from the oldest queued
     /// groups that are at most `max_staleness` versions old (async; older ones are dropped and
     /// counted).
-    fn next_batch(&mut self) -> Result<(RolloutBatch, f64, usize), GrpoError> {
+    fn next_batch(&mut self) -> Result<(RolloutBatch, f64, usize), TrainError> {
         let version = self.state.global_step;
         match &mut self.source {
             Source::Sync(p) => {
-                let batch = p.produce(&self.model.lm, version)?;
+                let batch = p.produce(&self.core.model.lm, version)?;
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
@@ -374,7 +348,7 @@ impl GrpoTrainer {
                     self.state.dropped_stale += 1;
                     // Until the generator has weights recent enough, all it makes is dropped.
                     if version - a.published() > self.config.max_staleness {
-                        a.publish(version, &self.model.vs);
+                        a.publish(version, &self.core.model.vs);
                         self.state.forced_syncs += 1;
                     }
                 }
@@ -386,63 +360,49 @@ impl GrpoTrainer {
         }
     }
 
+    /// The batch of this step: the pending one again (`num_iterations > 1`), else the next.
+    fn take_batch(&mut self) -> Result<(RolloutBatch, f64, usize), TrainError> {
+        if let Some((batch, left)) = self.pending.take() {
+            if left > 1 {
+                self.pending = Some((batch.clone(), left - 1));
+            }
+            return Ok((batch, 0.0, 0));
+        }
+        let next = self.next_batch()?;
+        if self.config.num_iterations > 1 {
+            self.pending = Some((next.0.clone(), self.config.num_iterations - 1));
+        }
+        Ok(next)
+    }
+
     /// One GRPO step: a batch of `prompts_per_step x num_generations` scored rollouts, one
     /// packed update, one optimizer step.
-    pub fn step(&mut self) -> Result<GrpoStepMetrics, GrpoError> {
+    pub fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
         let start = Instant::now();
-        let (batch, wait_s, dropped) = match self.pending.take() {
-            Some((batch, left)) => {
-                if left > 1 {
-                    self.pending = Some((batch.clone(), left - 1));
-                }
-                (batch, 0.0, 0)
-            }
-            None => {
-                let (batch, wait_s, dropped) = self.next_batch()?;
-                if self.config.num_iterations > 1 {
-                    self.pending = Some((batch.clone(), self.config.num_iterations - 1));
-                }
-                (batch, wait_s, dropped)
-            }
-        };
+        let (batch, wait_s, dropped) = self.take_batch()?;
         let version = self.state.global_step;
         let t = Instant::now();
         let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
         let rows = pack_rollouts(rollouts, self.config.packing, self.config.token_budget)?;
         let pack_s = t.elapsed().as_secs_f64();
-        let stats = match accumulate_gradients_with(
-            &self.model.lm,
-            self.reference.as_ref().map(|m| &m.lm),
-            &rows,
-            &self.loss_config(),
-            self.config.loss_type,
-            self.config.max_completion_length,
-        ) {
-            Ok(stats) => stats,
-            Err(e) => {
-                // Rows before the failure left gradients behind: the next step must not see them.
-                self.optimizer.zero_grad();
-                return Err(e);
-            }
-        };
+        let reference = self.reference.as_ref().map(|m| &m.lm);
+        let stats = accumulate_gradients(&self.core.model.lm, reference, &rows, &self.objective())
+            // Rows before the failure left gradients behind: the next step must not see them.
+            .inspect_err(|_| self.core.optim.discard_gradients())?;
         let t = Instant::now();
-        let grad_norm = self.optimizer.clip_grad_norm(self.config.max_grad_norm);
-        let lr = self.schedule.lr_at(version);
-        let skipped = !stats.loss.is_finite() || !grad_norm.is_finite();
-        if skipped {
-            self.state.skipped_steps += 1;
-        } else {
-            self.optimizer.step(lr)?;
-        }
-        self.optimizer.zero_grad();
+        let prompt_rows = || batch.groups.iter().map(|g| g.dataset_row).collect();
+        let outcome = self
+            .core
+            .optim
+            .finish_step(&self.config.train, version, stats.loss, prompt_rows)?;
+        self.state.skipped_steps += usize::from(outcome.skipped);
         let optimizer_s = t.elapsed().as_secs_f64();
         self.state.global_step = version + 1;
         if let Source::Async(a) = &mut self.source
             && self.state.global_step.is_multiple_of(self.config.weight_sync_steps)
         {
-            a.publish(self.state.global_step, &self.model.vs);
+            a.publish(self.state.global_step, &self.core.model.vs);
         }
-        let m = self.metrics(&batch, &stats, rows.len(), grad_norm, lr, skipped);
         let m = GrpoStepMetrics {
             staleness: version - batch.version.min(version),
             dropped_stale: dropped,
@@ -450,7 +410,7 @@ impl GrpoTrainer {
             pack_s,
             optimizer_s,
             step_s: start.elapsed().as_secs_f64(),
-            ..m
+            ..self.metrics(&batch, &stats, rows.len(), outcome)
         };
         self.record(&batch, &m);
         self.last_row = rows.into_iter().last();
@@ -458,14 +418,40 @@ impl GrpoTrainer {
         Ok(m)
     }
 
+    /// The update of `batch` under `packing`, timed `repeats` times (best forward + backward in
+    /// seconds, and the last run's statistics); the gradients are cleared afterwards, so the
+    /// weights and the next step are untouched. What the demo and the benches compare.
+    pub fn measure_update(
+        &self,
+        batch: &RolloutBatch,
+        packing: Packing,
+        repeats: usize,
+    ) -> Result<(f64, UpdateStats), TrainError> {
+        let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
+        let rows = pack_rollouts(rollouts, packing, self.config.token_budget)?;
+        let (mut best, mut last) = (f64::INFINITY, UpdateStats::default());
+        for _ in 0..repeats.max(1) {
+            let run = accumulate_gradients(&self.core.model.lm, None, &rows, &self.objective());
+            self.core.optim.discard_gradients();
+            last = run?;
+            best = best.min(last.forward_backward_s);
+        }
+        Ok((best, last))
+    }
+
+    /// Writes `output_dir/checkpoint-<step>/`: the policy as a Hugging Face folder, the
+    /// optimizer and the state, atomically.
+    pub fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
+        self.core
+            .save_checkpoint(&self.config.train, self.state.global_step, &self.state)
+    }
+
     fn metrics(
         &self,
         batch: &RolloutBatch,
-        stats: &super::UpdateStats,
+        stats: &UpdateStats,
         rows: usize,
-        grad_norm: f64,
-        lr: f64,
-        skipped: bool,
+        outcome: crate::train::StepOutcome,
     ) -> GrpoStepMetrics {
         let totals: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
         let (reward_mean, reward_std) = mean_std(&totals);
@@ -495,8 +481,8 @@ impl GrpoTrainer {
             completion_length_max: lengths.iter().copied().max().unwrap_or(0),
             truncated_ratio: truncated as f64 / n,
             loss: stats.loss,
-            grad_norm,
-            lr,
+            grad_norm: outcome.grad_norm,
+            lr: outcome.lr,
             clip_ratio: stats.clip_ratio,
             approx_kl: stats.approx_kl,
             kl: stats.ref_kl,
@@ -514,7 +500,7 @@ impl GrpoTrainer {
             step_s: 0.0,
             generation_tokens_per_s: batch.generated_tokens as f64 / batch.generation_s.max(1e-9),
             training_tokens_per_s: stats.raw_tokens as f64 / stats.forward_backward_s.max(1e-9),
-            skipped,
+            skipped: outcome.skipped,
         }
     }
 
@@ -544,40 +530,7 @@ impl GrpoTrainer {
         }
         self.state.samples = samples;
         self.state.history.push(m.clone());
-        if let Some(dir) = &self.config.output_dir {
-            crate::train::append_log(dir, m);
-        }
-    }
-
-    /// Runs `n` steps (or until the run's last step); returns the last step's metrics.
-    pub fn train_for(&mut self, n: u64) -> Result<Option<GrpoStepMetrics>, GrpoError> {
-        let mut last = None;
-        for _ in 0..n {
-            if self.state.global_step >= self.state.total_steps {
-                break;
-            }
-            last = Some(self.step()?);
-        }
-        Ok(last)
-    }
-
-    /// Writes `output_dir/checkpoint-<step>/`: the policy as a Hugging Face folder, the
-    /// optimizer and the state, atomically.
-    pub fn save_checkpoint(&self) -> Result<PathBuf, GrpoError> {
-        let out = self
-            .config
-            .output_dir
-            .clone()
-            .ok_or_else(|| GrpoError::Config("output_dir is not set".into()))?;
-        crate::train::save_checkpoint(
-            &out,
-            self.state.global_step,
-            &self.model,
-            &self.tokenizer.dir,
-            &self.optimizer,
-            &self.state,
-        )
-        .map_err(GrpoError::Other)
+        self.core.log(&self.config.train, m);
     }
 
     /// Reward functions of the run.
@@ -586,28 +539,21 @@ impl GrpoTrainer {
     }
 
     /// Prompts of another file or folder (a held-out split), read like the training prompts.
-    pub fn load_prompts(&self, path: &std::path::Path) -> Result<PromptSet, GrpoError> {
-        let ds = Dataset::open(path).map_err(other)?;
-        PromptSet::load(
-            &ds,
-            &self.tokenizer,
-            &self.config.prompt_field,
-            self.config.max_prompt_length,
-            self.config.skip_invalid_rows,
-        )
+    pub fn load_prompts(&self, path: &Path) -> Result<PromptSet, TrainError> {
+        load_prompt_set(&self.config, &self.core.tokenizer, &Dataset::open(path)?)
     }
 
     /// Mean rewards of the current policy on `prompts`: `samples` completions per prompt at the
     /// run's sampling settings with a fixed `seed` (so two calls differ only by the weights),
     /// or one greedy completion when `samples` is 0.
-    pub fn evaluate(&self, prompts: &PromptSet, samples: usize, seed: u64) -> Result<EvalResult, GrpoError> {
+    pub fn evaluate(&self, prompts: &PromptSet, samples: usize, seed: u64) -> Result<EvalResult, TrainError> {
         let mut generation = self.generation.clone();
         generation.sampling.seed = seed;
         generation.sampling.do_sample = samples > 0;
         let mut producer = RolloutProducer {
             prompts: Arc::new(prompts.clone()),
             rewards: self.rewards.clone(),
-            tokenizer: self.tokenizer.clone(),
+            tokenizer: self.core.tokenizer.clone(),
             generation,
             group: samples.max(1),
             per_batch: prompts.prompts.len(),
@@ -616,8 +562,80 @@ impl GrpoTrainer {
             produced: 0,
             generator: Default::default(),
         };
-        let batch = producer.produce(&self.model.lm, self.state.global_step)?;
+        let batch = producer.produce(&self.core.model.lm, self.state.global_step)?;
         Ok(EvalResult::from_batch(&batch, &self.rewards, self.state.global_step))
+    }
+}
+
+impl Trainer for GrpoTrainer {
+    type Config = GrpoConfig;
+    type Metrics = GrpoStepMetrics;
+    type Eval = EvalResult;
+    type State = GrpoState;
+
+    fn from_config(config: GrpoConfig, resume_from: Option<&Path>) -> Result<Self, TrainError> {
+        let rewards = builtin_rewards(&config);
+        Self::build(config, rewards, resume_from)
+    }
+    fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
+        GrpoTrainer::step(self)
+    }
+    fn progress(&self) -> Progress {
+        Progress {
+            done: self.state.global_step,
+            total: self.state.total_steps,
+        }
+    }
+    fn train_config(&self) -> &TrainConfig {
+        &self.config.train
+    }
+    fn state(&self) -> &GrpoState {
+        &self.state
+    }
+    fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
+        GrpoTrainer::save_checkpoint(self)
+    }
+    /// `eval_samples` completions per prompt of `eval_dataset`, seeded so that evaluations
+    /// differ only by the weights.
+    fn evaluate_held_out(&mut self) -> Result<Option<EvalResult>, TrainError> {
+        match &self.held_out {
+            Some(prompts) => self
+                .evaluate(prompts, self.config.eval_samples, self.config.train.seed ^ 0xe7a1)
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+    /// Aligned step numbers and every reward function, for a terminal scrolling through a run.
+    fn log_line(&self, m: &GrpoStepMetrics) -> String {
+        let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
+        format!(
+            "step {:>4}: reward {:.3} ({}) len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
+            m.step,
+            m.reward_mean,
+            per_fn.join(", "),
+            m.completion_length,
+            m.loss,
+            m.clip_ratio,
+            m.approx_kl,
+            m.entropy,
+            m.packing_ratio,
+            m.staleness,
+            m.generation_s,
+            m.forward_backward_s
+        )
+    }
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{} prompts ({} skipped), {} steps of {} prompts x {} completions, {:?} rollouts, {:?} packing",
+            self.prompts.prompts.len(),
+            self.state.skipped_prompts,
+            self.state.total_steps,
+            c.prompts_per_step,
+            c.num_generations,
+            c.mode,
+            c.packing
+        )
     }
 }
 
@@ -671,27 +689,13 @@ impl EvalResult {
     }
 }
 
-/// Sampling settings of the run: EOS from the tokenizer and `config.json`, the run's
-/// temperature and truncation.
-fn generation_config(
-    config: &GrpoConfig,
-    tokenizer: &Tokenizer,
-    model: &crate::model::ModelConfig,
-) -> GenerationConfig {
-    let mut eos: Vec<i64> = tokenizer.eos_token_id().map(i64::from).into_iter().collect();
-    for &e in &model.eos_token_ids {
-        if !eos.contains(&e) {
-            eos.push(e);
-        }
-    }
+/// Sampling settings of the run: EOS and padding from the tokenizer and `config.json`, the
+/// run's temperature and truncation.
+fn generation_config(config: &GrpoConfig, special: &SpecialTokens) -> GenerationConfig {
     GenerationConfig {
         max_new_tokens: config.max_completion_length,
-        eos_token_ids: eos,
-        pad_token_id: tokenizer
-            .pad_token_id()
-            .map(i64::from)
-            .or(model.pad_token_id)
-            .unwrap_or(0),
+        eos_token_ids: special.eos.clone(),
+        pad_token_id: special.pad,
         prefill_chunk_size: config.prefill_chunk_size,
         sampling: SamplingConfig {
             do_sample: true,
@@ -699,7 +703,7 @@ fn generation_config(
             top_k: config.top_k,
             top_p: config.top_p,
             min_p: config.min_p,
-            seed: config.seed,
+            seed: config.train.seed,
             ..Default::default()
         },
         ..Default::default()
@@ -707,21 +711,37 @@ fn generation_config(
 }
 
 /// The built-in rewards named in `config.rewards`, weighted.
-fn builtin_rewards(config: &GrpoConfig) -> Result<Vec<RewardFn>, GrpoError> {
+fn builtin_rewards(config: &GrpoConfig) -> Vec<RewardFn> {
     config
         .rewards
         .iter()
-        .map(|spec| {
-            RewardFn::builtin(&spec.name)
-                .map(|f| f.with_weight(spec.weight))
-                .ok_or_else(|| {
-                    GrpoError::Config(format!(
-                        "unknown reward `{}` (built-ins: exact_answer, answer_format)",
-                        spec.name
-                    ))
-                })
-        })
+        .map(|spec| RewardFn::builtin(spec.name).with_weight(spec.weight))
         .collect()
+}
+
+/// At least one reward, every weight finite.
+fn check_rewards(rewards: &[RewardFn]) -> Result<(), TrainError> {
+    if rewards.is_empty() {
+        return Err(TrainError::config("rewards", "no reward function"));
+    }
+    match rewards.iter().find(|r| !r.weight.is_finite()) {
+        Some(r) => Err(TrainError::config(
+            "rewards",
+            format!("reward `{}` has weight {}", r.name, r.weight),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The prompts of `ds`, read as the run's config says.
+fn load_prompt_set(config: &GrpoConfig, tokenizer: &Tokenizer, ds: &Dataset) -> Result<PromptSet, TrainError> {
+    PromptSet::load(
+        ds,
+        tokenizer,
+        &config.prompt_field,
+        config.max_prompt_length,
+        config.train.skip_invalid_rows,
+    )
 }
 
 /// What a person asked: the last message's content of a conversational prompt, else the text.

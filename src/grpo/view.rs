@@ -181,7 +181,7 @@ impl Rich for GrpoTrainer {
             .map(|row| {
                 display::section(
                     "Latest micro-batch of the update",
-                    &TreeView::new(row, Some(&self.tokenizer)).html(),
+                    &TreeView::new(row, Some(self.tokenizer())).html(),
                 )
             })
             .unwrap_or_default();

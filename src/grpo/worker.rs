@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 
 use tch::{Tensor, nn::VarStore};
 
-use super::{GrpoError, QueuedGroup, RolloutProducer, panic_message};
+use super::{QueuedGroup, RolloutProducer, panic_message};
 use crate::model::Model;
+use crate::train::TrainError;
 
 /// Deep copies of every parameter, by `state_dict` name.
 pub(crate) fn snapshot(vs: &VarStore) -> Vec<(String, Tensor)> {
@@ -23,16 +24,16 @@ pub(crate) fn snapshot(vs: &VarStore) -> Vec<(String, Tensor)> {
 }
 
 /// Copies a snapshot into `vs` in place.
-pub(crate) fn load_snapshot(vs: &VarStore, weights: &[(String, Tensor)]) -> Result<(), GrpoError> {
+pub(crate) fn load_snapshot(vs: &VarStore, weights: &[(String, Tensor)]) -> Result<(), TrainError> {
     let vars = vs.variables();
     tch::no_grad(|| {
         for (name, t) in weights {
             let mut dst = vars
                 .get(name)
-                .ok_or_else(|| GrpoError::Worker(format!("weight sync: the generator has no `{name}`")))?
+                .ok_or_else(|| TrainError::Worker(format!("weight sync: the generator has no `{name}`")))?
                 .shallow_clone();
             dst.f_copy_(t)
-                .map_err(|e| GrpoError::Worker(format!("weight sync of `{name}`: {e}")))?;
+                .map_err(|e| TrainError::Worker(format!("weight sync of `{name}`: {e}")))?;
         }
         Ok(())
     })
@@ -171,15 +172,15 @@ impl AsyncRollouts {
     }
 
     /// The oldest finished group, waiting for one if the queue is empty.
-    pub fn next(&self) -> Result<QueuedGroup, GrpoError> {
+    pub fn next(&self) -> Result<QueuedGroup, TrainError> {
         let mut s = self.shared.lock();
         loop {
             if let Some(b) = s.groups.pop_front() {
                 self.shared.changed.notify_all();
-                return b.map_err(GrpoError::Worker);
+                return b.map_err(TrainError::Worker);
             }
             if s.finished {
-                return Err(GrpoError::Worker("the generation thread stopped".into()));
+                return Err(TrainError::Worker("the generation thread stopped".into()));
             }
             s = self.shared.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }

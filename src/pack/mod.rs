@@ -1,23 +1,24 @@
 //! Packing GRPO rollouts into micro-batch rows: prefix trees (shared prefixes forwarded once)
-//! and flat sequence packing, the token-budget planner, and the GRPO loss over packed rows.
+//! and flat sequence packing behind one token-budget planner, one row contract
+//! ([`PackedRow`]) and one loss-term selection for both, and the log-probs of a row's terms.
 
 mod error;
 mod fxhash;
-mod loss;
+mod logprobs;
 mod planner;
 mod rollout;
 mod row;
 mod sequence;
+mod terms;
 mod tree;
 mod view;
 
 pub use error::PackError;
-pub use loss::{
-    GrpoLoss, GrpoLossConfig, TermWeights, grpo_loss, grpo_loss_with_reference, row_logprobs, row_logprobs_at,
-};
-pub use planner::{PackPlan, plan};
+pub(crate) use logprobs::{distinct_terms, entropy_sum};
+pub use logprobs::{row_logprobs, row_logprobs_at};
+pub use planner::{PackPlan, Packing, RowBuilder, plan, plan_rows};
 pub use rollout::Rollout;
 pub use row::{PackKind, PackedRow, Segment};
-pub use sequence::pack_flat;
+pub use sequence::{FlatRow, pack_flat};
 pub use tree::PrefixTree;
 pub use view::TreeView;

@@ -1,60 +1,107 @@
-use super::{PackError, PackKind, PackedRow, Rollout, Segment};
+use std::collections::HashSet;
+
+use super::terms::loss_terms;
+use super::{PackError, PackKind, PackedRow, Rollout, RowBuilder, Segment};
 
 /// Sequence (flat) packing: rollouts laid end to end with position resets, each attending to
 /// itself only. The baseline tree packing is measured against; it emits the same loss terms in
 /// the same order as [`super::PrefixTree::pack`].
 pub fn pack_flat(rollouts: &[Rollout]) -> Result<PackedRow, PackError> {
-    let raw: usize = rollouts.iter().map(|r| r.input_ids.len()).sum();
-    let mut row = PackedRow {
-        kind: PackKind::Flat,
-        input_ids: Vec::with_capacity(raw),
-        position_ids: Vec::with_capacity(raw),
-        shift_labels: vec![-100; raw],
-        tree_kv_index: (0..raw as i64).collect(),
-        tree_cu_seqlens_q: vec![0],
-        tree_cu_seqlens_k: vec![0],
-        tree_max_seqlens: [0, 0],
-        token_index: Vec::new(),
-        old_log_probs: Vec::new(),
-        advantages: Vec::new(),
-        segment_id: Vec::new(),
-        segments: Vec::with_capacity(rollouts.len()),
-        raw_tokens: raw,
-        rollouts: rollouts.len(),
-        rollout_positions: Vec::with_capacity(rollouts.len()),
-    };
     for (i, r) in rollouts.iter().enumerate() {
         r.validate(i)?;
-        let start = row.input_ids.len();
-        row.input_ids.extend_from_slice(&r.input_ids);
-        row.position_ids.extend(0..r.input_ids.len() as i64);
-        for p in 1..r.input_ids.len() {
-            if r.completion_mask[p] == 1 {
-                let at = start + p - 1;
-                row.shift_labels[at] = r.input_ids[p];
-                row.token_index.push(at as i64);
-                row.old_log_probs.push(r.old_log_probs[p]);
-                row.advantages.push(r.advantage);
-                row.segment_id.push(i as i64);
-            }
-        }
-        row.rollout_positions
-            .push((start as u32..(start + r.input_ids.len()) as u32).collect());
-        let end = row.input_ids.len() as i32;
-        row.tree_cu_seqlens_q.push(end);
-        row.tree_cu_seqlens_k.push(end);
-        let len = r.input_ids.len();
-        row.segments.push(Segment {
+    }
+    Ok(lay_out(rollouts))
+}
+
+/// A flat row being filled: every rollout forwarded whole.
+#[derive(Debug, Clone, Default)]
+pub struct FlatRow {
+    rollouts: Vec<Rollout>,
+    sources: Vec<usize>,
+    groups: HashSet<String>,
+    tokens: usize,
+    trained: usize,
+    load: u64,
+}
+
+impl RowBuilder for FlatRow {
+    const SHARES_TOKENS: bool = false;
+    fn empty() -> Self {
+        FlatRow::default()
+    }
+    fn fits(&self, rollout: &Rollout, budget: usize) -> bool {
+        self.tokens + rollout.input_ids.len() <= budget && self.trained + rollout.trained() <= budget
+    }
+    fn novel_tokens(&self, rollout: &Rollout) -> usize {
+        rollout.input_ids.len()
+    }
+    fn holds_group(&self, group: &str) -> bool {
+        self.groups.contains(group)
+    }
+    fn add(&mut self, rollout: Rollout, row: usize) -> Result<(), PackError> {
+        rollout.validate(row)?;
+        let n = rollout.input_ids.len();
+        self.tokens += n;
+        self.trained += rollout.trained();
+        // Every token attends over its own prefix: 1 + 2 + ... + n keys.
+        self.load += (n * (n + 1) / 2) as u64;
+        self.groups.insert(rollout.group_id.clone());
+        self.rollouts.push(rollout);
+        self.sources.push(row);
+        Ok(())
+    }
+    fn load(&self) -> u64 {
+        self.load
+    }
+    fn pack(&self) -> PackedRow {
+        lay_out(&self.rollouts)
+    }
+    fn rollouts(&self) -> &[Rollout] {
+        &self.rollouts
+    }
+    fn sources(&self) -> &[usize] {
+        &self.sources
+    }
+}
+
+/// The flat layout of validated rollouts.
+fn lay_out(rollouts: &[Rollout]) -> PackedRow {
+    let raw: usize = rollouts.iter().map(|r| r.input_ids.len()).sum();
+    let (mut input_ids, mut position_ids) = (Vec::with_capacity(raw), Vec::with_capacity(raw));
+    let (mut cu, mut segments, mut rollout_positions) = (vec![0i32], Vec::new(), Vec::new());
+    let mut longest = 0;
+    for r in rollouts {
+        let (start, len) = (input_ids.len(), r.input_ids.len());
+        input_ids.extend_from_slice(&r.input_ids);
+        position_ids.extend(0..len as i64);
+        rollout_positions.push((start as u32..(start + len) as u32).collect());
+        cu.push((start + len) as i32);
+        segments.push(Segment {
             start,
             len,
             parent: None,
             path_len: len,
             rollouts: 1,
         });
-        row.tree_max_seqlens = [
-            row.tree_max_seqlens[0].max(len as i32),
-            row.tree_max_seqlens[1].max(len as i32),
-        ];
+        longest = longest.max(len as i32);
     }
-    Ok(row)
+    let terms = loss_terms(rollouts, &rollout_positions, raw);
+    PackedRow {
+        kind: PackKind::Flat,
+        input_ids,
+        position_ids,
+        shift_labels: terms.shift_labels,
+        tree_kv_index: (0..raw as i64).collect(),
+        tree_cu_seqlens_q: cu.clone(),
+        tree_cu_seqlens_k: cu,
+        tree_max_seqlens: [longest, longest],
+        token_index: terms.token_index,
+        old_log_probs: terms.old_log_probs,
+        advantages: terms.advantages,
+        segment_id: terms.segment_id,
+        segments,
+        raw_tokens: raw,
+        rollouts: rollouts.len(),
+        rollout_positions,
+    }
 }

@@ -1,7 +1,8 @@
 use std::collections::HashSet;
 
 use super::fxhash::FxHashMap;
-use super::{PackError, PackKind, PackedRow, Rollout, Segment};
+use super::terms::loss_terms;
+use super::{PackError, PackKind, PackedRow, Rollout, RowBuilder, Segment};
 
 /// Key of a trie edge: parent node, token, next token (`END` for a rollout's last token).
 type EdgeKey = (u32, i64, i64);
@@ -23,6 +24,7 @@ const NONE: u32 = u32::MAX;
 #[derive(Debug, Clone, Default)]
 pub struct PrefixTree {
     rollouts: Vec<Rollout>,
+    sources: Vec<usize>,
     rollout_nodes: Vec<Vec<u32>>,
     edges: FxHashMap<EdgeKey, u32>,
     token: Vec<i64>,
@@ -147,6 +149,7 @@ impl PrefixTree {
         self.groups.insert(rollout.group_id.clone());
         self.rollout_nodes.push(nodes);
         self.rollouts.push(rollout);
+        self.sources.push(row);
         Ok(())
     }
 
@@ -203,51 +206,67 @@ impl PrefixTree {
             });
             push_children(&mut stack, node, Some(seg), depth);
         }
-        let mut shift_labels = vec![-100i64; input_ids.len()];
-        let mut token_index = Vec::with_capacity(self.trained);
-        let mut old_log_probs = Vec::with_capacity(self.trained);
-        let mut advantages = Vec::with_capacity(self.trained);
-        let mut segment_id = Vec::with_capacity(self.trained);
-        for (i, (r, nodes)) in self.rollouts.iter().zip(&self.rollout_nodes).enumerate() {
-            for p in 1..nodes.len() {
-                if r.completion_mask[p] == 1 {
-                    let at = packed[nodes[p - 1] as usize] as usize;
-                    shift_labels[at] = r.input_ids[p];
-                    token_index.push(at as i64);
-                    old_log_probs.push(r.old_log_probs[p]);
-                    advantages.push(r.advantage);
-                    segment_id.push(i as i64);
-                }
-            }
-        }
+        let rollout_positions: Vec<Vec<u32>> = self
+            .rollout_nodes
+            .iter()
+            .map(|nodes| nodes.iter().map(|&n| packed[n as usize]).collect())
+            .collect();
+        let terms = loss_terms(&self.rollouts, &rollout_positions, input_ids.len());
         let max_q = segments.iter().map(|s| s.len).max().unwrap_or(0) as i32;
         let max_k = segments.iter().map(|s| s.path_len).max().unwrap_or(0) as i32;
         PackedRow {
             kind: PackKind::Tree,
             input_ids,
             position_ids,
-            shift_labels,
+            shift_labels: terms.shift_labels,
             tree_kv_index: kv,
             tree_cu_seqlens_q: cu_q,
             tree_cu_seqlens_k: cu_k,
             tree_max_seqlens: [max_q, max_k],
-            token_index,
-            old_log_probs,
-            advantages,
-            segment_id,
+            token_index: terms.token_index,
+            old_log_probs: terms.old_log_probs,
+            advantages: terms.advantages,
+            segment_id: terms.segment_id,
             segments,
             raw_tokens: self.raw_tokens,
             rollouts: self.rollouts.len(),
-            rollout_positions: self
-                .rollout_nodes
-                .iter()
-                .map(|nodes| nodes.iter().map(|&n| packed[n as usize]).collect())
-                .collect(),
+            rollout_positions,
         }
     }
 
     /// The rollouts added, in order.
     pub fn rollouts(&self) -> &[Rollout] {
         &self.rollouts
+    }
+}
+
+impl RowBuilder for PrefixTree {
+    const SHARES_TOKENS: bool = true;
+    fn empty() -> Self {
+        PrefixTree::new()
+    }
+    fn fits(&self, rollout: &Rollout, budget: usize) -> bool {
+        PrefixTree::fits(self, rollout, budget)
+    }
+    fn novel_tokens(&self, rollout: &Rollout) -> usize {
+        PrefixTree::novel_tokens(self, rollout)
+    }
+    fn holds_group(&self, group: &str) -> bool {
+        self.groups.contains(group)
+    }
+    fn add(&mut self, rollout: Rollout, row: usize) -> Result<(), PackError> {
+        PrefixTree::add(self, rollout, row)
+    }
+    fn load(&self) -> u64 {
+        self.load
+    }
+    fn pack(&self) -> PackedRow {
+        PrefixTree::pack(self)
+    }
+    fn rollouts(&self) -> &[Rollout] {
+        &self.rollouts
+    }
+    fn sources(&self) -> &[usize] {
+        &self.sources
     }
 }

@@ -7,7 +7,9 @@
 //! row's per-sequence loss equals the unpacked one. `wrapped` ignores boundaries by design.
 
 /// A packing strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum PackingStrategy {
     /// Best-fit decreasing; sequences longer than the row are truncated.
     Bfd,

@@ -129,13 +129,6 @@ pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
         .collect()
 }
 
-/// The answer a completion gives: the text after the last `Answer:` (else the whole
-/// completion), trimmed, without a final period.
-pub fn extract_answer(completion: &str) -> &str {
-    let tail = completion.rsplit_once("Answer:").map_or(completion, |(_, t)| t);
-    tail.trim().trim_end_matches('.').trim()
-}
-
 /// The assistant reply the SFT data teaches: the answer in a fixed format rewards can check.
 pub fn format_reply(answer: &str) -> String {
     format!("Answer: {answer}")
@@ -173,12 +166,5 @@ mod tests {
                 TaskKind::CountLetter => assert!(t.answer.parse::<usize>().unwrap() >= 1),
             }
         }
-    }
-
-    #[test]
-    fn extracts_the_answer() {
-        assert_eq!(extract_answer("Answer: 42."), "42");
-        assert_eq!(extract_answer("hmm Answer: x Answer:  KALO "), "KALO");
-        assert_eq!(extract_answer(" 7 "), "7");
     }
 }

@@ -159,6 +159,14 @@ impl Tokenizer {
 
     /// Text of `ids`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        // The tokenizers crate silently drops ids it has no token for; text missing tokens
+        // must not pass for the model's output (models often have more ids than tokens).
+        if let Some(id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(TokenizerError::Tokenize(format!(
+                "token id {id} is outside the tokenizer's vocabulary of {}",
+                self.inner.get_vocab_size(true)
+            )));
+        }
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(|e| TokenizerError::Tokenize(e.to_string()))

@@ -26,6 +26,7 @@ pub fn zero_grads(vs: &nn::VarStore) {
 
 /// AdamW hyper-parameters (PyTorch's defaults except the learning rate, which the schedule sets).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct AdamWConfig {
     /// β1.
     pub beta1: f64,

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::AdamW;
+use super::{AdamW, TrainError};
 use crate::model::Model;
 
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
@@ -11,14 +11,21 @@ pub fn save_atomically(
     out: &Path,
     step: u64,
     write: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, TrainError> {
     let dir = out.join(format!("checkpoint-{step}"));
     let tmp = out.join(format!(".checkpoint-{step}.tmp"));
+    let fail = |message: String| TrainError::Checkpoint {
+        path: dir.clone(),
+        message,
+    };
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    write(&tmp)?;
+    std::fs::create_dir_all(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(fail(e));
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::rename(&tmp, &dir).map_err(|e| fail(e.to_string()))?;
     Ok(dir)
 }
 
@@ -31,7 +38,7 @@ pub fn save_checkpoint(
     tokenizer_dir: &Path,
     optimizer: &AdamW,
     state: &impl serde::Serialize,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, TrainError> {
     save_atomically(out, step, |tmp| {
         model.save(tmp, Some(tokenizer_dir)).map_err(|e| e.to_string())?;
         optimizer.save(tmp).map_err(|e| e.to_string())?;
@@ -42,11 +49,18 @@ pub fn save_checkpoint(
 
 /// Restores `optimizer` from a folder written by [`save_checkpoint`] and returns the trainer
 /// state saved with it.
-pub fn load_checkpoint<T: serde::de::DeserializeOwned>(checkpoint: &Path, optimizer: &mut AdamW) -> Result<T, String> {
-    optimizer.load(checkpoint).map_err(|e| e.to_string())?;
+pub fn load_checkpoint<T: serde::de::DeserializeOwned>(
+    checkpoint: &Path,
+    optimizer: &mut AdamW,
+) -> Result<T, TrainError> {
+    let fail = |message: String| TrainError::Checkpoint {
+        path: checkpoint.into(),
+        message,
+    };
+    optimizer.load(checkpoint).map_err(|e| fail(e.to_string()))?;
     let path = checkpoint.join(STATE_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| fail(format!("{}: {e}", path.display())))
 }
 
 const STATE_FILE: &str = "trainer_state.json";
@@ -74,7 +88,8 @@ mod tests {
         let out = std::env::temp_dir().join(format!("treetrain-ckpt-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         let err = save_atomically(&out, 3, |_| Err("disk full".into())).unwrap_err();
-        assert_eq!(err, "disk full");
+        assert!(err.to_string().ends_with("checkpoint-3: disk full"), "{err}");
+        assert!(!out.join(".checkpoint-3.tmp").exists());
         assert!(!out.join("checkpoint-3").exists());
         for text in ["old", "new"] {
             let dir = save_atomically(&out, 3, |tmp| {

@@ -1,12 +1,55 @@
-//! Trainer config files: TOML, with relative paths taken from the file's folder.
+//! Trainer config files: TOML over the config type's own defaults, with relative paths taken
+//! from the file's folder and unknown keys refused.
 
 use std::path::{Path, PathBuf};
 
-/// A parsed TOML config and the folder its relative paths are anchored to; errors name the file.
-pub(crate) fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(T, &Path), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cfg = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+use super::TrainError;
+
+/// Reads a TOML config of `T`: every key the file sets replaces `T::default()`'s value (nested
+/// tables merge key by key), so a field flattened in from a shared section still gets the
+/// default of the trainer it belongs to. A key `T` does not know is an error naming it, never a
+/// silently ignored typo. Returns the config and the folder relative paths are anchored to.
+pub(crate) fn read_toml<T>(path: &Path) -> Result<(T, &Path), TrainError>
+where
+    T: Default + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let fail = |message: String| TrainError::ConfigFile {
+        path: path.into(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let file: toml::Table = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    let mut merged = toml::Table::try_from(T::default()).map_err(|e| fail(e.to_string()))?;
+    merge(&mut merged, file.clone());
+    let cfg: T = toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| fail(e.to_string()))?;
+    let known = toml::Table::try_from(&cfg).map_err(|e| fail(e.to_string()))?;
+    if let Some(key) = unknown_key(&file, &known, "") {
+        return Err(fail(format!("unknown key `{key}`")));
+    }
     Ok((cfg, path.parent().unwrap_or(Path::new("."))))
+}
+
+/// `over`'s keys written into `base`, tables merged recursively.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// The first key of `file` (dotted, under `prefix`) that the parsed config does not hold.
+fn unknown_key(file: &toml::Table, known: &toml::Table, prefix: &str) -> Option<String> {
+    file.iter().find_map(|(k, v)| match (known.get(k), v) {
+        (None, _) => Some(format!("{prefix}{k}")),
+        (Some(toml::Value::Table(kn)), toml::Value::Table(f)) => unknown_key(f, kn, &format!("{prefix}{k}.")),
+        _ => None,
+    })
 }
 
 /// A relative `path` becomes `base/path`.
@@ -16,10 +59,79 @@ pub(crate) fn anchor(base: &Path, path: &mut PathBuf) {
     }
 }
 
-/// A model given as a relative folder that exists under `base` becomes that folder (anything
-/// else, such as a hub repo id, is left alone).
-pub(crate) fn anchor_model(base: &Path, model: &mut String) {
-    if Path::new(model.as_str()).is_relative() && base.join(model.as_str()).is_dir() {
-        *model = base.join(model.as_str()).display().to_string();
+/// A relative `path` that exists under `base` becomes `base/path`; anything else (a hub repo
+/// id, an absolute path) is left alone.
+pub(crate) fn anchor_if_exists(base: &Path, path: &mut PathBuf) {
+    if path.is_relative() && base.join(&*path).exists() {
+        *path = base.join(&*path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[serde(default)]
+    struct Outer {
+        #[serde(flatten)]
+        shared: Shared,
+        own: u32,
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[serde(default)]
+    struct Shared {
+        rate: f64,
+        nested: Nested,
+    }
+
+    #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[serde(default)]
+    struct Nested {
+        a: u32,
+        b: u32,
+    }
+
+    impl Default for Shared {
+        fn default() -> Self {
+            Shared {
+                rate: 0.5,
+                nested: Nested { a: 1, b: 2 },
+            }
+        }
+    }
+
+    fn read(text: &str) -> Result<Outer, TrainError> {
+        let dir = std::env::temp_dir().join(format!("treetrain-toml-{}-{}", std::process::id(), text.len()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, text).unwrap();
+        let out = read_toml::<Outer>(&file).map(|(c, _)| c);
+        let _ = std::fs::remove_dir_all(&dir);
+        out
+    }
+
+    #[test]
+    fn file_keys_override_defaults_and_nested_tables_merge() {
+        let c = read("own = 3\n[nested]\nb = 9\n").unwrap();
+        assert_eq!(
+            c,
+            Outer {
+                shared: Shared {
+                    rate: 0.5,
+                    nested: Nested { a: 1, b: 9 }
+                },
+                own: 3
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = read("rat = 0.1\n").unwrap_err().to_string();
+        assert!(err.contains("unknown key `rat`"), "{err}");
+        let err = read("[nested]\nc = 1\n").unwrap_err().to_string();
+        assert!(err.contains("unknown key `nested.c`"), "{err}");
     }
 }

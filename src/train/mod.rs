@@ -1,11 +1,25 @@
-//! Training building blocks shared by the SFT and GRPO trainers: AdamW with savable state,
-//! learning-rate schedules, checkpoint folders and the step log.
+//! The training core both trainers (SFT, GRPO) are built on: the shared settings
+//! ([`TrainConfig`]), model/tokenizer/optimizer loading ([`TrainCore`]), the end of every step
+//! ([`Optimization`]: clipping, the non-finite policy, the update), checkpoints that resume
+//! exactly, the step log, the typed [`TrainError`] and the [`Trainer`] trait whose
+//! [`Trainer::train_for`] every caller drives. Plus AdamW with savable state and transformers'
+//! learning-rate schedules.
 
 mod adamw;
 mod checkpoint;
+mod config;
 pub(crate) mod config_file;
+mod core;
+mod error;
+mod optimization;
 mod schedule;
+mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
 pub use checkpoint::{append_log, load_checkpoint, save_atomically, save_checkpoint};
+pub use config::{NanPolicy, TrainConfig};
+pub use core::TrainCore;
+pub use error::TrainError;
+pub use optimization::{Optimization, StepOutcome};
 pub use schedule::{LrSchedule, ScheduleKind};
+pub use trainer::{Progress, Trainer, every};

@@ -2,8 +2,9 @@
 //! base rate per optimizer step, with linear warmup.
 
 /// The shape of the schedule after warmup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum ScheduleKind {
     /// Flat after warmup.
     Constant,

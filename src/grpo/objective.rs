@@ -1,12 +1,19 @@
+//! The GRPO objective over a packed row: the clipped surrogate of the importance ratio, an
+//! optional KL penalty to a frozen reference, and the weights that normalise loss terms over a
+//! whole step (TRL's `loss_type`). The same for tree and flat rows: the row's loss terms are
+//! one contract ([`PackedRow`]).
+
 use tch::{Kind, Tensor};
 
-use super::PackedRow;
-use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs};
+use super::{GrpoConfig, LossType};
+use crate::model::{CausalLm, LogprobChunks, ModelError};
+use crate::pack::{PackedRow, distinct_terms, entropy_sum};
 
-/// The GRPO objective's knobs: clipping (DAPO-style asymmetric bounds allowed), sampling
-/// temperature and the KL penalty.
+/// The GRPO objective: clipping (DAPO-style asymmetric bounds allowed), sampling temperature,
+/// the KL penalty and how the loss terms of a step are averaged. Built from a run's
+/// [`GrpoConfig`] by `From`.
 #[derive(Debug, Clone, Copy)]
-pub struct GrpoLossConfig {
+pub struct GrpoObjective {
     /// Lower clip: ratios below `1 - epsilon_low` stop improving the objective.
     pub epsilon_low: f64,
     /// Upper clip: ratios above `1 + epsilon_high` stop improving the objective.
@@ -18,28 +25,82 @@ pub struct GrpoLossConfig {
     pub temperature: f64,
     /// Weight of the per-term KL estimate to a frozen reference (`k3`, Schulman): 0 = off.
     pub beta: f64,
+    /// How loss terms are averaged over the step.
+    pub loss_type: LossType,
+    /// Dr. GRPO's constant (the run's `max_completion_length`).
+    pub max_completion_length: usize,
 }
 
-impl Default for GrpoLossConfig {
+impl From<&GrpoConfig> for GrpoObjective {
+    fn from(c: &GrpoConfig) -> Self {
+        GrpoObjective {
+            epsilon_low: c.epsilon_low,
+            epsilon_high: c.epsilon_high,
+            chunks: LogprobChunks::default(),
+            temperature: c.temperature,
+            beta: c.beta,
+            loss_type: c.loss_type,
+            max_completion_length: c.max_completion_length,
+        }
+    }
+}
+
+impl Default for GrpoObjective {
     fn default() -> Self {
-        GrpoLossConfig {
+        GrpoObjective {
             epsilon_low: 0.2,
             epsilon_high: 0.2,
             chunks: LogprobChunks::default(),
             temperature: 1.0,
             beta: 0.0,
+            loss_type: LossType::Dapo,
+            max_completion_length: 0,
         }
     }
 }
 
 /// How each loss term is weighted in the sum that becomes a row's loss.
-#[derive(Debug, Clone, Copy)]
-pub enum TermWeights<'a> {
+#[derive(Debug, Clone, PartialEq)]
+pub enum TermWeights {
     /// Every term times this (1 / the loss terms of the window: token-level normalisation).
     Uniform(f64),
     /// One weight per loss term `[M]` (e.g. 1 / (the term's rollout length x rollouts):
     /// sequence-level normalisation).
-    PerTerm(&'a [f32]),
+    PerTerm(Vec<f32>),
+}
+
+impl GrpoObjective {
+    /// The weights of `row`'s loss terms in a step of `terms` loss terms over `rollouts`
+    /// rollouts (both counted over the whole step, every row and rank):
+    ///
+    /// - `Dapo`: every term / all loss terms of the step (token level).
+    /// - `Grpo`: every term / (its rollout's terms x rollouts of the step): each rollout's mean,
+    ///   then the mean over rollouts.
+    /// - `DrGrpo`: every term / (rollouts x `max_completion_length`).
+    pub fn term_weights(&self, row: &PackedRow, terms: usize, rollouts: usize) -> Result<TermWeights, ModelError> {
+        let rollouts = rollouts.max(1);
+        Ok(match self.loss_type {
+            LossType::Dapo => TermWeights::Uniform(1.0 / terms.max(1) as f64),
+            LossType::DrGrpo => TermWeights::Uniform(1.0 / (rollouts * self.max_completion_length.max(1)) as f64),
+            LossType::Grpo => {
+                let mut count = vec![0usize; row.rollouts];
+                for &s in &row.segment_id {
+                    *count.get_mut(s as usize).ok_or_else(|| {
+                        ModelError::Input(format!(
+                            "packed row: segment_id {s} but the row holds {} rollouts",
+                            row.rollouts
+                        ))
+                    })? += 1;
+                }
+                TermWeights::PerTerm(
+                    row.segment_id
+                        .iter()
+                        .map(|&s| 1.0 / (count[s as usize] * rollouts) as f32)
+                        .collect(),
+                )
+            }
+        })
+    }
 }
 
 /// The loss of one packed row and what it was made of.
@@ -71,100 +132,6 @@ fn k3(sampled: &Tensor, other: &Tensor) -> Tensor {
     d.exp() - &d - 1.0
 }
 
-/// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
-/// rollouts that share it in the tree is several terms with one hidden state and one target, so
-/// its log-prob (and the LM head's work for it) is computed once and fanned out.
-struct DistinctTerms {
-    /// `[U]` hidden states at the pairs' positions, divided by the temperature (so that
-    /// `h W^T = logits / temperature`).
-    hidden: Tensor,
-    /// `[U]` targets.
-    targets: Tensor,
-    /// `[M]` the pair of each loss term.
-    of_term: Tensor,
-    /// `[U]` terms per pair (f64, for weighting per-pair statistics).
-    counts: Vec<f64>,
-}
-
-fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
-    let device = model.device();
-    // Rows are public data: a hand-made one must fail with a message, not an index panic.
-    row.check().map_err(|e| ModelError::Input(format!("packed row: {e}")))?;
-    let targets = row.targets();
-    let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
-    let (mut positions, mut pair_targets, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-    let of_term: Vec<i64> = row
-        .token_index
-        .iter()
-        .zip(&targets)
-        .map(|(&p, &t)| {
-            let id = *seen.entry((p, t)).or_insert_with(|| {
-                positions.push(p);
-                pair_targets.push(t);
-                counts.push(0.0);
-                positions.len() as i64 - 1
-            });
-            counts[id as usize] += 1.0;
-            id
-        })
-        .collect();
-    let (ids, pos, layout) = row.layout(device);
-    let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
-    let h = hidden.index_select(0, &Tensor::from_slice(&positions).to_device(device));
-    Ok(DistinctTerms {
-        hidden: if temperature == 1.0 { h } else { h / temperature },
-        targets: Tensor::from_slice(&pair_targets),
-        of_term: Tensor::from_slice(&of_term).to_device(device),
-        counts,
-    })
-}
-
-impl DistinctTerms {
-    /// Log-prob of every loss term `[M]`.
-    fn logprobs(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
-        Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
-    }
-}
-
-/// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
-/// then the LM head only at the predicting positions.
-pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
-    row_logprobs_at(model, row, chunks, 1.0)
-}
-
-/// [`row_logprobs`] under `softmax(logits / temperature)`.
-pub fn row_logprobs_at(
-    model: &CausalLm,
-    row: &PackedRow,
-    chunks: LogprobChunks,
-    temperature: f64,
-) -> Result<Tensor, ModelError> {
-    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
-}
-
-/// `sum_i weights[i] * entropy(softmax(h_i W^T))` over rows of `h` `[U, hidden]`, without
-/// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
-fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> f64 {
-    tch::no_grad(|| {
-        let n = h.size()[0];
-        let w = lm_head.to_kind(Kind::Float);
-        let weights = Tensor::from_slice(weights).to_kind(Kind::Float).to_device(h.device());
-        let mut total = 0.0;
-        let mut start = 0;
-        while start < n {
-            let len = chunk.max(1).min(n - start);
-            let logits = h.narrow(0, start, len).to_kind(Kind::Float).matmul(&w.transpose(0, 1));
-            let logp = logits.log_softmax(-1, Kind::Float);
-            let entropy = -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float);
-            total += (entropy * weights.narrow(0, start, len))
-                .sum(Kind::Float)
-                .double_value(&[]);
-            start += len;
-        }
-        total
-    })
-}
-
 /// The clipped GRPO surrogate over a packed row:
 /// `ratio = exp(logp - old_logp)`, per term `-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`,
 /// summed and divided by `normalizer` (the number of loss terms of the whole accumulation window;
@@ -172,7 +139,7 @@ fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> f64
 pub fn grpo_loss(
     model: &CausalLm,
     row: &PackedRow,
-    cfg: &GrpoLossConfig,
+    cfg: &GrpoObjective,
     normalizer: Option<f64>,
 ) -> Result<GrpoLoss, ModelError> {
     let norm = normalizer.unwrap_or(row.token_index.len().max(1) as f64);
@@ -185,8 +152,8 @@ pub fn grpo_loss(
 pub fn grpo_loss_with_reference(
     model: &CausalLm,
     row: &PackedRow,
-    cfg: &GrpoLossConfig,
-    weights: TermWeights<'_>,
+    cfg: &GrpoObjective,
+    weights: TermWeights,
     reference: Option<&Tensor>,
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
@@ -212,14 +179,14 @@ pub fn grpo_loss_with_reference(
     }
     let loss = match weights {
         TermWeights::Uniform(w) => per_term.sum(Kind::Float) * w,
-        TermWeights::PerTerm(w) => {
+        TermWeights::PerTerm(ref w) => {
             if w.len() != m {
                 return Err(ModelError::Input(format!(
                     "{} term weights for a row of {m} loss terms",
                     w.len()
                 )));
             }
-            (per_term * Tensor::from_slice(w).to_device(device)).sum(Kind::Float)
+            (per_term * Tensor::from_slice(w.as_slice()).to_device(device)).sum(Kind::Float)
         }
     };
     let (clip_fraction, approx_kl_sum) = if m == 0 {

@@ -1,0 +1,78 @@
+//! The subcommands, one file each, and what they share: reading models, JSON lines, and
+//! typed option values.
+
+pub mod convert;
+pub mod generate;
+pub mod jsonl;
+pub mod pack;
+pub mod score;
+pub mod shapes;
+pub mod train;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use treetrain::display::Rich;
+
+/// `treetrain env`.
+pub fn env(json: bool) -> Result<()> {
+    let report = treetrain::EnvReport::collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}
+
+/// `treetrain demo`: the library's demo, its summary printed and written to `summary.json`.
+pub fn demo(out: &Path) -> Result<()> {
+    let summary = treetrain::demo::run(out, &mut std::io::stdout())?;
+    let path = out.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
+    println!("\nWrote {}", summary.files.join(", "));
+    Ok(())
+}
+
+/// `treetrain make-shipped-data`.
+pub fn make_shipped_data(out: &Path) -> Result<()> {
+    treetrain::shipped::datasets::write_all(out).map_err(anyhow::Error::msg)?;
+    treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// A model folder or cached repo id, loaded on CPU in `dtype` (default: the checkpoint's).
+pub fn load_model(spec: &str, dtype: Option<treetrain::model::Dtype>) -> Result<(PathBuf, treetrain::model::Model)> {
+    let dir = treetrain::hub::HubCache::from_env().model_dir(spec)?;
+    let opts = treetrain::model::LoadOptions {
+        dtype: dtype.map(treetrain::model::Dtype::kind),
+        device: tch::Device::Cpu,
+    };
+    let model = treetrain::model::Model::load(&dir, opts)?;
+    Ok((dir, model))
+}
+
+/// The model folder's tokenizer, when it has one.
+pub fn tokenizer_of(dir: &Path) -> Result<Option<treetrain::tokenizer::Tokenizer>> {
+    Ok(dir
+        .join("tokenizer.json")
+        .exists()
+        .then(|| treetrain::tokenizer::Tokenizer::from_dir(dir))
+        .transpose()?)
+}
+
+/// A value parser for an option with a fixed set of values: `--flag value` errors list them.
+pub fn choice<T: clap::ValueEnum + Clone + Send + Sync + 'static>(
+    flag: &'static str,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        T::from_str(s, true).map_err(|_| {
+            let names: Vec<String> = T::value_variants()
+                .iter()
+                .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+                .collect();
+            format!("{flag} {s}: expected one of {}", names.join(", "))
+        })
+    }
+}

@@ -1,0 +1,98 @@
+//! `treetrain score`: the log-probability of every token given its prefix, per row.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use treetrain::model::{Dtype, Model};
+use treetrain::pack::{FlatRow, PrefixTree, Rollout, RowBuilder, plan_rows, row_logprobs};
+
+/// How rows are forwarded (all give the same numbers).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScorePacking {
+    /// One forward per row.
+    None,
+    /// Rows laid end to end in shared forwards.
+    Flat,
+    /// Shared prefixes forwarded once.
+    Tree,
+}
+
+/// Arguments of `score`.
+#[derive(clap::Args)]
+pub struct ScoreArgs {
+    /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
+    #[arg(long)]
+    model: String,
+    /// JSONL input: `{"input_ids": [...]}` or `{"text": "..."}` per line (`-` for stdin).
+    #[arg(long)]
+    input: PathBuf,
+    /// Parameter dtype: fp32, bf16 or fp16 (default: the checkpoint's).
+    #[arg(long, value_parser = super::choice::<Dtype>("--dtype"))]
+    dtype: Option<Dtype>,
+    /// none: one forward per row; flat: rows laid end to end in shared forwards; tree: shared
+    /// prefixes forwarded once. All give the same numbers.
+    #[arg(long, default_value = "none", value_parser = super::choice::<ScorePacking>("--packing"))]
+    packing: ScorePacking,
+    /// Token budget of one packed forward (a longer row is forwarded alone).
+    #[arg(long, default_value_t = 8192)]
+    max_tokens: usize,
+}
+
+/// Runs `score`.
+pub fn run(args: &ScoreArgs) -> Result<()> {
+    let (dir, model) = super::load_model(&args.model, args.dtype)?;
+    let tokenizer = super::tokenizer_of(&dir)?;
+    let mut rows: Vec<Vec<i64>> = Vec::new();
+    for line in super::jsonl::read(&args.input)? {
+        let ids: Vec<i64> = if let Some(ids) = line.value.get("input_ids") {
+            serde_json::from_value(ids.clone())
+                .with_context(|| format!("{}: input_ids must be a list of integers", line.at))?
+        } else if let Some(text) = line.value.get("text").and_then(|t| t.as_str()) {
+            let tok = tokenizer
+                .as_ref()
+                .with_context(|| format!("{}: a text row needs tokenizer.json in {}", line.at, dir.display()))?;
+            tok.encode(text, true)?.into_iter().map(i64::from).collect()
+        } else {
+            bail!("{}: expected an \"input_ids\" or \"text\" field", line.at);
+        };
+        rows.push(ids);
+    }
+    let scored = match args.packing {
+        ScorePacking::None => rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| model.score(r).with_context(|| format!("row {}", i + 1)))
+            .collect::<Result<_>>()?,
+        ScorePacking::Flat => score_packed::<FlatRow>(&model, &rows, args.max_tokens)?,
+        ScorePacking::Tree => score_packed::<PrefixTree>(&model, &rows, args.max_tokens)?,
+    };
+    super::jsonl::write(scored.into_iter().map(|lp| serde_json::json!({ "logprobs": lp })))
+}
+
+/// Scores rows through the packing planner: every token after the first is a loss term; rows
+/// are planned into packed forwards of at most `max_tokens` tokens (a longer row alone).
+fn score_packed<R: RowBuilder>(model: &Model, rows: &[Vec<i64>], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
+    let rollouts: Vec<Rollout> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| Rollout {
+            input_ids: ids.clone(),
+            completion_mask: (0..ids.len()).map(|p| u8::from(p > 0)).collect(),
+            old_log_probs: vec![0.0; ids.len()],
+            advantage: 0.0,
+            // Distinct groups: the planner then places each row where it adds fewest tokens.
+            group_id: i.to_string(),
+        })
+        .collect();
+    let budget = rows.iter().map(Vec::len).max().unwrap_or(1).max(max_tokens);
+    let mut out = vec![Vec::new(); rows.len()];
+    for planned in plan_rows::<R>(rollouts, budget, 1)?.rows() {
+        let row = planned.pack();
+        let lp = tch::no_grad(|| row_logprobs(&model.lm, &row, Default::default()))?;
+        let values = Vec::<f32>::try_from(&lp)?;
+        for (v, &seg) in values.iter().zip(&row.segment_id) {
+            out[planned.sources()[seg as usize]].push(*v);
+        }
+    }
+    Ok(out)
+}

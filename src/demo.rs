@@ -1,0 +1,355 @@
+//! The main job on the shipped defaults (`treetrain demo`, `scripts/demo.sh`): the environment,
+//! what padding buys on Neuron, the tiny model scoring conversations, a short SFT run, GRPO of
+//! the shipped SFT model with tree-packed updates, and tree vs flat packing of a real update.
+//! [`run`] prints each section as it goes and returns a [`DemoSummary`] of the numbers; files
+//! (report.html, charts, the GRPO log and checkpoint) go to the output folder.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::device::{PadTo, Platform};
+use crate::display::{LineChart, Rich};
+use crate::grpo::{EvalResult, GrpoConfig, GrpoTrainer, RolloutBatch};
+use crate::model::{LoadOptions, Model};
+use crate::pack::Packing;
+use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
+use crate::shapes::{PaddingComparison, synthetic_lengths};
+use crate::tokenizer::Tokenizer;
+use crate::train::{TrainConfig, TrainError, Trainer};
+
+/// What stopped the demo.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// The shipped model failed.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// Tokenizing the shipped conversations failed.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The shape forecast failed.
+    #[error(transparent)]
+    Shapes(#[from] crate::shapes::ShapeError),
+    /// An output could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// The demo's numbers, as `summary.json` holds them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoSummary {
+    /// `treetrain env --json`.
+    pub env: serde_json::Value,
+    /// Distinct shapes of 2000 chat-length sequences on Neuron.
+    pub shapes: serde_json::Value,
+    /// The tiny model's NLL on the shipped conversations.
+    pub tiny_model: serde_json::Value,
+    /// SFT held-out loss before and after.
+    pub sft: serde_json::Value,
+    /// GRPO held-out reward before and after, and generation speed.
+    pub grpo: serde_json::Value,
+    /// Tree vs flat packing of one real update.
+    pub tree_packing: serde_json::Value,
+    /// Files written.
+    pub files: Vec<String>,
+}
+
+/// Runs every section, printing to `log`; outputs go to `out`.
+pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
+    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    write_log(log, "== 1. Environment\n\n")?;
+    let report = crate::EnvReport::collect();
+    write_log(log, &report.text())?;
+    write_log(
+        log,
+        "\n== 2. Shapes: what 2000 chat-length sequences cost in Neuron compiles\n\n",
+    )?;
+    let lengths = synthetic_lengths(2000, 350.0, 0.7, 8, 4096, 0);
+    let comparison = PaddingComparison::new(&lengths, 8, PadTo::Auto, Platform::Neuron, 60.0)?;
+    write_log(log, &comparison.text())?;
+    write_log(
+        log,
+        "\n== 3. The shipped tiny Qwen3 scores the shipped conversations\n\n",
+    )?;
+    let (model, tok, tiny_model) = score_conversations(log)?;
+    write_log(
+        log,
+        "\n== 4. SFT: 30 steps of the tiny model on the shipped conversations (bfd packing)\n\n",
+    )?;
+    let sft = sft_section(out, log)?;
+    write_log(
+        log,
+        "\n== 5. GRPO of the shipped SFT model on the shipped prompts (datasets/grpo.toml), tree-packed updates\n\n",
+    )?;
+    let (grpo, shown, grpo_summary) = grpo_section(out, log)?;
+    write_log(
+        log,
+        "\n== 6. The last informative step's rollouts: tree vs flat packing of the update (forward + backward)\n\n",
+    )?;
+    let tree_packing = packing_section(&grpo, &shown, log)?;
+    let checkpoint = grpo.save_checkpoint()?;
+    let html = format!(
+        "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}{}{}{}",
+        report.html(),
+        comparison.html(),
+        model.html(),
+        sample_completions(&shown, &tok).html(),
+        grpo.html()
+    );
+    write_file(&out.join("report.html"), &html)?;
+    write_file(&out.join("shapes.svg"), &comparison.chart().to_svg())?;
+    write_file(&out.join("grpo_curves.svg"), &grpo.state.reward_chart().to_svg())?;
+    let files = [
+        "report.html",
+        "shapes.svg",
+        "sft_curves.svg",
+        "grpo_curves.svg",
+        "grpo/log.jsonl",
+        "summary.json",
+    ];
+    let mut files: Vec<String> = files.iter().map(|f| out.join(f).display().to_string()).collect();
+    files.push(checkpoint.display().to_string());
+    Ok(DemoSummary {
+        env: report.to_json(),
+        shapes: serde_json::json!({
+            "sequences": comparison.sequences,
+            "batch_size": comparison.batch_size,
+            "platform": comparison.platform.to_string(),
+            "compiles_without_padding": comparison.without.compiles(),
+            "compiles_with_auto_padding": comparison.with.compiles(),
+            "padding_fraction_with_auto": comparison.with.padding_fraction(),
+            "compile_minutes_saved": comparison.seconds_saved() / 60.0,
+        }),
+        tiny_model,
+        sft,
+        grpo: grpo_summary,
+        tree_packing,
+        files,
+    })
+}
+
+fn io(path: &Path, source: std::io::Error) -> DemoError {
+    DemoError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), DemoError> {
+    std::fs::write(path, text).map_err(|e| io(path, e))
+}
+
+fn write_log(log: &mut dyn Write, text: &str) -> Result<(), DemoError> {
+    write!(log, "{text}").map_err(|e| io(Path::new("<output>"), e))
+}
+
+/// Section 3: mean NLL of the assistant tokens of 16 shipped conversations.
+fn score_conversations(log: &mut dyn Write) -> Result<(Model, Tokenizer, serde_json::Value), DemoError> {
+    let dir = crate::shipped::tiny_model_dir()?;
+    let model = Model::load(&dir, LoadOptions::default())?;
+    let tok = Tokenizer::from_dir(&dir)?;
+    write_log(log, &model.text())?;
+    let (mut total, mut trained_tokens) = (0f64, 0usize);
+    for (messages, _) in crate::shipped::datasets::sft_conversations(16, 1) {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let chat = tok.tokenize_chat(&serde_json::Value::Array(messages), &Default::default())?;
+        let ids: Vec<i64> = chat.input_ids.iter().map(|&i| i64::from(i)).collect();
+        // Assistant-only: token t+1 is trained when its mask is 1.
+        for (t, v) in model.score(&ids)?.iter().enumerate() {
+            if chat.assistant_masks[t + 1] == 1 {
+                total += f64::from(*v);
+                trained_tokens += 1;
+            }
+        }
+    }
+    let nll = -total / trained_tokens.max(1) as f64;
+    write_log(
+        log,
+        &format!(
+            "assistant tokens of 16 conversations: {trained_tokens}, mean NLL {nll:.3} (perplexity {:.1}; uniform over the vocabulary would be {:.1})\n",
+            nll.exp(),
+            model.lm.config.vocab_size
+        ),
+    )?;
+    let summary = serde_json::json!({
+        "parameters": model.lm.config.num_parameters(),
+        "assistant_tokens_scored": trained_tokens,
+        "mean_nll": nll,
+    });
+    Ok((model, tok, summary))
+}
+
+/// Section 4: 30 SFT steps, held-out loss before and after, the loss curve.
+fn sft_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
+    let config = SftConfig {
+        train: TrainConfig {
+            model: crate::shipped::tiny_model_dir()?.display().to_string(),
+            dataset: crate::shipped::datasets_dir().join("sft/train.parquet"),
+            learning_rate: 2e-3,
+            warmup_ratio: 0.05,
+            ..Default::default()
+        },
+        tokenize: TokenizeOptions {
+            max_length: 256,
+            ..Default::default()
+        },
+        packing: Some(crate::sft::PackingStrategy::Bfd),
+        max_steps: Some(30),
+        ..Default::default()
+    };
+    let mut sft = SftTrainer::new(config)?;
+    let before = sft.evaluate()?;
+    sft.train_for(30)?;
+    let after = sft.evaluate()?;
+    write_log(
+        log,
+        &format!("held-out loss per assistant token: {before:.3} -> {after:.3}\n"),
+    )?;
+    write_log(log, &sft.state.text())?;
+    let pts = |f: fn(&StepMetrics) -> f64| sft.state.history.iter().map(|m| (m.step as f64, f(m))).collect();
+    let chart = LineChart::new("SFT loss", "step", "loss per token").with_series("train", pts(|m| m.loss));
+    write_file(&out.join("sft_curves.svg"), &chart.to_svg())?;
+    Ok(serde_json::json!({"steps": 30, "held_out_loss_before": before, "held_out_loss_after": after}))
+}
+
+/// Section 5: the shipped GRPO recipe from the committed SFT model (which speaks the reply
+/// format); returns the trainer and the latest batch that carried a learning signal.
+fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, RolloutBatch, serde_json::Value), DemoError> {
+    let root = crate::shipped::datasets_dir();
+    let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
+    config.train.output_dir = Some(out.join("grpo"));
+    let _ = std::fs::remove_file(out.join("grpo/log.jsonl"));
+    let mut grpo = GrpoTrainer::new(config)?;
+    let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
+    let before = grpo.evaluate(&held_out, 8, 99)?;
+    let steps = grpo.state.total_steps;
+    let t = std::time::Instant::now();
+    let mut shown = None;
+    while grpo.state.global_step < steps {
+        let m = grpo.step()?;
+        if let Some(b) = grpo
+            .last_batch
+            .as_ref()
+            .filter(|b| b.rollouts().iter().any(|r| r.advantage != 0.0))
+        {
+            shown = Some(b.clone());
+        }
+        if m.step % 10 == 0 || m.step == 1 {
+            let line = format!(
+                "step {:>3}: reward {:.3}, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
+                m.step, m.reward_mean, m.completion_length, m.entropy, m.packing_ratio, m.step_s
+            );
+            write_log(log, &line)?;
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    let after = grpo.evaluate(&held_out, 8, 99)?;
+    let per_fn = |e: &EvalResult| {
+        e.per_function
+            .iter()
+            .map(|r| format!("{} {:.3}", r.name, r.mean))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let line = format!(
+        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {seconds:.1} s\n",
+        after.completions,
+        before.reward_mean,
+        per_fn(&before),
+        after.reward_mean,
+        per_fn(&after)
+    );
+    write_log(log, &line)?;
+    write_log(log, &grpo.state.text())?;
+    let shown = match shown.or_else(|| grpo.last_batch.clone()) {
+        Some(b) => b,
+        None => return Err(TrainError::config("max_steps", "the demo's GRPO run took no step").into()),
+    };
+    let (tokens, gen_s) = (shown.generated_tokens, shown.generation_s);
+    let summary = serde_json::json!({
+        "steps": steps,
+        "seconds": seconds,
+        "held_out_reward_before": before.reward_mean,
+        "held_out_reward_after": after.reward_mean,
+        "held_out_before": before,
+        "held_out_after": after,
+        "train_reward_first_step": grpo.state.history.first().map(|m| m.reward_mean),
+        "train_reward_last_step": grpo.state.history.last().map(|m| m.reward_mean),
+        "generated_tokens_last_step": tokens,
+        "generation_tokens_per_s_last_step": tokens as f64 / gen_s.max(1e-9),
+        "generation_distinct_shapes": grpo.generation_shapes().map_or(0, |l| l.total_distinct()),
+    });
+    Ok((grpo, shown, summary))
+}
+
+/// Section 6: the same update packed both ways, best of 3 timings each.
+fn packing_section(
+    grpo: &GrpoTrainer,
+    batch: &RolloutBatch,
+    log: &mut dyn Write,
+) -> Result<serde_json::Value, DemoError> {
+    let (tree_s, tree) = grpo.measure_update(batch, Packing::Tree, 3)?;
+    let (flat_s, flat) = grpo.measure_update(batch, Packing::Flat, 3)?;
+    let (tree_ms, flat_ms) = (tree_s * 1e3, flat_s * 1e3);
+    let rollouts = batch.rollouts().len();
+    let line = format!(
+        "step {}, {rollouts} rollouts: {} tokens flat, {} forwarded as prefix trees (packing ratio {:.2}); update {flat_ms:.0} ms flat, {tree_ms:.0} ms tree ({:.2}x); loss {:.6} vs {:.6}\n",
+        batch.version + 1,
+        flat.forwarded_tokens,
+        tree.forwarded_tokens,
+        tree.packing_ratio(),
+        flat_ms / tree_ms,
+        tree.loss,
+        flat.loss
+    );
+    write_log(log, &line)?;
+    Ok(serde_json::json!({
+        "rollouts": rollouts,
+        "flat_tokens": flat.forwarded_tokens,
+        "tree_tokens": tree.forwarded_tokens,
+        "packing_ratio": tree.packing_ratio(),
+        "flat_update_ms": flat_ms,
+        "tree_update_ms": tree_ms,
+        "tree_speedup": flat_ms / tree_ms,
+        "loss_tree": tree.loss,
+        "loss_flat": flat.loss,
+    }))
+}
+
+/// Two completions of every prompt of `batch`, for the report.
+fn sample_completions(batch: &RolloutBatch, tok: &Tokenizer) -> crate::generate::Completions {
+    let prompts: Vec<Vec<i64>> = batch.groups.iter().map(|g| g.prompt_ids.clone()).collect();
+    let completions = batch
+        .groups
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| {
+            g.completions.iter().take(2).cloned().map(move |mut c| {
+                c.prompt_index = i;
+                c
+            })
+        })
+        .collect();
+    crate::generate::Completions::new(completions, &prompts, Some(tok))
+}
+
+impl Rich for DemoSummary {
+    fn html(&self) -> String {
+        crate::display::config_html("Demo summary", self)
+    }
+    fn text(&self) -> String {
+        crate::display::config_text(self)
+    }
+}
+
+crate::rich_display!(DemoSummary);

@@ -1,0 +1,101 @@
+//! Log-probabilities of a packed row's loss terms: one forward of the row, then the LM head only
+//! at the distinct predicting positions.
+
+use tch::{Kind, Tensor};
+
+use super::PackedRow;
+use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs};
+
+/// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
+/// rollouts that share it in the tree is several terms with one hidden state and one target, so
+/// its log-prob (and the LM head's work for it) is computed once and fanned out.
+pub(crate) struct DistinctTerms {
+    /// `[U]` hidden states at the pairs' positions, divided by the temperature (so that
+    /// `h W^T = logits / temperature`).
+    pub hidden: Tensor,
+    /// `[U]` targets.
+    pub targets: Tensor,
+    /// `[M]` the pair of each loss term.
+    pub of_term: Tensor,
+    /// `[U]` terms per pair (f64, for weighting per-pair statistics).
+    pub counts: Vec<f64>,
+}
+
+pub(crate) fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
+    let device = model.device();
+    // Rows are public data: a hand-made one must fail with a message, not an index panic.
+    row.check().map_err(|e| ModelError::Input(format!("packed row: {e}")))?;
+    let targets = row.targets();
+    let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
+    let (mut positions, mut pair_targets, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    let of_term: Vec<i64> = row
+        .token_index
+        .iter()
+        .zip(&targets)
+        .map(|(&p, &t)| {
+            let id = *seen.entry((p, t)).or_insert_with(|| {
+                positions.push(p);
+                pair_targets.push(t);
+                counts.push(0.0);
+                positions.len() as i64 - 1
+            });
+            counts[id as usize] += 1.0;
+            id
+        })
+        .collect();
+    let (ids, pos, layout) = row.layout(device);
+    let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
+    let h = hidden.index_select(0, &Tensor::from_slice(&positions).to_device(device));
+    Ok(DistinctTerms {
+        hidden: if temperature == 1.0 { h } else { h / temperature },
+        targets: Tensor::from_slice(&pair_targets),
+        of_term: Tensor::from_slice(&of_term).to_device(device),
+        counts,
+    })
+}
+
+impl DistinctTerms {
+    /// Log-prob of every loss term `[M]`.
+    pub fn logprobs(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+        Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
+    }
+}
+
+/// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
+/// then the LM head only at the predicting positions.
+pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+    row_logprobs_at(model, row, chunks, 1.0)
+}
+
+/// [`row_logprobs`] under `softmax(logits / temperature)`.
+pub fn row_logprobs_at(
+    model: &CausalLm,
+    row: &PackedRow,
+    chunks: LogprobChunks,
+    temperature: f64,
+) -> Result<Tensor, ModelError> {
+    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
+}
+
+/// `sum_i weights[i] * entropy(softmax(h_i W^T))` over rows of `h` `[U, hidden]`, without
+/// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
+pub(crate) fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> f64 {
+    tch::no_grad(|| {
+        let n = h.size()[0];
+        let w = lm_head.to_kind(Kind::Float);
+        let weights = Tensor::from_slice(weights).to_kind(Kind::Float).to_device(h.device());
+        let mut total = 0.0;
+        let mut start = 0;
+        while start < n {
+            let len = chunk.max(1).min(n - start);
+            let logits = h.narrow(0, start, len).to_kind(Kind::Float).matmul(&w.transpose(0, 1));
+            let logp = logits.log_softmax(-1, Kind::Float);
+            let entropy = -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float);
+            total += (entropy * weights.narrow(0, start, len))
+                .sum(Kind::Float)
+                .double_value(&[]);
+            start += len;
+        }
+        total
+    })
+}

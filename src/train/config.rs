@@ -1,0 +1,135 @@
+//! The settings every trainer shares (transformers' `TrainingArguments`), flattened into
+//! [`crate::sft::SftConfig`] and [`crate::grpo::GrpoConfig`] so a TOML file names them at the
+//! top level.
+
+use std::path::{Path, PathBuf};
+
+use super::{AdamWConfig, ScheduleKind, TrainError};
+use crate::device::DeviceSpec;
+use crate::model::Dtype;
+
+/// What to do when a step's loss or gradient norm is NaN or infinite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum NanPolicy {
+    /// Drop the step's gradients, leave the weights untouched, count it, go on.
+    #[default]
+    Skip,
+    /// Return an error naming the rows of the step; weights untouched.
+    Stop,
+}
+
+/// Model, data, optimizer, schedule, precision, placement and bookkeeping of a run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TrainConfig {
+    /// Model folder or cached repo id (`org/name[@revision]`).
+    pub model: String,
+    /// Dataset file or folder (Parquet, Arrow, JSON lines), or a dataset repo id in the Hugging
+    /// Face cache (`org/name[@revision]`).
+    pub dataset: PathBuf,
+    /// Split of a hub dataset (`train`).
+    pub dataset_split: Option<String>,
+    /// Where checkpoints and `log.jsonl` go (none: nothing written).
+    pub output_dir: Option<PathBuf>,
+    /// Peak learning rate (SFT's default is TRL's 2e-5; GRPO's is 1e-6).
+    pub learning_rate: f64,
+    /// Schedule after warmup.
+    pub lr_scheduler: ScheduleKind,
+    /// Warmup as a fraction of all steps.
+    pub warmup_ratio: f64,
+    /// Warmup in steps (overrides `warmup_ratio`).
+    pub warmup_steps: Option<u64>,
+    /// AdamW hyper-parameters.
+    pub adamw: AdamWConfig,
+    /// Gradient-norm clipping (`None`: off).
+    pub max_grad_norm: Option<f64>,
+    /// Seed of the data order, the held-out split and sampling.
+    pub seed: u64,
+    /// Parameter dtype.
+    pub dtype: Dtype,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
+    pub device: DeviceSpec,
+    /// Non-finite loss or gradient handling.
+    pub on_nan: NanPolicy,
+    /// Skip malformed rows (counted) instead of failing on the first.
+    pub skip_invalid_rows: bool,
+    /// Write a checkpoint every this many steps (the CLI's run loop).
+    pub save_steps: Option<u64>,
+    /// Evaluate every this many steps, and once before the first (the CLI's run loop).
+    pub eval_steps: Option<u64>,
+    /// Print a step's metrics every this many steps (the CLI's run loop).
+    pub logging_steps: Option<u64>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: String::new(),
+            dataset: PathBuf::new(),
+            dataset_split: None,
+            output_dir: None,
+            learning_rate: 2e-5,
+            lr_scheduler: ScheduleKind::Linear,
+            warmup_ratio: 0.0,
+            warmup_steps: None,
+            adamw: AdamWConfig::default(),
+            max_grad_norm: Some(1.0),
+            seed: 42,
+            dtype: Dtype::Fp32,
+            device: DeviceSpec::Cpu,
+            on_nan: NanPolicy::Skip,
+            skip_invalid_rows: false,
+            save_steps: None,
+            eval_steps: None,
+            logging_steps: Some(1),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the numbers that would make a run meaningless.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+            return Err(TrainError::config(
+                "learning_rate",
+                format!("is {}; must be finite and >= 0", self.learning_rate),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return Err(TrainError::config(
+                "warmup_ratio",
+                format!("is {}; must lie in 0..=1", self.warmup_ratio),
+            ));
+        }
+        if self.max_grad_norm.is_some_and(|n| !(n.is_finite() && n > 0.0)) {
+            return Err(TrainError::config("max_grad_norm", "must be finite and > 0 (or unset)"));
+        }
+        for (field, v) in [
+            ("save_steps", self.save_steps),
+            ("eval_steps", self.eval_steps),
+            ("logging_steps", self.logging_steps),
+        ] {
+            if v == Some(0) {
+                return Err(TrainError::config(field, "must be at least 1 (or unset)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes relative paths from the config file's folder `base`: the output folder always, the
+    /// model and the dataset only when they exist there (otherwise they may be hub repo ids).
+    pub(crate) fn anchor_paths(&mut self, base: &Path) {
+        use super::config_file::{anchor, anchor_if_exists};
+        if let Some(out) = self.output_dir.as_mut() {
+            anchor(base, out);
+        }
+        anchor_if_exists(base, &mut self.dataset);
+        let mut model = PathBuf::from(&self.model);
+        if base.join(&model).is_dir() {
+            anchor(base, &mut model);
+            self.model = model.display().to_string();
+        }
+    }
+}

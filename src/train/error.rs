@@ -1,0 +1,87 @@
+//! What can stop a training run, for both trainers.
+
+use std::path::PathBuf;
+
+/// Errors from the trainers (SFT and GRPO) and the training core.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A setting is out of range or inconsistent.
+    #[error("config `{field}`: {message}")]
+    Config {
+        /// The offending field (as in the TOML file).
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A config file could not be read, parsed or holds an unknown key.
+    #[error("{path}: {message}")]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A dataset row could not be used (the message names the row).
+    #[error("{0}")]
+    Data(String),
+    /// Reading a dataset failed.
+    #[error(transparent)]
+    Dataset(#[from] crate::data::DataError),
+    /// A model or hub folder could not be found.
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    /// The model failed (loading, a forward, an optimizer update).
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The tokenizer failed.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The device setting names a device this process cannot use.
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    /// Generation failed.
+    #[error(transparent)]
+    Generate(#[from] crate::generate::GenerateError),
+    /// Packing failed (names the rollout).
+    #[error(transparent)]
+    Pack(#[from] crate::pack::PackError),
+    /// The generation thread failed or stopped.
+    #[error("async rollouts: {0}")]
+    Worker(String),
+    /// A step produced a non-finite loss or gradient under `on_nan = stop`.
+    #[error("step {step}: non-finite {what} on rows {rows:?}; weights left untouched")]
+    NonFinite {
+        /// Optimizer step.
+        step: u64,
+        /// `loss` or `gradient norm`.
+        what: &'static str,
+        /// Training rows (SFT) or prompt rows (GRPO) of the step.
+        rows: Vec<usize>,
+    },
+    /// A file could not be written or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The checkpoint folder.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+impl TrainError {
+    /// A [`TrainError::Config`] error.
+    pub fn config(field: &'static str, message: impl Into<String>) -> Self {
+        TrainError::Config {
+            field,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The end of every optimizer step, for both trainers: clip, check for non-finite values, update
+//! at the scheduled rate, clear the gradients.
+
+use super::{AdamW, LrSchedule, NanPolicy, TrainConfig, TrainError};
+
+/// AdamW and its learning-rate schedule.
+#[derive(Debug)]
+pub struct Optimization {
+    /// The optimizer (its moments are checkpointed).
+    pub adamw: AdamW,
+    /// The learning rate per step.
+    pub schedule: LrSchedule,
+}
+
+/// What the end of a step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Gradient norm before clipping (NaN or inf when a gradient was not finite).
+    pub grad_norm: f64,
+    /// Learning rate of the step.
+    pub lr: f64,
+    /// The weights were left untouched (non-finite loss or gradient under `on_nan = skip`).
+    pub skipped: bool,
+}
+
+impl Optimization {
+    /// Ends optimizer step `step` (0-based) whose gradients are accumulated and whose loss was
+    /// `loss`: clipping at `config.max_grad_norm`, then either the update at the scheduled rate
+    /// or, when the loss or the gradient norm is not finite, `config.on_nan` (skip: the step is
+    /// dropped; stop: an error naming `rows()`). Gradients are cleared in every case.
+    pub fn finish_step(
+        &mut self,
+        config: &TrainConfig,
+        step: u64,
+        loss: f64,
+        rows: impl FnOnce() -> Vec<usize>,
+    ) -> Result<StepOutcome, TrainError> {
+        let grad_norm = self.adamw.clip_grad_norm(config.max_grad_norm);
+        let lr = self.schedule.lr_at(step);
+        let bad = if !loss.is_finite() {
+            Some("loss")
+        } else if !grad_norm.is_finite() {
+            Some("gradient norm")
+        } else {
+            None
+        };
+        let updated = match bad {
+            None => self.adamw.step(lr),
+            Some(_) => Ok(()),
+        };
+        self.adamw.zero_grad();
+        updated?;
+        match bad {
+            Some(what) if config.on_nan == NanPolicy::Stop => Err(TrainError::NonFinite {
+                step: step + 1,
+                what,
+                rows: rows(),
+            }),
+            _ => Ok(StepOutcome {
+                grad_norm,
+                lr,
+                skipped: bad.is_some(),
+            }),
+        }
+    }
+
+    /// Clears gradients a failed forward or backward left behind, so the next step starts clean.
+    pub fn discard_gradients(&self) {
+        self.adamw.zero_grad();
+    }
+}

@@ -1,0 +1,103 @@
+//! The contract both trainers implement, and the one step loop every caller (notebook cell,
+//! CLI, tests) drives them through.
+
+use std::path::{Path, PathBuf};
+
+use super::{TrainConfig, TrainError};
+use crate::display::Rich;
+
+/// Steps done and steps of the whole run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Optimizer steps done.
+    pub done: u64,
+    /// Steps of the run.
+    pub total: u64,
+}
+
+impl Progress {
+    /// Whether the run has taken its last step.
+    pub fn finished(self) -> bool {
+        self.done >= self.total
+    }
+}
+
+/// A trainer: built from its config (resuming from a checkpoint or not), stepped, saved.
+pub trait Trainer: Sized {
+    /// The configuration it is built from.
+    type Config;
+    /// What one step reports.
+    type Metrics: Rich + serde::Serialize;
+    /// What a held-out evaluation reports.
+    type Eval: Rich;
+    /// Progress and history, saved with checkpoints.
+    type State: Rich;
+
+    /// Builds a trainer, continuing from `resume_from` (a checkpoint folder this trainer wrote)
+    /// when given.
+    fn from_config(config: Self::Config, resume_from: Option<&Path>) -> Result<Self, TrainError>;
+    /// One optimizer step.
+    fn step(&mut self) -> Result<Self::Metrics, TrainError>;
+    /// Steps done of the run.
+    fn progress(&self) -> Progress;
+    /// The shared settings of the run.
+    fn train_config(&self) -> &TrainConfig;
+    /// Progress and history.
+    fn state(&self) -> &Self::State;
+    /// Writes `output_dir/checkpoint-<step>/` atomically.
+    fn save_checkpoint(&self) -> Result<PathBuf, TrainError>;
+    /// Evaluates on the run's held-out data, `None` when it has none.
+    fn evaluate_held_out(&mut self) -> Result<Option<Self::Eval>, TrainError>;
+    /// One line saying what the run will do (data, steps, modes).
+    fn describe(&self) -> String;
+    /// The line a run loop prints for a logged step (default: the metrics' text).
+    fn log_line(&self, metrics: &Self::Metrics) -> String {
+        metrics.text()
+    }
+
+    /// Runs up to `n` steps (fewer when the run ends first) with a progress bar on a terminal;
+    /// returns the last step's metrics.
+    fn train_for(&mut self, n: u64) -> Result<Option<Self::Metrics>, TrainError> {
+        self.train_with(n, |_, _, _| Ok(()))
+    }
+
+    /// [`Trainer::train_for`], calling `after_step` after every step with the trainer, the
+    /// step's metrics and the progress bar (print through `bar.suspend` so lines and the bar
+    /// do not interleave).
+    fn train_with(
+        &mut self,
+        n: u64,
+        mut after_step: impl FnMut(&mut Self, &Self::Metrics, &indicatif::ProgressBar) -> Result<(), TrainError>,
+    ) -> Result<Option<Self::Metrics>, TrainError> {
+        let bar = progress_bar(self.progress());
+        let mut last = None;
+        for _ in 0..n {
+            if self.progress().finished() {
+                break;
+            }
+            let m = self.step()?;
+            bar.set_position(self.progress().done);
+            bar.set_message(m.text().trim().to_string());
+            after_step(self, &m, &bar)?;
+            last = Some(m);
+        }
+        bar.finish_and_clear();
+        Ok(last)
+    }
+}
+
+/// A bar on standard error (hidden where that is not a terminal, as in a notebook).
+fn progress_bar(p: Progress) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(p.total);
+    bar.set_position(p.done);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta_precise}] {wide_msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Whether step `step` is one of every `every` (never when unset).
+pub fn every(every: Option<u64>, step: u64) -> bool {
+    every.is_some_and(|n| step.is_multiple_of(n))
+}

@@ -1,0 +1,221 @@
+//! The training core both trainers share: config files (defaults per trainer, unknown keys,
+//! hub datasets), the typed errors, and the bugs the refactor fixed, each shown failing before.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use treetrain::grpo::{GrpoConfig, RewardFn, RolloutProducer};
+use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::train::{TrainConfig, TrainError};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-core-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn shared_settings_keep_each_trainers_defaults_and_unknown_keys_are_refused() {
+    let dir = scratch("toml");
+    let file = dir.join("c.toml");
+    std::fs::write(&file, "model = \"m\"\nseed = 3\n").unwrap();
+    // The flattened shared section still takes GRPO's own learning-rate default (TRL's 1e-6).
+    let g = GrpoConfig::from_toml_file(&file).unwrap();
+    assert_eq!((g.train.learning_rate, g.train.seed), (1e-6, 3));
+    let s = SftConfig::from_toml_file(&file).unwrap();
+    assert_eq!(s.train.learning_rate, 2e-5);
+    std::fs::write(&file, "learning_rat = 0.1\n").unwrap();
+    let err = SftConfig::from_toml_file(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("c.toml") && err.contains("unknown key `learning_rat`"),
+        "{err}"
+    );
+    std::fs::write(&file, "mode = \"sometimes\"\n").unwrap();
+    let err = GrpoConfig::from_toml_file(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("sometimes") && err.contains("`sync`") && err.contains("`async`"),
+        "{err}"
+    );
+    std::fs::write(&file, "[[rewards]]\nname = \"vibes\"\n").unwrap();
+    let err = GrpoConfig::from_toml_file(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("unknown reward `vibes` (built-ins: exact_answer, answer_format)"),
+        "{err}"
+    );
+    std::fs::write(&file, "device = \"tpu\"\npad_to_multiple_of = 64\n").unwrap();
+    let err = SftConfig::from_toml_file(&file).unwrap_err().to_string();
+    assert!(err.contains("device \"tpu\": expected cpu, cuda"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn out_of_range_settings_name_their_field() {
+    let cfg = SftConfig {
+        gradient_accumulation_steps: 0,
+        ..Default::default()
+    };
+    let err = SftTrainer::new(cfg).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::Config {
+                field: "gradient_accumulation_steps",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let cfg = GrpoConfig {
+        train: TrainConfig {
+            learning_rate: f64::NAN,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(
+        cfg.validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("config `learning_rate`")
+    );
+}
+
+/// A fake Hugging Face cache holding the shipped SFT conversations as dataset `acme/chat`.
+fn hub_with_dataset(dir: &Path) -> PathBuf {
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = dir.join("hf/hub/datasets--acme--chat");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let data = repo.join("snapshots").join(commit).join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(
+        root().join("datasets/sft/train.parquet"),
+        data.join("train-00000-of-00001.parquet"),
+    )
+    .unwrap();
+    dir.join("hf")
+}
+
+/// Before: SFT's config reader anchored `dataset` to the file's folder even for a hub repo id,
+/// so `dataset = "acme/chat"` looked for `<config dir>/acme/chat` and failed.
+#[test]
+fn an_sft_config_file_can_name_a_hub_dataset() {
+    let dir = scratch("hub");
+    let hf_home = hub_with_dataset(&dir);
+    let model = root().join("datasets/tiny-qwen3");
+    let cfg = dir.join("sft.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "model = {model:?}\ndataset = \"acme/chat\"\ndataset_split = \"train\"\nmax_steps = 1\nbatch_size = 2\neval_fraction = 0.0\n[tokenize]\nmax_length = 64\n"
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        SftConfig::from_toml_file(&cfg).unwrap().train.dataset,
+        PathBuf::from("acme/chat")
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
+        .args(["sft", "--config", cfg.to_str().unwrap()])
+        .env("HF_HOME", &hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("training rows") && stdout.contains("step 1: loss"),
+        "{stdout}\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Before: a packing failure became an empty epoch (`unwrap_or_default`) and `step()` looped
+/// forever looking for a micro-batch. Now the trainer refuses the settings up front; the test
+/// bounds its time so the old behaviour shows as a failure, not a hung suite.
+#[test]
+fn packing_that_cannot_work_is_an_error_not_an_endless_step() {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let cfg = SftConfig {
+            train: TrainConfig {
+                model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
+                dataset: root().join("datasets/sft/train.parquet"),
+                ..Default::default()
+            },
+            tokenize: TokenizeOptions {
+                max_length: 0,
+                ..Default::default()
+            },
+            packing: Some(PackingStrategy::Bfd),
+            max_steps: Some(1),
+            ..Default::default()
+        };
+        let result = SftTrainer::new(cfg).and_then(|mut t| t.step().map(|_| ()));
+        let _ = tx.send(result.map_err(|e| e.to_string()));
+    });
+    let err = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("SftTrainer hung instead of failing")
+        .unwrap_err();
+    assert!(err.contains("tokenize.max_length"), "{err}");
+}
+
+/// Before: a completion that did not decode was scored as the empty string (a valid 0 reward
+/// that trains the policy on nonsense). Now it is a reported failure of every reward for that
+/// completion, with advantage 0, and the rest of the group is scored as usual.
+#[test]
+fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
+    use std::sync::Arc;
+    use treetrain::generate::{Completion, FinishReason};
+    let model_dir = root().join("datasets/tiny-qwen3-sft");
+    let tokenizer = Arc::new(treetrain::tokenizer::Tokenizer::from_dir(&model_dir).unwrap());
+    let ds = treetrain::data::Dataset::open(&root().join("datasets/grpo/test.parquet")).unwrap();
+    let prompts = Arc::new(treetrain::grpo::PromptSet::load(&ds, &tokenizer, "prompt", 512, false).unwrap());
+    let good = tokenizer
+        .encode("Answer: 3", false)
+        .unwrap()
+        .into_iter()
+        .map(i64::from)
+        .collect::<Vec<_>>();
+    let completion = |ids: Vec<i64>| Completion {
+        prompt_index: 0,
+        logprobs: vec![-1.0; ids.len()],
+        untruncated_logprobs: vec![-1.0; ids.len()],
+        output_ids: ids,
+        finish_reason: FinishReason::Eos,
+    };
+    let producer = RolloutProducer {
+        prompts: prompts.clone(),
+        rewards: Arc::new(vec![RewardFn::answer_format()]),
+        tokenizer: tokenizer.clone(),
+        generation: Default::default(),
+        group: 2,
+        per_batch: 1,
+        scale: Default::default(),
+        sampler: treetrain::grpo::PromptSampler::new(prompts.prompts.len(), 0),
+        produced: 0,
+        generator: Default::default(),
+    };
+    let group = producer.score_completions(0, vec![completion(good), completion(vec![1_000_000])], 0);
+    assert_eq!(group.rewards.total[0], Some(1.0));
+    assert_eq!(group.rewards.total[1], None, "{:?}", group.rewards);
+    assert_eq!(group.advantages[1], 0.0);
+    let failure = &group.rewards.failures[0];
+    assert_eq!((failure.function.as_str(), failure.completion), ("decode", 1));
+    assert!(
+        failure.reason.contains("outside the tokenizer's vocabulary"),
+        "{}",
+        failure.reason
+    );
+}
