@@ -204,7 +204,7 @@ impl GrpoConfig {
             ("epsilon_high", self.epsilon_high),
             ("beta", self.beta),
         ];
-        if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(*v >= 0.0)) {
+        if let Some((field, _)) = non_negative.iter().find(|(_, v)| v.is_nan() || *v < 0.0) {
             return Err(TrainError::config(field, "must be >= 0"));
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! The GRPO trainer: `step()` from a notebook cell, or `train_for(n)`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +16,7 @@ use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::{Model, SpecialTokens};
 use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
-use crate::train::{Progress, TrainConfig, TrainCore, TrainError, Trainer};
+use crate::train::{TrainConfig, TrainCore, TrainError, Trainer};
 
 /// Mean and spread of one reward function over a step's rollouts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -198,7 +198,7 @@ impl GrpoTrainer {
         Self::build(config, rewards, None)
     }
 
-    /// Continues a run from a folder written by [`GrpoTrainer::save_checkpoint`] with the
+    /// Continues a run from a folder written by [`Trainer::save_checkpoint`] with the
     /// built-in rewards of `config`: policy weights, optimizer, state and the prompt order.
     /// Sync runs continue exactly as if never stopped (on CPU); async runs continue from the
     /// next unseen batch of prompts.
@@ -439,13 +439,6 @@ impl GrpoTrainer {
         Ok((best, last))
     }
 
-    /// Writes `output_dir/checkpoint-<step>/`: the policy as a Hugging Face folder, the
-    /// optimizer and the state, atomically.
-    pub fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
-        self.core
-            .save_checkpoint(&self.config.train, self.state.global_step, &self.state)
-    }
-
     fn metrics(
         &self,
         batch: &RolloutBatch,
@@ -580,20 +573,14 @@ impl Trainer for GrpoTrainer {
     fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
         GrpoTrainer::step(self)
     }
-    fn progress(&self) -> Progress {
-        Progress {
-            done: self.state.global_step,
-            total: self.state.total_steps,
-        }
+    fn core(&self) -> &TrainCore {
+        &self.core
     }
     fn train_config(&self) -> &TrainConfig {
         &self.config.train
     }
     fn state(&self) -> &GrpoState {
         &self.state
-    }
-    fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
-        GrpoTrainer::save_checkpoint(self)
     }
     /// `eval_samples` completions per prompt of `eval_dataset`, seeded so that evaluations
     /// differ only by the weights.
@@ -752,3 +739,5 @@ fn prompt_summary(prompt: &super::PromptRow, field: &str) -> String {
         .and_then(|v| v.as_array()?.last()?.get("content")?.as_str().map(str::to_string))
         .unwrap_or_else(|| prompt.text.clone())
 }
+
+crate::train::run_state!(GrpoState);

@@ -1,7 +1,7 @@
 //! The SFT trainer: step by step from a notebook cell, or `train_for(n)`; checkpoints resume
 //! bit-exact on CPU.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +12,7 @@ use super::{SftConfig, TrainExample, tokenize};
 use crate::model::{AttentionLayout, LogprobChunks, Model, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
-use crate::train::{LrSchedule, NanPolicy, Progress, TrainConfig, TrainCore, TrainError, Trainer};
+use crate::train::{LrSchedule, NanPolicy, TrainConfig, TrainCore, TrainError, Trainer};
 
 /// Metrics of one optimizer step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -99,7 +99,7 @@ impl SftTrainer {
         Self::build(config, None)
     }
 
-    /// Continues a run from a checkpoint folder written by [`SftTrainer::save_checkpoint`].
+    /// Continues a run from a checkpoint folder written by [`Trainer::save_checkpoint`].
     pub fn resume_from(config: SftConfig, checkpoint: &Path) -> Result<Self, TrainError> {
         Self::build(config, Some(checkpoint))
     }
@@ -268,13 +268,6 @@ impl SftTrainer {
         })
     }
 
-    /// Writes `output_dir/checkpoint-<step>/`: the model as a Hugging Face folder, the optimizer
-    /// and the trainer state, atomically (a temporary folder renamed into place).
-    pub fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
-        self.core
-            .save_checkpoint(&self.config.train, self.state.global_step, &self.state)
-    }
-
     /// The input shapes one epoch of training would feed the model, priced as Neuron compiles:
     /// what `pad_to_multiple_of` buys before any Trainium time is spent.
     pub fn epoch_shapes(&self, epoch: u64) -> Result<ShapeLedger, TrainError> {
@@ -309,20 +302,14 @@ impl Trainer for SftTrainer {
     fn step(&mut self) -> Result<StepMetrics, TrainError> {
         SftTrainer::step(self)
     }
-    fn progress(&self) -> Progress {
-        Progress {
-            done: self.state.global_step,
-            total: self.state.total_steps,
-        }
+    fn core(&self) -> &TrainCore {
+        &self.core
     }
     fn train_config(&self) -> &TrainConfig {
         &self.config.train
     }
     fn state(&self) -> &TrainerState {
         &self.state
-    }
-    fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
-        SftTrainer::save_checkpoint(self)
     }
     fn evaluate_held_out(&mut self) -> Result<Option<SftEval>, TrainError> {
         if self.eval.is_empty() {
@@ -398,3 +385,5 @@ fn forward_nll(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> Res
     )?;
     Ok(-lp.sum(Kind::Float))
 }
+
+crate::train::run_state!(TrainerState);

@@ -15,6 +15,7 @@ mod optimization;
 mod schedule;
 mod trainer;
 
+pub use crate::run_state;
 pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
 pub use checkpoint::{append_log, load_checkpoint, save_atomically, save_checkpoint};
 pub use config::{NanPolicy, TrainConfig};
@@ -22,4 +23,4 @@ pub use core::TrainCore;
 pub use error::TrainError;
 pub use optimization::{Optimization, StepOutcome};
 pub use schedule::{LrSchedule, ScheduleKind};
-pub use trainer::{Progress, Trainer, every};
+pub use trainer::{Progress, RunState, Trainer, every};

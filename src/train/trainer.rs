@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{TrainConfig, TrainError};
+use super::{TrainConfig, TrainCore, TrainError};
 use crate::display::Rich;
 
 /// Steps done and steps of the whole run.
@@ -22,6 +22,27 @@ impl Progress {
     }
 }
 
+/// A trainer's saved state knows how far the run is.
+pub trait RunState {
+    /// Steps done and steps of the run.
+    fn progress(&self) -> Progress;
+}
+
+/// Implements [`RunState`] for a state with `global_step` and `total_steps` fields.
+#[macro_export]
+macro_rules! run_state {
+    ($ty:ty) => {
+        impl $crate::train::RunState for $ty {
+            fn progress(&self) -> $crate::train::Progress {
+                $crate::train::Progress {
+                    done: self.global_step,
+                    total: self.total_steps,
+                }
+            }
+        }
+    };
+}
+
 /// A trainer: built from its config (resuming from a checkpoint or not), stepped, saved.
 pub trait Trainer: Sized {
     /// The configuration it is built from.
@@ -31,21 +52,19 @@ pub trait Trainer: Sized {
     /// What a held-out evaluation reports.
     type Eval: Rich;
     /// Progress and history, saved with checkpoints.
-    type State: Rich;
+    type State: Rich + RunState + serde::Serialize;
 
     /// Builds a trainer, continuing from `resume_from` (a checkpoint folder this trainer wrote)
     /// when given.
     fn from_config(config: Self::Config, resume_from: Option<&Path>) -> Result<Self, TrainError>;
     /// One optimizer step.
     fn step(&mut self) -> Result<Self::Metrics, TrainError>;
-    /// Steps done of the run.
-    fn progress(&self) -> Progress;
+    /// The model, tokenizer and optimizer.
+    fn core(&self) -> &TrainCore;
     /// The shared settings of the run.
     fn train_config(&self) -> &TrainConfig;
     /// Progress and history.
     fn state(&self) -> &Self::State;
-    /// Writes `output_dir/checkpoint-<step>/` atomically.
-    fn save_checkpoint(&self) -> Result<PathBuf, TrainError>;
     /// Evaluates on the run's held-out data, `None` when it has none.
     fn evaluate_held_out(&mut self) -> Result<Option<Self::Eval>, TrainError>;
     /// One line saying what the run will do (data, steps, modes).
@@ -53,6 +72,18 @@ pub trait Trainer: Sized {
     /// The line a run loop prints for a logged step (default: the metrics' text).
     fn log_line(&self, metrics: &Self::Metrics) -> String {
         metrics.text()
+    }
+
+    /// Steps done of the run.
+    fn progress(&self) -> Progress {
+        self.state().progress()
+    }
+
+    /// Writes `output_dir/checkpoint-<step>/` atomically: the model as a Hugging Face folder,
+    /// the optimizer and the state.
+    fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
+        self.core()
+            .save_checkpoint(self.train_config(), self.progress().done, self.state())
     }
 
     /// Runs up to `n` steps (fewer when the run ends first) with a progress bar on a terminal;
