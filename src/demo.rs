@@ -32,7 +32,10 @@ pub enum DemoError {
     /// The shape forecast failed.
     #[error(transparent)]
     Shapes(#[from] crate::shapes::ShapeError),
-    /// An output could not be written.
+    /// The progress log could not be written.
+    #[error("writing the demo's log: {0}")]
+    Log(std::io::Error),
+    /// An output file could not be written.
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -147,7 +150,7 @@ fn write_file(path: &Path, text: &str) -> Result<(), DemoError> {
 }
 
 fn write_log(log: &mut dyn Write, text: &str) -> Result<(), DemoError> {
-    write!(log, "{text}").map_err(|e| io(Path::new("<output>"), e))
+    write!(log, "{text}").map_err(DemoError::Log)
 }
 
 /// Section 3: mean NLL of the assistant tokens of 16 shipped conversations.

@@ -329,14 +329,17 @@ impl RolloutProducer {
     /// and given advantage 0, never scored as empty text.
     pub fn score_completions(&self, p: usize, completions: Vec<Completion>, version: u64) -> ScoredGroup {
         let prompt = &self.prompts.prompts[p];
-        let decoded: Vec<Result<String, String>> = completions
-            .iter()
-            .map(|c| {
-                let ids: Vec<u32> = c.output_ids.iter().map(|&t| t as u32).collect();
-                self.tokenizer.decode(&ids, true).map_err(|e| e.to_string())
-            })
-            .collect();
-        let texts: Vec<String> = decoded.iter().map(|d| d.clone().unwrap_or_default()).collect();
+        let (mut texts, mut undecodable) = (Vec::with_capacity(completions.len()), Vec::new());
+        for (i, c) in completions.iter().enumerate() {
+            let ids: Vec<u32> = c.output_ids.iter().map(|&t| t as u32).collect();
+            match self.tokenizer.decode(&ids, true) {
+                Ok(text) => texts.push(text),
+                Err(e) => {
+                    texts.push(String::new());
+                    undecodable.push((i, e.to_string()));
+                }
+            }
+        }
         let inputs: Vec<RewardInput> = completions
             .iter()
             .zip(&texts)
@@ -349,15 +352,9 @@ impl RolloutProducer {
             })
             .collect();
         let mut rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
-        for (i, d) in decoded.iter().enumerate() {
-            if let Err(reason) = d {
-                rewards.fail_completion(
-                    i,
-                    prompt.dataset_row,
-                    "decode",
-                    format!("completion does not decode: {reason}"),
-                );
-            }
+        for (i, reason) in undecodable {
+            let reason = format!("completion does not decode: {reason}");
+            rewards.fail_completion(i, prompt.dataset_row, "decode", reason);
         }
         let advantages = group_advantages(&rewards.total, self.scale);
         ScoredGroup {

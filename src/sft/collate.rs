@@ -40,10 +40,11 @@ pub(crate) struct BatchTensors {
 }
 
 impl Collator {
-    /// The micro-batches of an epoch over `rows`: a permutation seeded by `seed`, batched or packed.
-    pub fn epoch(&self, rows: &[TrainExample], seed: u64) -> Result<Vec<MicroBatch>, TrainError> {
+    /// The micro-batches of epoch `epoch` over `rows`: a permutation seeded by `seed + epoch`,
+    /// batched or packed. An epoch without a micro-batch is an error (a step would wait forever).
+    pub fn epoch(&self, rows: &[TrainExample], seed: u64, epoch: u64) -> Result<Vec<MicroBatch>, TrainError> {
         let mut order: Vec<usize> = (0..rows.len()).collect();
-        SplitMix64::new(seed).shuffle(&mut order);
+        SplitMix64::new(seed.wrapping_add(epoch)).shuffle(&mut order);
         let batch_rows: Vec<Vec<Piece>> = match self.packing {
             None => order.iter().map(|&i| vec![(i, 0, rows[i].input_ids.len())]).collect(),
             Some(strategy) => {
@@ -55,7 +56,11 @@ impl Collator {
                     .collect()
             }
         };
-        Ok(self.batches(batch_rows))
+        let batches = self.batches(batch_rows);
+        if batches.is_empty() {
+            return Err(TrainError::Data(format!("epoch {epoch} has no micro-batch")));
+        }
+        Ok(batches)
     }
 
     /// Rows in order, one sequence per batch row (evaluation).

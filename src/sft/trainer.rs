@@ -119,7 +119,8 @@ impl SftTrainer {
             pad_multiple: config.pad_to_multiple_of.resolve(config.platform),
             pad_id: core.special.pad,
         };
-        let per_epoch = (collator.epoch(&train, config.train.seed)?.len() / config.gradient_accumulation_steps).max(1);
+        let first_epoch = Arc::new(collator.epoch(&train, config.train.seed, 0)?);
+        let per_epoch = (first_epoch.len() / config.gradient_accumulation_steps).max(1);
         let total = config
             .max_steps
             .unwrap_or((per_epoch as f64 * config.num_train_epochs).ceil() as u64);
@@ -140,7 +141,7 @@ impl SftTrainer {
             collator,
             train,
             eval,
-            epoch_batches: None,
+            epoch_batches: Some((0, first_epoch)),
         })
     }
 
@@ -172,13 +173,7 @@ impl SftTrainer {
         {
             return Ok(b.clone());
         }
-        let b = Arc::new(
-            self.collator
-                .epoch(&self.train, self.config.train.seed.wrapping_add(epoch))?,
-        );
-        if b.is_empty() {
-            return Err(TrainError::Data(format!("epoch {epoch} has no micro-batch")));
-        }
+        let b = Arc::new(self.collator.epoch(&self.train, self.config.train.seed, epoch)?);
         self.epoch_batches = Some((epoch, b.clone()));
         Ok(b)
     }
@@ -272,8 +267,7 @@ impl SftTrainer {
     /// what `pad_to_multiple_of` buys before any Trainium time is spent.
     pub fn epoch_shapes(&self, epoch: u64) -> Result<ShapeLedger, TrainError> {
         let mut ledger = ShapeLedger::default();
-        let seed = self.config.train.seed.wrapping_add(epoch);
-        for mb in self.collator.epoch(&self.train, seed)? {
+        for mb in self.collator.epoch(&self.train, self.config.train.seed, epoch)? {
             ledger.record("sft/forward", &self.collator.tensors(&self.train, &mb).ids.size());
         }
         Ok(ledger)

@@ -58,14 +58,6 @@ pub enum TrainError {
         /// Training rows (SFT) or prompt rows (GRPO) of the step.
         rows: Vec<usize>,
     },
-    /// A file could not be written or read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What the system said.
-        source: std::io::Error,
-    },
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {
