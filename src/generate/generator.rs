@@ -239,7 +239,6 @@ impl Generator {
         prompt_index: &[usize],
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
-        let device = model.device();
         let b = st.next_pos.len();
         let mut rng = SplitMix64::new(cfg.sampling.seed);
         let mut out: Vec<Completion> = prompt_index
@@ -254,69 +253,53 @@ impl Generator {
             .collect();
         let mut done = vec![false; b];
         for step in 0..cfg.max_new_tokens {
-            let logits = Vec::<f32>::try_from(&st.logits.to_device(Device::Cpu).contiguous().view([-1]))?;
-            let vocab = logits.len() / b;
-            let mut next = vec![cfg.pad_token_id; b];
-            for r in 0..b {
-                if done[r] {
-                    continue;
-                }
-                let c = choose(
-                    &logits[r * vocab..(r + 1) * vocab],
-                    &st.seen[r],
-                    &cfg.sampling,
-                    &mut rng,
-                );
-                next[r] = c.token;
-                st.seen[r].push(c.token);
-                let o = &mut out[r];
-                o.output_ids.push(c.token);
-                o.logprobs.push(c.logprob);
-                o.untruncated_logprobs.push(c.untruncated_logprob);
-                if cfg.eos_token_ids.contains(&c.token) {
-                    done[r] = true;
-                    o.finish_reason = FinishReason::Eos;
-                } else if cfg
-                    .stop_sequences
-                    .iter()
-                    .any(|s| !s.is_empty() && o.output_ids.ends_with(s))
-                {
-                    done[r] = true;
-                    o.finish_reason = FinishReason::Stop;
-                }
-            }
+            let next = choose_next(&mut st, &mut out, &mut done, cfg, &mut rng)?;
             if done.iter().all(|&d| d) || step + 1 == cfg.max_new_tokens {
                 break;
             }
-            // Forward the chosen tokens (padding for finished rows: same shape every step).
-            let start = st.cache.len();
-            let slots = st.cache.slots_after(1);
-            if slots > st.valid.size()[1] {
-                st.valid = Tensor::cat(
-                    &[
-                        &st.valid,
-                        &Tensor::zeros([b as i64, slots - st.valid.size()[1]], (Kind::Bool, device)),
-                    ],
-                    1,
-                );
-            }
-            let _ = st.valid.narrow(1, start, 1).fill_(1);
-            let pos: Vec<i64> = st.next_pos.clone();
-            for (p, d) in st.next_pos.iter_mut().zip(&done) {
-                if !d {
-                    *p += 1;
-                }
-            }
-            let ids = Tensor::from_slice(&next).view([b as i64, 1]).to_device(device);
-            let pos = Tensor::from_slice(&pos).view([b as i64, 1]).to_device(device);
-            // Slots past this one are not valid yet, so the valid slots are exactly what the new
-            // token may see: no causal term needed (fewer ops on the hot path).
-            let mask = st.valid.narrow(1, 0, slots).view([b as i64, 1, 1, slots]);
-            self.ledger.record("decode", &[b as i64, 1]);
-            let h = model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
-            st.logits = model.logits(&h.select(1, 0)).to_kind(Kind::Float);
+            self.forward_chosen(model, &mut st, &next, &done)?;
         }
         Ok(out)
+    }
+
+    /// Forwards the chosen tokens (padding for finished rows: the same shape every step) and
+    /// leaves the next logits in `st`.
+    fn forward_chosen<C: KvCache>(
+        &mut self,
+        model: &CausalLm,
+        st: &mut Decoding<C>,
+        next: &[i64],
+        done: &[bool],
+    ) -> Result<(), GenerateError> {
+        let device = model.device();
+        let b = next.len() as i64;
+        let start = st.cache.len();
+        let slots = st.cache.slots_after(1);
+        if slots > st.valid.size()[1] {
+            st.valid = Tensor::cat(
+                &[
+                    &st.valid,
+                    &Tensor::zeros([b, slots - st.valid.size()[1]], (Kind::Bool, device)),
+                ],
+                1,
+            );
+        }
+        let _ = st.valid.narrow(1, start, 1).fill_(1);
+        let pos: Vec<i64> = st.next_pos.clone();
+        for (p, d) in st.next_pos.iter_mut().zip(done) {
+            if !d {
+                *p += 1;
+            }
+        }
+        let ids = Tensor::from_slice(next).view([b, 1]).to_device(device);
+        let pos = Tensor::from_slice(&pos).view([b, 1]).to_device(device);
+        // Slots past this one are not valid yet, so the valid slots are exactly what the new
+        // token may see: no causal term needed (fewer ops on the hot path).
+        let mask = st.valid.narrow(1, 0, slots).view([b, 1, 1, slots]);
+        self.ledger.record("decode", &[b, 1]);
+        let h = model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
+        st.logits = model.logits(&h.select(1, 0)).to_kind(Kind::Float);
+        Ok(())
     }
 
     fn static_cache(
@@ -428,3 +411,42 @@ impl crate::display::Rich for Generator {
 }
 
 crate::rich_display!(Generator);
+
+/// Chooses the next token of every unfinished row from `st.logits` and records it in `out`;
+/// a row ends on an EOS id or a stop sequence. Finished rows get the pad id.
+fn choose_next<C: KvCache>(
+    st: &mut Decoding<C>,
+    out: &mut [Completion],
+    done: &mut [bool],
+    cfg: &GenerationConfig,
+    rng: &mut SplitMix64,
+) -> Result<Vec<i64>, GenerateError> {
+    let b = done.len();
+    let logits = Vec::<f32>::try_from(&st.logits.to_device(Device::Cpu).contiguous().view([-1]))?;
+    let vocab = logits.len() / b;
+    let mut next = vec![cfg.pad_token_id; b];
+    for r in 0..b {
+        if done[r] {
+            continue;
+        }
+        let c = choose(&logits[r * vocab..(r + 1) * vocab], &st.seen[r], &cfg.sampling, rng);
+        next[r] = c.token;
+        st.seen[r].push(c.token);
+        let o = &mut out[r];
+        o.output_ids.push(c.token);
+        o.logprobs.push(c.logprob);
+        o.untruncated_logprobs.push(c.untruncated_logprob);
+        if cfg.eos_token_ids.contains(&c.token) {
+            done[r] = true;
+            o.finish_reason = FinishReason::Eos;
+        } else if cfg
+            .stop_sequences
+            .iter()
+            .any(|s| !s.is_empty() && o.output_ids.ends_with(s))
+        {
+            done[r] = true;
+            o.finish_reason = FinishReason::Stop;
+        }
+    }
+    Ok(next)
+}

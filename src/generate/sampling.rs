@@ -64,18 +64,7 @@ pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut Spli
     let temperature = if cfg.do_sample { cfg.temperature.max(1e-6) } else { 1.0 };
     let raw: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
     let untruncated = log_softmax(&raw);
-    let mut scores = raw;
-    if cfg.repetition_penalty != 1.0 {
-        for &t in seen {
-            if let Some(s) = scores.get_mut(t as usize) {
-                *s = if *s > 0.0 {
-                    *s / cfg.repetition_penalty
-                } else {
-                    *s * cfg.repetition_penalty
-                };
-            }
-        }
-    }
+    let scores = penalise_repetitions(raw, seen, cfg.repetition_penalty);
     if !cfg.do_sample {
         let token = scores
             .iter()
@@ -93,10 +82,39 @@ pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut Spli
         };
     }
     let lp = log_softmax(&scores);
+    let keep = truncation_mask(&lp, cfg);
+    let kept: Vec<f64> = lp
+        .iter()
+        .zip(&keep)
+        .map(|(&l, &k)| if k { l } else { f64::NEG_INFINITY })
+        .collect();
+    let renorm = log_softmax(&kept);
+    let token = draw(&renorm, rng);
+    Choice {
+        token: token as i64,
+        logprob: renorm[token] as f32,
+        untruncated_logprob: untruncated[token] as f32,
+    }
+}
+
+/// transformers' repetition penalty: a seen token's positive score divided by `penalty`, a
+/// negative one multiplied.
+fn penalise_repetitions(mut scores: Vec<f64>, seen: &[i64], penalty: f64) -> Vec<f64> {
+    if penalty != 1.0 {
+        for &t in seen {
+            if let Some(s) = scores.get_mut(t as usize) {
+                *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
+            }
+        }
+    }
+    scores
+}
+
+/// Which tokens survive top-k, then top-p (over the survivors, most likely first), then min-p.
+fn truncation_mask(lp: &[f64], cfg: &SamplingConfig) -> Vec<bool> {
     let mut keep = vec![true; lp.len()];
     let mut order: Vec<usize> = (0..lp.len()).collect();
-    let sorted = cfg.top_k.is_some() || cfg.top_p.is_some();
-    if sorted {
+    if cfg.top_k.is_some() || cfg.top_p.is_some() {
         order.sort_unstable_by(|&a, &b| lp[b].total_cmp(&lp[a]));
     }
     if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
@@ -125,30 +143,24 @@ pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut Spli
             }
         }
     }
-    let kept: Vec<f64> = lp
-        .iter()
-        .zip(&keep)
-        .map(|(&l, &k)| if k { l } else { f64::NEG_INFINITY })
-        .collect();
-    let renorm = log_softmax(&kept);
+    keep
+}
+
+/// A draw from the distribution `log_probs` (`-inf`: excluded); the last kept token when
+/// rounding leaves the cumulative sum short of the uniform draw.
+fn draw(log_probs: &[f64], rng: &mut SplitMix64) -> usize {
     let u = rng.next_f64();
     let mut acc = 0.0;
-    let mut token = kept.iter().rposition(|l| l.is_finite()).unwrap_or(0);
-    for (i, l) in renorm.iter().enumerate() {
+    for (i, l) in log_probs.iter().enumerate() {
         if !l.is_finite() {
             continue;
         }
         acc += l.exp();
         if u < acc {
-            token = i;
-            break;
+            return i;
         }
     }
-    Choice {
-        token: token as i64,
-        logprob: renorm[token] as f32,
-        untruncated_logprob: untruncated[token] as f32,
-    }
+    log_probs.iter().rposition(|l| l.is_finite()).unwrap_or(0)
 }
 
 #[cfg(test)]

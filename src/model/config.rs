@@ -200,18 +200,50 @@ impl HfConfig {
 
     /// Validates into a [`ModelConfig`]; anything unsupported is an error naming its field.
     pub fn validate(&self) -> Result<ModelConfig, ModelError> {
-        let arch = match self.model_type.as_str() {
-            "qwen3" => Architecture::Qwen3,
-            "qwen2" => Architecture::Qwen2,
-            "llama" => Architecture::Llama,
-            other => {
-                return Err(ModelError::unsupported(
-                    "model_type",
-                    format!("{other:?}"),
-                    "treetrain implements qwen3, qwen2 and llama",
-                ));
-            }
-        };
+        let arch = self.architecture()?;
+        let (num_heads, num_kv_heads, head_dim) = self.attention_shape()?;
+        self.check_features()?;
+        let (rope_theta, rope_scaling) = self.rope()?;
+        let attention_bias = self.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            arch,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            qk_norm: arch == Architecture::Qwen3,
+            qkv_bias: arch == Architecture::Qwen2 || attention_bias,
+            o_bias: arch != Architecture::Qwen2 && attention_bias,
+            mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
+            bos_token_id: self.bos_token_id,
+            pad_token_id: self.pad_token_id,
+        })
+    }
+
+    /// `model_type` as one of the implemented architectures.
+    fn architecture(&self) -> Result<Architecture, ModelError> {
+        match self.model_type.as_str() {
+            "qwen3" => Ok(Architecture::Qwen3),
+            "qwen2" => Ok(Architecture::Qwen2),
+            "llama" => Ok(Architecture::Llama),
+            other => Err(ModelError::unsupported(
+                "model_type",
+                format!("{other:?}"),
+                "treetrain implements qwen3, qwen2 and llama",
+            )),
+        }
+    }
+
+    /// Positive sizes, and `(heads, kv_heads, head_dim)` consistent with them and with RoPE.
+    fn attention_shape(&self) -> Result<(i64, i64, i64), ModelError> {
         for (field, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -250,6 +282,11 @@ impl HfConfig {
                 "RoPE needs a positive even head_dim",
             ));
         }
+        Ok((num_heads, num_kv_heads, head_dim))
+    }
+
+    /// Features treetrain does not implement are refused by name.
+    fn check_features(&self) -> Result<(), ModelError> {
         let act = self.hidden_act.as_deref().unwrap_or("silu");
         if act != "silu" {
             return Err(ModelError::unsupported(
@@ -274,29 +311,7 @@ impl HfConfig {
                 "only full_attention layers are implemented",
             ));
         }
-        let (rope_theta, rope_scaling) = self.rope()?;
-        let attention_bias = self.attention_bias.unwrap_or(false);
-        Ok(ModelConfig {
-            arch,
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_layers: self.num_hidden_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta,
-            rope_scaling,
-            qk_norm: arch == Architecture::Qwen3,
-            qkv_bias: arch == Architecture::Qwen2 || attention_bias,
-            o_bias: arch != Architecture::Qwen2 && attention_bias,
-            mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
-            bos_token_id: self.bos_token_id,
-            pad_token_id: self.pad_token_id,
-        })
+        Ok(())
     }
 
     /// RoPE base and scaling from `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (v4).

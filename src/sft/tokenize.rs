@@ -44,71 +44,15 @@ fn ids(v: Vec<u32>) -> Vec<i64> {
 pub fn tokenize(tok: &Tokenizer, ex: &Example, row: usize, opts: &TokenizeOptions) -> Result<TrainExample, String> {
     let at = |e: String| format!("row {row}: {e}");
     let mut out = match ex {
-        Example::Conversation(messages) => {
-            let chat = tok
-                .tokenize_chat(&Value::Array(messages.clone()), &ChatOptions::default())
-                .map_err(|e| at(e.to_string()))?;
-            let mask = if opts.assistant_only_loss {
-                if !chat.assistant_masks.contains(&1) {
-                    return Err(at(
-                        "assistant_only_loss needs a chat template with {% generation %} blocks and an assistant turn"
-                            .into(),
-                    ));
-                }
-                chat.assistant_masks
-            } else {
-                vec![1; chat.input_ids.len()]
-            };
-            TrainExample {
-                input_ids: ids(chat.input_ids),
-                loss_mask: mask,
-            }
-        }
+        Example::Conversation(messages) => conversation(tok, messages, opts).map_err(at)?,
         Example::PromptCompletion {
             prompt: Value::String(p),
             completion: Value::String(c),
-        } => {
-            let prompt = ids(tok.encode(p, true).map_err(|e| at(e.to_string()))?);
-            let mut completion = ids(tok.encode(c, false).map_err(|e| at(e.to_string()))?);
-            if let Some(eos) = tok.eos_token_id() {
-                completion.push(i64::from(eos));
-            }
-            let n = prompt.len();
-            let mut mask = vec![u8::from(!opts.completion_only_loss); n];
-            mask.extend(std::iter::repeat_n(1, completion.len()));
-            TrainExample {
-                input_ids: [prompt, completion].concat(),
-                loss_mask: mask,
-            }
-        }
+        } => text_pair(tok, p, c, opts).map_err(at)?,
         Example::PromptCompletion {
             prompt: Value::Array(p),
             completion: Value::Array(c),
-        } => {
-            let with_prompt = ChatOptions {
-                add_generation_prompt: true,
-                ..Default::default()
-            };
-            let prompt = tok
-                .tokenize_chat(&Value::Array(p.clone()), &with_prompt)
-                .map_err(|e| at(e.to_string()))?;
-            let full = tok
-                .tokenize_chat(&Value::Array([p.clone(), c.clone()].concat()), &ChatOptions::default())
-                .map_err(|e| at(e.to_string()))?;
-            if !full.input_ids.starts_with(&prompt.input_ids) {
-                return Err(at(
-                    "the chat template does not render the prompt as a prefix of prompt + completion".into(),
-                ));
-            }
-            let n = prompt.input_ids.len();
-            let mask = (0..full.input_ids.len())
-                .map(|i| u8::from(i >= n || !opts.completion_only_loss))
-                .collect();
-            TrainExample {
-                input_ids: ids(full.input_ids),
-                loss_mask: mask,
-            }
-        }
+        } => message_pair(tok, p, c, opts).map_err(at)?,
         Example::PromptCompletion { .. } => {
             return Err(at(
                 "prompt and completion must both be strings or both be message lists".into(),
@@ -126,4 +70,66 @@ pub fn tokenize(tok: &Tokenizer, ex: &Example, row: usize, opts: &TokenizeOption
         ));
     }
     Ok(out)
+}
+
+/// A conversation through the chat template; the assistant's tokens trained, or all of them.
+fn conversation(tok: &Tokenizer, messages: &[Value], opts: &TokenizeOptions) -> Result<TrainExample, String> {
+    let chat = tok
+        .tokenize_chat(&Value::Array(messages.to_vec()), &ChatOptions::default())
+        .map_err(|e| e.to_string())?;
+    let mask = if opts.assistant_only_loss {
+        if !chat.assistant_masks.contains(&1) {
+            return Err(
+                "assistant_only_loss needs a chat template with {% generation %} blocks and an assistant turn".into(),
+            );
+        }
+        chat.assistant_masks
+    } else {
+        vec![1; chat.input_ids.len()]
+    };
+    Ok(TrainExample {
+        input_ids: ids(chat.input_ids),
+        loss_mask: mask,
+    })
+}
+
+/// A text prompt and completion (EOS appended); the completion trained, or both.
+fn text_pair(tok: &Tokenizer, p: &str, c: &str, opts: &TokenizeOptions) -> Result<TrainExample, String> {
+    let prompt = ids(tok.encode(p, true).map_err(|e| e.to_string())?);
+    let mut completion = ids(tok.encode(c, false).map_err(|e| e.to_string())?);
+    if let Some(eos) = tok.eos_token_id() {
+        completion.push(i64::from(eos));
+    }
+    let mut mask = vec![u8::from(!opts.completion_only_loss); prompt.len()];
+    mask.extend(std::iter::repeat_n(1, completion.len()));
+    Ok(TrainExample {
+        input_ids: [prompt, completion].concat(),
+        loss_mask: mask,
+    })
+}
+
+/// Prompt and completion messages through the chat template (the prompt must render as a
+/// prefix of the whole); the completion trained, or both.
+fn message_pair(tok: &Tokenizer, p: &[Value], c: &[Value], opts: &TokenizeOptions) -> Result<TrainExample, String> {
+    let with_prompt = ChatOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let prompt = tok
+        .tokenize_chat(&Value::Array(p.to_vec()), &with_prompt)
+        .map_err(|e| e.to_string())?;
+    let full = tok
+        .tokenize_chat(&Value::Array([p, c].concat()), &ChatOptions::default())
+        .map_err(|e| e.to_string())?;
+    if !full.input_ids.starts_with(&prompt.input_ids) {
+        return Err("the chat template does not render the prompt as a prefix of prompt + completion".into());
+    }
+    let n = prompt.input_ids.len();
+    let mask = (0..full.input_ids.len())
+        .map(|i| u8::from(i >= n || !opts.completion_only_loss))
+        .collect();
+    Ok(TrainExample {
+        input_ids: ids(full.input_ids),
+        loss_mask: mask,
+    })
 }
