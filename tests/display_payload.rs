@@ -69,3 +69,33 @@ fn every_notebook_type_renders() {
     let g = treetrain::generate::Generator::new();
     assert!(g.text().contains("0 distinct shapes"));
 }
+
+#[test]
+fn the_training_core_types_render() {
+    use treetrain::display::Rich;
+    let cfg = treetrain::train::TrainConfig {
+        learning_rate: 3e-4,
+        ..Default::default()
+    };
+    assert!(cfg.text().contains("learning_rate = 0.0003\n") && cfg.html().contains("Training settings"));
+    assert!(cfg.text().contains("device = cpu\n") && cfg.text().contains("on_nan = skip\n"));
+    let p = treetrain::train::Progress { done: 3, total: 40 };
+    assert_eq!(p.text(), "step 3 / 40\n");
+    assert!(p.html().contains("3 / 40"));
+    let o = treetrain::grpo::GrpoObjective {
+        beta: 0.04,
+        loss_type: treetrain::grpo::LossType::DrGrpo,
+        ..Default::default()
+    };
+    assert!(o.text().contains("beta = 0.04\n") && o.text().contains("loss_type = DrGrpo\n"));
+    assert!(o.html().contains("GRPO objective") && o.html().contains("<td>0.04</td>"));
+    let e = treetrain::sft::SftEval {
+        step: 5,
+        loss: 1.25,
+        tokens: 80,
+    };
+    assert_eq!(
+        e.text(),
+        "eval at step 5: loss 1.2500 per token over 80 held-out tokens\n"
+    );
+}

@@ -220,3 +220,35 @@ pub fn grpo_loss_with_reference(
         entropy_sum,
     })
 }
+
+impl GrpoObjective {
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("epsilon_low", self.epsilon_low.to_string()),
+            ("epsilon_high", self.epsilon_high.to_string()),
+            ("temperature", self.temperature.to_string()),
+            ("beta", self.beta.to_string()),
+            ("loss_type", format!("{:?}", self.loss_type)),
+            ("max_completion_length", self.max_completion_length.to_string()),
+        ]
+    }
+}
+
+impl crate::display::Rich for GrpoObjective {
+    fn html(&self) -> String {
+        let rows: Vec<(&str, String)> = self
+            .rows()
+            .into_iter()
+            .map(|(k, v)| (k, crate::display::escape(&v)))
+            .collect();
+        crate::display::style::container(&crate::display::section(
+            "GRPO objective",
+            &crate::display::kv_table(&rows),
+        ))
+    }
+    fn text(&self) -> String {
+        self.rows().iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+    }
+}
+
+crate::rich_display!(GrpoObjective);

@@ -133,3 +133,14 @@ impl TrainConfig {
         }
     }
 }
+
+impl crate::display::Rich for TrainConfig {
+    fn html(&self) -> String {
+        crate::display::config_html("Training settings", self)
+    }
+    fn text(&self) -> String {
+        crate::display::config_text(self)
+    }
+}
+
+crate::rich_display!(TrainConfig);

@@ -132,3 +132,15 @@ fn progress_bar(p: Progress) -> indicatif::ProgressBar {
 pub fn every(every: Option<u64>, step: u64) -> bool {
     every.is_some_and(|n| step.is_multiple_of(n))
 }
+
+impl crate::display::Rich for Progress {
+    fn html(&self) -> String {
+        let rows = [("steps", format!("{} / {}", self.done, self.total))];
+        crate::display::style::container(&crate::display::kv_table(&rows))
+    }
+    fn text(&self) -> String {
+        format!("step {} / {}\n", self.done, self.total)
+    }
+}
+
+crate::rich_display!(Progress);
