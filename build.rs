@@ -1,6 +1,9 @@
 //! Bakes libtorch's library folder into every binary this package links (lib tests,
 //! integration tests, benches, the CLI), so none of them needs `LD_LIBRARY_PATH`.
 //! tch's own rpath only covers tch's targets.
+//!
+//! Also compiles the C++ shim that reaches c10d (process groups) against the same libtorch
+//! headers, with Gloo's headers when setup-libtorch.sh unpacked them.
 
 use std::path::PathBuf;
 
@@ -34,4 +37,34 @@ fn main() {
     println!("cargo:rustc-link-arg=-L{}", lib.display());
     println!("cargo:rustc-link-arg=-ltorch");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    compile_c10d_shim(&libtorch);
+}
+
+/// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.
+fn compile_c10d_shim(libtorch: &std::path::Path) {
+    let source = "src/train/distributed/c10d_shim.cpp";
+    println!("cargo:rerun-if-changed={source}");
+    println!("cargo:rerun-if-env-changed=TREETRAIN_GLOO_INCLUDE");
+    let include = libtorch.join("include");
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .file(source)
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .warnings(false);
+    let gloo = std::env::var_os("TREETRAIN_GLOO_INCLUDE").map(PathBuf::from);
+    match gloo.filter(|g| g.join("gloo/algorithm.h").exists()) {
+        Some(g) => {
+            build.define("USE_C10D_GLOO", None).include(g);
+        }
+        None => println!(
+            "cargo:warning=Gloo headers not found (TREETRAIN_GLOO_INCLUDE): process groups will be unavailable; run scripts/setup-libtorch.sh"
+        ),
+    }
+    build.compile("treetrain_c10d");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
 }

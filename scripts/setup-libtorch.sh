@@ -8,6 +8,8 @@
 # the same binary loads a full torch lib folder at run time (see README, "CUDA").
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# Gloo's headers for the c10d shim (independent of the libtorch layout below).
+bash "$TREETRAIN_ROOT/scripts/setup-gloo.sh"
 
 marker=$LIBTORCH_DIR/.treetrain-layout
 if [ -f "$marker" ] && [ "$(cat "$LIBTORCH_DIR/build-version" 2>/dev/null)" = "$TORCH_VERSION" ]; then

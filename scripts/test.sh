@@ -5,6 +5,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$TREETRAIN_ROOT"
 bash scripts/setup-libtorch.sh
+# Real torchrun for the multi-process tests (tests/distributed.rs).
+TREETRAIN_TORCHRUN=$(bash scripts/setup-torchrun.sh)
+export TREETRAIN_TORCHRUN
 echo "== cargo test (unit, integration, doc; slow tests included)"
 cargo test --all-targets -- --include-ignored
 cargo test --doc

@@ -2,6 +2,7 @@
 
 use crate::device::{Accelerators, HostProbe, PadTo, Platform};
 use crate::display::{self, Rich, escape};
+use crate::train::distributed::{GlooDevice, LaunchEnv, built_with_gloo};
 
 /// Versions, machine, accelerators and the policies that follow, gathered once.
 #[derive(Debug, Clone)]
@@ -20,6 +21,11 @@ pub struct EnvReport {
     pub os: String,
     /// Every accelerator.
     pub accelerators: Accelerators,
+    /// The multi-process launch this process is part of (torchrun's variables), `None` for
+    /// one process, or why the variables do not describe one.
+    pub world: Result<Option<LaunchEnv>, String>,
+    /// Whether this build can create Gloo process groups.
+    pub gloo: bool,
 }
 
 /// tch's version, pinned in Cargo.toml.
@@ -54,6 +60,8 @@ impl EnvReport {
             libtorch_loaded,
             os: format!("{pretty} ({})", std::env::consts::ARCH),
             accelerators,
+            world: LaunchEnv::from_lookup(|k| probe.var(k).map(str::to_string)).map_err(|e| e.to_string()),
+            gloo: built_with_gloo(),
         }
     }
 
@@ -140,6 +148,35 @@ impl EnvReport {
         rows
     }
 
+    fn process_rows(&self) -> Vec<(&'static str, String)> {
+        let backend = match self.gloo {
+            true => "c10d ProcessGroupGloo (host tensors; others staged through host memory)",
+            false => "unavailable: built without Gloo's headers (scripts/setup-libtorch.sh)",
+        };
+        let world = match &self.world {
+            Err(e) => format!("misconfigured: {e}"),
+            Ok(None) => {
+                "one process (no WORLD_SIZE; `treetrain launch --nproc-per-node N -- ...` or torchrun scales out)"
+                    .into()
+            }
+            Ok(Some(w)) => format!(
+                "rank {} of {} (local rank {}); store {}:{} hosted by {}; Gloo binds {}",
+                w.rank,
+                w.size,
+                w.local_rank,
+                w.master_addr,
+                w.master_port,
+                if w.agent_store { "the launcher" } else { "rank 0" },
+                match w.gloo_device() {
+                    GlooDevice::Default => "this host's address".to_string(),
+                    GlooDevice::Hostname(h) => h,
+                    GlooDevice::Interface(i) => format!("interface {i}"),
+                }
+            ),
+        };
+        vec![("data parallelism", backend.to_string()), ("world", world)]
+    }
+
     fn policy_rows(&self) -> Vec<(&'static str, String)> {
         let p = self.platform();
         vec![
@@ -173,6 +210,7 @@ impl EnvReport {
             "versions": obj(self.version_rows()),
             "accelerators": obj(self.accelerator_rows()),
             "policies": obj(self.policy_rows()),
+            "processes": obj(self.process_rows()),
             "notes": self.accelerators.notes(),
         })
     }
@@ -196,6 +234,10 @@ impl Rich for EnvReport {
             "Policies",
             &display::kv_table(&esc(self.policy_rows())),
         ));
+        body.push_str(&display::section(
+            "Processes",
+            &display::kv_table(&esc(self.process_rows())),
+        ));
         let notes = self.accelerators.notes();
         if !notes.is_empty() {
             let items: String = notes
@@ -213,6 +255,7 @@ impl Rich for EnvReport {
             ("treetrain environment", self.version_rows()),
             ("Accelerators", self.accelerator_rows()),
             ("Policies", self.policy_rows()),
+            ("Processes", self.process_rows()),
         ] {
             s.push_str(&format!("{title}\n"));
             for (k, v) in rows {

@@ -39,6 +39,9 @@ enum Command {
     Pack(cli::pack::PackArgs),
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
     Shapes(cli::shapes::ShapesArgs),
+    /// Run a command on N processes of this host as one data-parallel job (torchrun's job,
+    /// without Python): `treetrain launch --nproc-per-node 2 -- sft --config run.toml`.
+    Launch(cli::launch::LaunchArgs),
     /// Regenerate the shipped datasets and tiny model files from their seeds (maintainers).
     #[command(hide = true)]
     MakeShippedData {
@@ -64,6 +67,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => cli::generate::run(&args),
         Command::Pack(args) => cli::pack::run(&args),
         Command::Shapes(args) => cli::shapes::run(&args),
+        Command::Launch(args) => cli::launch::run(&args),
         Command::MakeShippedData { out } => cli::make_shipped_data(&out),
         Command::Demo { out } => cli::demo(&out),
     }

@@ -213,6 +213,41 @@ fn env_report_renders_every_section() {
     let json = report.to_json();
     assert_eq!(json["policies"]["platform"], "neuron");
     assert_eq!(json["policies"]["pad_to_multiple_of=auto"], "128");
+    assert!(json["processes"]["world"].as_str().unwrap().starts_with("one process"));
+    assert!(
+        json["processes"]["data parallelism"]
+            .as_str()
+            .unwrap()
+            .contains("ProcessGroupGloo")
+    );
+}
+
+#[test]
+fn env_report_shows_the_configured_world() {
+    let root = fake_root("world");
+    let vars = [
+        ("WORLD_SIZE", "4"),
+        ("RANK", "3"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29511"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    let probe = HostProbe::fake(&root, &vars);
+    let report = EnvReport::from_parts(&probe, Accelerators::detect_with(&probe, &cpu_only_torch()));
+    let world = report.to_json()["processes"]["world"].as_str().unwrap().to_string();
+    assert_eq!(
+        world,
+        "rank 3 of 4 (local rank 1); store 127.0.0.1:29511 hosted by the launcher; Gloo binds 127.0.0.1"
+    );
+    assert!(report.text().contains("Processes") && report.html().contains("<h4>Processes</h4>"));
+    let bad = HostProbe::fake(&root, &[("WORLD_SIZE", "2"), ("RANK", "0")]);
+    let report = EnvReport::from_parts(&bad, Accelerators::detect_with(&bad, &cpu_only_torch()));
+    let world = report.to_json()["processes"]["world"].as_str().unwrap().to_string();
+    assert!(
+        world.starts_with("misconfigured") && world.contains("MASTER_PORT"),
+        "{world}"
+    );
 }
 
 #[test]

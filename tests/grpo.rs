@@ -567,6 +567,7 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
         },
         group: 2,
         per_batch: 2,
+        shard: Default::default(),
         scale: Default::default(),
         produced: 0,
         generator: Default::default(),

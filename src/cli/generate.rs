@@ -157,6 +157,7 @@ fn generation_config(
             min_p: args.min_p,
             repetition_penalty: args.repetition_penalty,
             seed: args.seed,
+            first_row: 0,
         },
     })
 }

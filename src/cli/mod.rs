@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod generate;
 pub mod jsonl;
+pub mod launch;
 pub mod pack;
 pub mod score;
 pub mod shapes;

@@ -59,33 +59,54 @@ pub fn grpo(args: &GrpoArgs) -> Result<()> {
 /// Trains to the last step: an evaluation first (when `eval_steps` is set), a line every
 /// `logging_steps`, evaluations every `eval_steps`, checkpoints every `save_steps` and at the
 /// end (when `output_dir` is set), then the state.
+///
+/// In a multi-process run every rank steps, evaluates and saves (collectives need them all);
+/// only rank 0 prints.
 fn run<T: Trainer>(mut t: T) -> Result<()> {
-    eprintln!("{}", t.describe());
+    let main = t.core().world.is_main();
+    let say = |text: &str| {
+        if main {
+            print!("{text}");
+        }
+    };
+    if main {
+        eprintln!("{}{}", t.describe(), world_note(&t));
+    }
     let cfg = t.train_config().clone();
     if cfg.eval_steps.is_some()
         && let Some(e) = t.evaluate_held_out()?
     {
-        print!("{}", e.text());
+        say(&e.text());
     }
     t.train_with(u64::MAX, |t, m, bar| {
         let step = t.progress().done;
         if every(cfg.logging_steps, step) {
-            bar.suspend(|| print!("{}", t.log_line(m)));
+            bar.suspend(|| say(&t.log_line(m)));
         }
         if every(cfg.eval_steps, step)
             && let Some(e) = t.evaluate_held_out()?
         {
-            bar.suspend(|| print!("{}", e.text()));
+            bar.suspend(|| say(&e.text()));
         }
         if every(cfg.save_steps, step) && cfg.output_dir.is_some() {
             let dir = t.save_checkpoint()?;
-            bar.suspend(|| println!("saved {}", dir.display()));
+            bar.suspend(|| say(&format!("saved {}\n", dir.display())));
         }
         Ok(())
     })?;
     if cfg.output_dir.is_some() {
-        println!("saved {}", t.save_checkpoint()?.display());
+        let dir = t.save_checkpoint()?;
+        say(&format!("saved {}\n", dir.display()));
     }
-    print!("{}", t.state().text());
+    say(&t.state().text());
     Ok(())
+}
+
+/// `, on N processes` when the run has several.
+fn world_note<T: Trainer>(t: &T) -> String {
+    let w = &t.core().world;
+    match w.is_distributed() {
+        true => format!(", on {} processes (batch sizes are per process)", w.size),
+        false => String::new(),
+    }
 }

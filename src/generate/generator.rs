@@ -63,7 +63,8 @@ impl Default for GenerationConfig {
 }
 
 /// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// An EOS token.
     Eos,
@@ -85,7 +86,7 @@ impl FinishReason {
 }
 
 /// One generated completion.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Completion {
     /// Which prompt it continues.
     pub prompt_index: usize,
@@ -240,7 +241,7 @@ impl Generator {
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
         let b = st.next_pos.len();
-        let mut rng = SplitMix64::new(cfg.sampling.seed);
+        let mut rngs: Vec<SplitMix64> = (0..b).map(|r| cfg.sampling.row_stream(r)).collect();
         let mut out: Vec<Completion> = prompt_index
             .iter()
             .map(|&i| Completion {
@@ -253,7 +254,7 @@ impl Generator {
             .collect();
         let mut done = vec![false; b];
         for step in 0..cfg.max_new_tokens {
-            let next = choose_next(&mut st, &mut out, &mut done, cfg, &mut rng)?;
+            let next = choose_next(&mut st, &mut out, &mut done, cfg, &mut rngs)?;
             if done.iter().all(|&d| d) || step + 1 == cfg.max_new_tokens {
                 break;
             }
@@ -419,7 +420,7 @@ fn choose_next<C: KvCache>(
     out: &mut [Completion],
     done: &mut [bool],
     cfg: &GenerationConfig,
-    rng: &mut SplitMix64,
+    rngs: &mut [SplitMix64],
 ) -> Result<Vec<i64>, GenerateError> {
     let b = done.len();
     let logits = Vec::<f32>::try_from(&st.logits.to_device(Device::Cpu).contiguous().view([-1]))?;
@@ -429,7 +430,12 @@ fn choose_next<C: KvCache>(
         if done[r] {
             continue;
         }
-        let c = choose(&logits[r * vocab..(r + 1) * vocab], &st.seen[r], &cfg.sampling, rng);
+        let c = choose(
+            &logits[r * vocab..(r + 1) * vocab],
+            &st.seen[r],
+            &cfg.sampling,
+            &mut rngs[r],
+        );
         next[r] = c.token;
         st.seen[r].push(c.token);
         let o = &mut out[r];

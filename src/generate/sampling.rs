@@ -17,8 +17,20 @@ pub struct SamplingConfig {
     pub min_p: Option<f64>,
     /// > 1 discourages tokens already in the prompt or completion (CTRL-style); 1 = off.
     pub repetition_penalty: f64,
-    /// Seed of this call's random draws.
+    /// Seed of this call's random draws. Every row of a batch draws from its own stream, keyed
+    /// by the seed and the row's number, so a row's tokens do not depend on the other rows.
     pub seed: u64,
+    /// The number of this call's first row (its stream): a batch that is one share of a larger
+    /// one (a rank's prompts in a multi-process run) draws what the whole batch would have.
+    pub first_row: u64,
+}
+
+impl SamplingConfig {
+    /// The random stream of row `row` (counted from `first_row`).
+    pub fn row_stream(&self, row: usize) -> SplitMix64 {
+        let key = SplitMix64::new(self.first_row + row as u64).next_u64();
+        SplitMix64::new(self.seed ^ key)
+    }
 }
 
 impl Default for SamplingConfig {
@@ -31,6 +43,7 @@ impl Default for SamplingConfig {
             min_p: None,
             repetition_penalty: 1.0,
             seed: 0,
+            first_row: 0,
         }
     }
 }

@@ -43,9 +43,13 @@ pub use answer::extract_answer;
 pub use config::{GrpoConfig, LossType, RewardSpec, RolloutMode};
 pub use objective::{GrpoLoss, GrpoObjective, TermWeights, grpo_loss, grpo_loss_with_reference};
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
-pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup};
+pub use rollouts::{
+    PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup, Shard,
+};
 pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
-pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
+pub use update::{
+    RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update,
+};
 pub use worker::AsyncRollouts;
 
 /// The message of a caught panic.

@@ -13,6 +13,7 @@ use crate::model::CausalLm;
 use crate::pack::Rollout;
 use crate::tokenizer::{ChatOptions, Tokenizer};
 use crate::train::TrainError;
+use crate::train::distributed::{DistError, World, share};
 use crate::util::SplitMix64;
 
 /// One usable prompt.
@@ -137,7 +138,7 @@ impl PromptSampler {
 }
 
 /// The completions of one prompt with their rewards and advantages.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ScoredGroup {
     /// Weight version that generated it.
     pub version: u64,
@@ -233,6 +234,41 @@ impl RolloutBatch {
             .collect()
     }
 
+    /// The whole step's batch from every rank's share (each rank generated and scored its
+    /// prompts): groups in rank order, which is the order one process would have made them in.
+    /// Tokens add up; seconds are the slowest rank's (the ranks worked in parallel).
+    pub fn gather(self, world: &World) -> Result<Self, TrainError> {
+        if !world.is_distributed() {
+            return Ok(self);
+        }
+        let share = BatchShare {
+            version: self.version,
+            groups: self.groups,
+            generation_s: self.generation_s,
+            reward_s: self.reward_s,
+            generated_tokens: self.generated_tokens,
+        };
+        let fail = |e: serde_json::Error| DistError::new(world.rank, "all_gather (rollouts)", e.to_string());
+        let bytes = serde_json::to_vec(&share).map_err(fail)?;
+        let mut out = RolloutBatch {
+            version: u64::MAX,
+            groups: Vec::new(),
+            generation_s: 0.0,
+            reward_s: 0.0,
+            generated_tokens: 0,
+            ..self
+        };
+        for part in world.all_gather_bytes(&bytes)? {
+            let share: BatchShare = serde_json::from_slice(&part).map_err(fail)?;
+            out.version = out.version.min(share.version);
+            out.groups.extend(share.groups);
+            out.generation_s = out.generation_s.max(share.generation_s);
+            out.reward_s = out.reward_s.max(share.reward_s);
+            out.generated_tokens += share.generated_tokens;
+        }
+        Ok(out)
+    }
+
     /// A batch assembled from queued groups (async mode).
     pub fn from_groups(index: u64, groups: Vec<QueuedGroup>, reward_names: Vec<String>) -> Self {
         RolloutBatch {
@@ -243,6 +279,40 @@ impl RolloutBatch {
             generated_tokens: groups.iter().map(|g| g.generated_tokens).sum(),
             groups: groups.into_iter().map(|g| g.group).collect(),
             reward_names,
+        }
+    }
+}
+
+/// One rank's part of a step's batch, as sent to the others.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BatchShare {
+    version: u64,
+    groups: Vec<ScoredGroup>,
+    generation_s: f64,
+    reward_s: f64,
+    generated_tokens: usize,
+}
+
+/// Which share of every batch's prompts a process generates: rank `rank` of `size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's rank.
+    pub rank: usize,
+    /// Processes sharing each batch.
+    pub size: usize,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { rank: 0, size: 1 }
+    }
+}
+
+impl From<&World> for Shard {
+    fn from(w: &World) -> Self {
+        Shard {
+            rank: w.rank,
+            size: w.size,
         }
     }
 }
@@ -274,8 +344,10 @@ pub struct RolloutProducer {
     pub generation: GenerationConfig,
     /// Completions per prompt.
     pub group: usize,
-    /// Prompts per batch.
+    /// Prompts per batch (of the whole world: each process generates its share).
     pub per_batch: usize,
+    /// This process's share of every batch.
+    pub shard: Shard,
     /// Advantage scaling.
     pub scale: ScaleRewards,
     /// Prompt order.
@@ -287,13 +359,19 @@ pub struct RolloutProducer {
 }
 
 impl RolloutProducer {
-    /// Generates `group` completions for each of the next `per_batch` prompts with `model`
-    /// (weights of `version`) and scores them.
+    /// Generates `group` completions for each of this shard's share of the next `per_batch`
+    /// prompts with `model` (weights of `version`) and scores them. Every completion draws from
+    /// the random stream of its place in the whole batch, so the shards together make what one
+    /// process would have made.
     pub fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, TrainError> {
-        let picked = self.sampler.take(self.per_batch);
+        let all = self.sampler.take(self.per_batch);
+        let mine = share(all.len(), self.shard.rank, self.shard.size);
+        let first_row = (mine.start * self.group) as u64;
+        let picked = &all[mine];
         let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
         let mut cfg = self.generation.clone();
         cfg.sampling.seed = self.generation.sampling.seed ^ SplitMix64::new(self.produced).next_u64();
+        cfg.sampling.first_row = first_row;
         let start = Instant::now();
         let completions = self.generator.generate_groups(model, &prompt_ids, self.group, &cfg)?;
         let generation_s = start.elapsed().as_secs_f64();

@@ -8,14 +8,15 @@ use super::advantage::mean_std;
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
-    GrpoConfig, GrpoObjective, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer,
-    UpdateStats, accumulate_gradients, pack_rollouts,
+    GrpoConfig, GrpoObjective, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer, Shard,
+    UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update,
 };
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::{Model, SpecialTokens};
 use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
+use crate::train::distributed::World;
 use crate::train::{TrainConfig, TrainCore, TrainError, Trainer};
 
 /// Mean and spread of one reward function over a step's rollouts.
@@ -234,7 +235,10 @@ impl GrpoTrainer {
             tokenizer: core.tokenizer.clone(),
             generation: generation.clone(),
             group: config.num_generations,
-            per_batch: config.prompts_per_step,
+            // `prompts_per_step` is per process (TRL's per-device batch): the world's batch is
+            // that many times the processes, each generating its share.
+            per_batch: config.prompts_per_step * core.world.size,
+            shard: Shard::from(&core.world),
             scale: config.scale_rewards,
             sampler: PromptSampler::new(prompts.prompts.len(), config.train.seed),
             produced: 0,
@@ -329,7 +333,7 @@ impl GrpoTrainer {
         let version = self.state.global_step;
         match &mut self.source {
             Source::Sync(p) => {
-                let batch = p.produce(&self.core.model.lm, version)?;
+                let batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
@@ -353,7 +357,8 @@ impl GrpoTrainer {
                     }
                 }
                 let batch =
-                    RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone());
+                    RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone())
+                        .gather(&self.core.world)?;
                 self.state.batches_consumed += 1;
                 Ok((batch, wait, dropped))
             }
@@ -383,17 +388,31 @@ impl GrpoTrainer {
         let version = self.state.global_step;
         let t = Instant::now();
         let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
-        let rows = pack_rollouts(rollouts, self.config.packing, self.config.token_budget)?;
+        let world = &self.core.world;
+        let update = plan_rank_update(
+            rollouts,
+            self.config.packing,
+            self.config.token_budget,
+            world.rank,
+            world.size,
+        )?;
         let pack_s = t.elapsed().as_secs_f64();
         let reference = self.reference.as_ref().map(|m| &m.lm);
-        let stats = accumulate_gradients(&self.core.model.lm, reference, &rows, &self.objective())
-            // Rows before the failure left gradients behind: the next step must not see them.
-            .inspect_err(|_| self.core.optim.discard_gradients())?;
+        let mut stats = accumulate_share(
+            &self.core.model.lm,
+            reference,
+            &update.rows,
+            update.totals,
+            &self.objective(),
+        )
+        // Rows before the failure left gradients behind: the next step must not see them.
+        .inspect_err(|_| self.core.optim.discard_gradients())?;
+        sum_over_ranks(&mut stats, world)?;
+        let rows = update.rows;
         let t = Instant::now();
         let prompt_rows = || batch.groups.iter().map(|g| g.dataset_row).collect();
         let outcome = self
             .core
-            .optim
             .finish_step(&self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
         let optimizer_s = t.elapsed().as_secs_f64();
@@ -410,7 +429,7 @@ impl GrpoTrainer {
             pack_s,
             optimizer_s,
             step_s: start.elapsed().as_secs_f64(),
-            ..self.metrics(&batch, &stats, rows.len(), outcome)
+            ..self.metrics(&batch, &stats, update.step_rows, outcome)
         };
         self.record(&batch, &m);
         self.last_row = rows.into_iter().last();
@@ -550,14 +569,49 @@ impl GrpoTrainer {
             generation,
             group: samples.max(1),
             per_batch: prompts.prompts.len(),
+            shard: Shard::from(&self.core.world),
             scale: self.config.scale_rewards,
             sampler: PromptSampler::new(prompts.prompts.len(), seed),
             produced: 0,
             generator: Default::default(),
         };
-        let batch = producer.produce(&self.core.model.lm, self.state.global_step)?;
+        let batch = producer
+            .produce(&self.core.model.lm, self.state.global_step)?
+            .gather(&self.core.world)?;
         Ok(EvalResult::from_batch(&batch, &self.rewards, self.state.global_step))
     }
+}
+
+/// Every rank's update statistics summed (each rank's are its share of the step's means, as
+/// [`accumulate_share`] divides by the step's totals); timings stay this rank's.
+fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainError> {
+    if !world.is_distributed() {
+        return Ok(());
+    }
+    let mut v = [
+        stats.loss,
+        stats.clip_ratio,
+        stats.approx_kl,
+        stats.ref_kl,
+        stats.entropy,
+        stats.forwarded_tokens as f64,
+        stats.raw_tokens as f64,
+        stats.rows as f64,
+    ];
+    world.sum(&mut v)?;
+    let [loss, clip, approx_kl, ref_kl, entropy, forwarded, raw, rows] = v;
+    *stats = UpdateStats {
+        loss,
+        clip_ratio: clip,
+        approx_kl,
+        ref_kl,
+        entropy,
+        forwarded_tokens: forwarded as usize,
+        raw_tokens: raw as usize,
+        rows: rows as usize,
+        ..stats.clone()
+    };
+    Ok(())
 }
 
 impl Trainer for GrpoTrainer {

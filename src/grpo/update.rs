@@ -15,6 +15,60 @@ pub fn pack_rollouts(rollouts: Vec<Rollout>, packing: Packing, budget: usize) ->
     Ok(packing.plan(rollouts, budget, 1)?.into_iter().flatten().collect())
 }
 
+/// One rank's part of a step's update: its rows (the planner spreads the step's rows over the
+/// ranks by attention load) and the step's totals every loss weight divides by.
+#[derive(Debug, Clone)]
+pub struct RankUpdate {
+    /// The rows this rank forwards.
+    pub rows: Vec<PackedRow>,
+    /// The whole step's totals (every rank's rows).
+    pub totals: StepTotals,
+    /// Rows of the whole step.
+    pub step_rows: usize,
+}
+
+/// What a step's loss is normalised by: its loss terms and rollouts, over every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepTotals {
+    /// Loss terms (trained tokens).
+    pub terms: usize,
+    /// Rollouts.
+    pub rollouts: usize,
+}
+
+impl StepTotals {
+    /// The totals of `rows`.
+    pub fn of<'a>(rows: impl IntoIterator<Item = &'a PackedRow>) -> Self {
+        rows.into_iter().fold(StepTotals::default(), |t, r| StepTotals {
+            terms: t.terms + r.token_index.len(),
+            rollouts: t.rollouts + r.rollouts,
+        })
+    }
+}
+
+/// Plans the step's `rollouts` (the same on every rank) over `ranks` ranks and keeps rank
+/// `rank`'s rows.
+pub fn plan_rank_update(
+    rollouts: Vec<Rollout>,
+    packing: Packing,
+    budget: usize,
+    rank: usize,
+    ranks: usize,
+) -> Result<RankUpdate, TrainError> {
+    let mut plan = packing.plan(rollouts, budget, ranks)?;
+    let totals = StepTotals::of(plan.iter().flatten());
+    let step_rows = plan.iter().map(Vec::len).sum();
+    let rows = match rank < plan.len() {
+        true => plan.swap_remove(rank),
+        false => Vec::new(),
+    };
+    Ok(RankUpdate {
+        rows,
+        totals,
+        step_rows,
+    })
+}
+
 /// What one update's forward/backward passes measured.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UpdateStats {
@@ -58,9 +112,21 @@ pub fn accumulate_gradients(
     rows: &[PackedRow],
     objective: &GrpoObjective,
 ) -> Result<UpdateStats, TrainError> {
+    accumulate_share(policy, reference, rows, StepTotals::of(rows), objective)
+}
+
+/// [`accumulate_gradients`] over one rank's `rows` of a step whose totals are `totals`: the
+/// loss weights and the statistics divide by the whole step's counts, so summing every rank's
+/// gradients and statistics gives the one-process update.
+pub fn accumulate_share(
+    policy: &CausalLm,
+    reference: Option<&CausalLm>,
+    rows: &[PackedRow],
+    totals: StepTotals,
+    objective: &GrpoObjective,
+) -> Result<UpdateStats, TrainError> {
     let start = Instant::now();
-    let terms: usize = rows.iter().map(|r| r.token_index.len()).sum();
-    let rollouts: usize = rows.iter().map(|r| r.rollouts).sum();
+    let StepTotals { terms, rollouts } = totals;
     let norm = terms.max(1) as f64;
     let mut stats = UpdateStats {
         terms,

@@ -112,8 +112,9 @@ impl SftTrainer {
         if train.is_empty() {
             return Err(TrainError::Data("no training rows".into()));
         }
+        // Micro-batches are global: `batch_size` rows per process, each rank forwarding its share.
         let collator = Collator {
-            batch_size: config.batch_size,
+            batch_size: config.batch_size * core.world.size,
             packing: config.packing,
             max_length: config.tokenize.max_length,
             pad_multiple: config.pad_to_multiple_of.resolve(config.platform),
@@ -194,33 +195,39 @@ impl SftTrainer {
         Ok(window)
     }
 
-    /// One optimizer step over `gradient_accumulation_steps` micro-batches.
+    /// One optimizer step over `gradient_accumulation_steps` micro-batches (global ones: in a
+    /// multi-process run each rank forwards its share of every micro-batch's rows).
     pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
         let start = Instant::now();
         let window = self.next_window()?;
-        // The loss is normalised over every trained token of the window, not per micro-batch.
+        // The loss is normalised over every trained token of the global window, not per
+        // micro-batch or per rank: every rank counts them from the same rows, so no message is
+        // needed for it.
         let window_tokens: usize = window
             .iter()
             .map(|mb| Collator::trained_tokens(&self.train, mb))
             .sum::<usize>()
             .max(1);
-        let (mut loss_sum, mut real, mut total) = (0.0, 0usize, 0usize);
+        // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
+        let mut sums = [0.0; 3];
         for mb in &window {
-            let b = self.collator.tensors(&self.train, mb);
-            debug_assert_eq!(
-                Collator::trained_tokens(&self.train, mb),
-                b.tgt.len(),
-                "window counts differ"
-            );
+            let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
+            if mine.is_empty() {
+                continue;
+            }
+            let b = self.collator.tensors(&self.train, &mine);
             let forwarded = forward_nll(&self.core.model, &mut self.ledger, &b);
             let nll = forwarded.inspect_err(|_| self.core.optim.discard_gradients())?;
-            loss_sum += nll.double_value(&[]);
+            sums[0] += nll.double_value(&[]);
             (nll / window_tokens as f64).backward();
-            (real, total) = (real + b.real, total + b.total);
+            sums[1] += b.real as f64;
+            sums[2] += b.total as f64;
         }
+        self.core.world.sum(&mut sums)?;
+        let [loss_sum, real, total] = sums;
         let step = self.state.global_step;
         let rows = || window.iter().flatten().flatten().map(|p| p.0).collect();
-        let outcome = self.core.optim.finish_step(&self.config.train, step, loss_sum, rows)?;
+        let outcome = self.core.finish_step(&self.config.train, step, loss_sum, rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
         self.state.global_step = step + 1;
         let per_epoch = self.batches_of(self.state.epoch)?.len().max(1) as f64;
@@ -230,8 +237,8 @@ impl SftTrainer {
             loss: loss_sum / window_tokens as f64,
             lr: outcome.lr,
             grad_norm: outcome.grad_norm,
-            tokens_per_s: real as f64 / start.elapsed().as_secs_f64().max(1e-9),
-            padding_fraction: 1.0 - real as f64 / total.max(1) as f64,
+            tokens_per_s: real / start.elapsed().as_secs_f64().max(1e-9),
+            padding_fraction: 1.0 - real / total.max(1.0),
             skipped: outcome.skipped,
         };
         self.core.log(&self.config.train, &m);
@@ -248,13 +255,16 @@ impl SftTrainer {
         if self.eval.is_empty() {
             return Err(TrainError::config("eval_fraction", "is 0: there are no held-out rows"));
         }
-        let (mut sum, mut tokens) = (0.0, 0usize);
-        for mb in self.collator.in_order(&self.eval) {
-            let b = self.collator.tensors(&self.eval, &mb);
-            sum += tch::no_grad(|| forward_nll(&self.core.model, &mut self.ledger, &b))?.double_value(&[]);
-            tokens += b.tgt.len();
+        // Each rank scores its share of the held-out micro-batches; the sums are global.
+        let batches = self.collator.in_order(&self.eval);
+        let mut sums = [0.0; 2];
+        for mb in &batches[self.core.world.share(batches.len())] {
+            let b = self.collator.tensors(&self.eval, mb);
+            sums[0] += tch::no_grad(|| forward_nll(&self.core.model, &mut self.ledger, &b))?.double_value(&[]);
+            sums[1] += b.tgt.len() as f64;
         }
-        let loss = sum / tokens.max(1) as f64;
+        self.core.world.sum(&mut sums)?;
+        let (loss, tokens) = (sums[0] / sums[1].max(1.0), sums[1] as usize);
         self.state.eval_history.push((self.state.global_step, loss));
         Ok(SftEval {
             step: self.state.global_step,

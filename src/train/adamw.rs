@@ -81,6 +81,11 @@ impl AdamW {
         }
     }
 
+    /// The optimized parameters, in `state_dict`-name order (the same on every rank).
+    pub fn parameters(&self) -> Vec<&Tensor> {
+        self.params.values().collect()
+    }
+
     /// Global L2 norm of the gradients; when above `max_norm`, scales them down to it
     /// (`clip_grad_norm_` semantics, coefficient `max_norm / (norm + 1e-6)`). Returns the norm
     /// before clipping (NaN or inf when a gradient is not finite).

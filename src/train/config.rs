@@ -61,6 +61,9 @@ pub struct TrainConfig {
     pub eval_steps: Option<u64>,
     /// Print a step's metrics every this many steps (the CLI's run loop).
     pub logging_steps: Option<u64>,
+    /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
+    /// before failing with an error naming the rank (torch's default: 30 minutes).
+    pub distributed_timeout_s: f64,
 }
 
 impl Default for TrainConfig {
@@ -84,6 +87,7 @@ impl Default for TrainConfig {
             save_steps: None,
             eval_steps: None,
             logging_steps: Some(1),
+            distributed_timeout_s: 1800.0,
         }
     }
 }
@@ -106,6 +110,12 @@ impl TrainConfig {
         if self.max_grad_norm.is_some_and(|n| !(n.is_finite() && n > 0.0)) {
             return Err(TrainError::config("max_grad_norm", "must be finite and > 0 (or unset)"));
         }
+        if !(self.distributed_timeout_s.is_finite() && self.distributed_timeout_s > 0.0) {
+            return Err(TrainError::config(
+                "distributed_timeout_s",
+                format!("is {}; must be finite and > 0", self.distributed_timeout_s),
+            ));
+        }
         for (field, v) in [
             ("save_steps", self.save_steps),
             ("eval_steps", self.eval_steps),
@@ -116,6 +126,11 @@ impl TrainConfig {
             }
         }
         Ok(())
+    }
+
+    /// [`TrainConfig::distributed_timeout_s`] as a duration.
+    pub fn distributed_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.distributed_timeout_s)
     }
 
     /// Takes relative paths from the config file's folder `base`: the output folder always, the

@@ -1,12 +1,16 @@
 //! What both trainers hold and do the same way: the model and tokenizer loaded from the shared
 //! settings, the optimizer with its schedule, the dataset opened from a file or the hub cache,
-//! checkpoints and the step log.
+//! checkpoints and the step log, and the processes of the run ([`World`]): one, or several
+//! joined by c10d, where rank 0 broadcasts the starting weights, gradients are summed before
+//! every update, and only rank 0 writes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint};
+use super::distributed::World;
+use super::{AdamW, LrSchedule, Optimization, StepOutcome, TrainConfig, TrainError, checkpoint};
 use crate::data::Dataset;
+use crate::device::DeviceSpec;
 use crate::hub::HubCache;
 use crate::model::{LoadOptions, Model, SpecialTokens};
 use crate::tokenizer::Tokenizer;
@@ -26,20 +30,36 @@ pub struct TrainCore {
     pub optim: Optimization,
     /// Special token ids from the tokenizer and `config.json`.
     pub special: SpecialTokens,
+    /// The processes of the run (one outside a multi-process launch).
+    pub world: World,
 }
 
 impl TrainCore {
     /// Loads the model of `config` (its weights from `checkpoint` when resuming), the tokenizer
     /// and a fresh optimizer; the schedule is set by [`TrainCore::set_schedule`] once the run's
     /// length is known.
+    ///
+    /// Under torchrun (or `treetrain launch`) this process joins the run's other processes
+    /// first ([`World::from_env`]).
     pub fn load(config: &TrainConfig, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
+        config.validate()?;
+        let world = World::from_env(config.distributed_timeout())?;
+        Self::load_in(config, checkpoint, world)
+    }
+
+    /// [`TrainCore::load`] as one of the processes of `world`: the device index is offset by
+    /// the local rank (`cuda` is each rank's own GPU) and rank 0's weights are broadcast.
+    pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
         let load_options = LoadOptions {
             dtype: Some(config.dtype.kind()),
-            device: config.device.resolve()?,
+            device: rank_device(config.device, &world).resolve()?,
         };
         let model = Model::load(checkpoint.unwrap_or(&model_dir), load_options)?;
+        // Every variable, by name (the same order on every rank).
+        let variables: std::collections::BTreeMap<String, tch::Tensor> = model.vs.variables().into_iter().collect();
+        world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
         let adamw = AdamW::new(&model.vs, config.adamw);
@@ -51,7 +71,25 @@ impl TrainCore {
             load_options,
             optim: Optimization { adamw, schedule },
             special,
+            world,
         })
+    }
+
+    /// Ends optimizer step `step` (0-based) on every rank alike: the gradients summed over the
+    /// ranks (each rank's loss already divides by the global window's count), then
+    /// [`Optimization::finish_step`] with the global `loss`.
+    pub fn finish_step(
+        &mut self,
+        config: &TrainConfig,
+        step: u64,
+        loss: f64,
+        rows: impl FnOnce() -> Vec<usize>,
+    ) -> Result<StepOutcome, TrainError> {
+        if let Err(e) = self.world.all_reduce_grads(&self.optim.adamw.parameters()) {
+            self.optim.discard_gradients();
+            return Err(e.into());
+        }
+        self.optim.finish_step(config, step, loss, rows)
     }
 
     /// Sets the learning-rate schedule for a run of `total_steps`.
@@ -74,7 +112,8 @@ impl TrainCore {
     }
 
     /// Writes `output_dir/checkpoint-<step>/` atomically: the model as a Hugging Face folder
-    /// (with the tokenizer files), the optimizer state and `state`.
+    /// (with the tokenizer files), the optimizer state and `state` with the run's world size.
+    /// Rank 0 writes (every rank holds the same weights); the others wait until it is written.
     pub fn save_checkpoint(
         &self,
         config: &TrainConfig,
@@ -85,19 +124,66 @@ impl TrainCore {
             .output_dir
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
-        checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, &self.optim.adamw, state)
+        let written = match self.world.is_main() {
+            true => {
+                let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
+                    path: out.into(),
+                    message: e.to_string(),
+                })?;
+                value[WORLD_SIZE_KEY] = self.world.size.into();
+                checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, &self.optim.adamw, &value)
+            }
+            false => Ok(out.join(format!("checkpoint-{step}"))),
+        };
+        // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
+        // as the peer gone, within the timeout.
+        let dir = written?;
+        self.world.barrier()?;
+        Ok(dir)
     }
 
     /// Restores the optimizer from a checkpoint folder and returns the trainer state saved there.
+    /// A checkpoint of a run with another world size is an error: its step counts and data
+    /// position mean other global batches.
     pub fn restore<S: serde::de::DeserializeOwned>(&mut self, checkpoint: &Path) -> Result<S, TrainError> {
-        checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)
+        let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
+        let fail = |message: String| TrainError::Checkpoint {
+            path: checkpoint.into(),
+            message,
+        };
+        let saved = value
+            .get(WORLD_SIZE_KEY)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1) as usize;
+        if saved != self.world.size {
+            return Err(fail(format!(
+                "written by a run of {saved} process(es), resumed with {}: the global batch (per-process batch x processes) and the data position would change; resume with {saved} process(es)",
+                self.world.size
+            )));
+        }
+        serde_json::from_value(value).map_err(|e| fail(e.to_string()))
     }
 
-    /// Appends a step's metrics to `output_dir/log.jsonl` (when set).
+    /// Appends a step's metrics to `output_dir/log.jsonl` (when set; rank 0 only).
     pub fn log(&self, config: &TrainConfig, metrics: &impl serde::Serialize) {
-        if let Some(dir) = &config.output_dir {
+        if let Some(dir) = &config.output_dir
+            && self.world.is_main()
+        {
             checkpoint::append_log(dir, metrics);
         }
+    }
+}
+
+/// Where the world size is kept in `trainer_state.json`.
+const WORLD_SIZE_KEY: &str = "world_size";
+
+/// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
+/// rank (as `accelerate` and torchrun scripts place ranks), so `cuda` means each rank's own GPU.
+fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
+    match spec {
+        DeviceSpec::Cuda(i) if world.is_distributed() => DeviceSpec::Cuda(i + world.local_rank),
+        DeviceSpec::Auto if world.is_distributed() && tch::Cuda::is_available() => DeviceSpec::Cuda(world.local_rank),
+        other => other,
     }
 }
 

@@ -58,6 +58,9 @@ pub enum TrainError {
         /// Training rows (SFT) or prompt rows (GRPO) of the step.
         rows: Vec<usize>,
     },
+    /// A multi-process rendezvous or collective failed (names the rank).
+    #[error(transparent)]
+    Distributed(#[from] super::distributed::DistError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

@@ -10,6 +10,7 @@ mod checkpoint;
 mod config;
 pub(crate) mod config_file;
 mod core;
+pub mod distributed;
 mod error;
 mod optimization;
 mod schedule;

@@ -100,7 +100,10 @@ pub trait Trainer: Sized {
         n: u64,
         mut after_step: impl FnMut(&mut Self, &Self::Metrics, &indicatif::ProgressBar) -> Result<(), TrainError>,
     ) -> Result<Option<Self::Metrics>, TrainError> {
-        let bar = progress_bar(self.progress());
+        let bar = match self.core().world.is_main() {
+            true => progress_bar(self.progress()),
+            false => indicatif::ProgressBar::hidden(),
+        };
         let mut last = None;
         for _ in 0..n {
             if self.progress().finished() {

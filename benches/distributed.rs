@@ -1,0 +1,178 @@
+//! Data parallelism's cost: an SFT step on 2 ranks (c10d Gloo on loopback) split into compute,
+//! gradient all-reduce and waiting for the slower rank, the bytes all-reduced per step, against
+//! one process on the same global batch, interleaved (1 rank, 2 ranks, 1 rank, ...).
+//!
+//! cargo bench --bench distributed -- [--steps 10] [--rounds 3]
+//!
+//! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
+//! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
+//! measured on several accelerators (scripts/gpu-check.sh). Gradients are all-reduced after
+//! backward, in 4 MiB buckets; communication does not overlap backward (not implemented).
+//! The shipped tiny model, shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
+//! Under `cargo test` a 2-step smoke run of one round.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::train::{TrainConfig, Trainer};
+
+const WORKER: &str = "TREETRAIN_BENCH_DIST_WORKER";
+
+/// What rank 0 of a run measured, per step (medians over the measured steps).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Measured {
+    step_s: f64,
+    all_reduce_s: f64,
+    wait_s: f64,
+    compute_s: f64,
+    bytes_per_step: f64,
+}
+
+fn main() {
+    if std::env::var_os(WORKER).is_some() {
+        return worker();
+    }
+    let args = common::Args::from_env();
+    let steps = args.steps(10, 2);
+    let rounds: usize = match args.full {
+        true => args.get("--rounds").map_or(3, |s| s.parse().expect("--rounds N")),
+        false => 1,
+    };
+    let (mut ones, mut twos) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        ones.push(run(1, steps));
+        twos.push(run(2, steps));
+    }
+    let ratios: Vec<f64> = ones.iter().zip(&twos).map(|(a, b)| b.step_s / a.step_s).collect();
+    println!(
+        "SFT step, tiny Qwen3 fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds"
+    );
+    println!(
+        "{:<30}{:>10}{:>12}{:>12}{:>12}{:>14}",
+        "", "step s", "compute s", "allreduce s", "waiting s", "bytes/step"
+    );
+    for (name, runs) in [("1 process, batch 8", &ones), ("2 ranks, batch 4 each", &twos)] {
+        let m = median_of(runs);
+        println!(
+            "{name:<30}{:>10.3}{:>12.3}{:>12.4}{:>12.4}{:>14.0}",
+            m.step_s, m.compute_s, m.all_reduce_s, m.wait_s, m.bytes_per_step
+        );
+    }
+    let ratio = median(ratios.clone());
+    println!("2-rank step / 1-process step: {ratio:.2} (median of pairwise ratios {ratios:.2?})");
+    let two = median_of(&twos);
+    println!(
+        "all-reduce rate: {:.2} GB/s of gradient bytes per rank",
+        two.bytes_per_step / two.all_reduce_s.max(1e-9) / 1e9
+    );
+    args.write_result(
+        "distributed",
+        &serde_json::json!({
+            "steps": steps, "rounds": rounds, "one_process": ones, "two_ranks": twos,
+            "pairwise_step_ratios": ratios, "median_step_ratio": ratio,
+        }),
+    );
+}
+
+/// One run of `ranks` worker processes (rank 0 hosting the store on loopback); rank 0's numbers.
+fn run(ranks: usize, steps: u64) -> Measured {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let exe = std::env::current_exe().expect("bench binary");
+    let children: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let mut c = Command::new(&exe);
+            c.env(WORKER, steps.to_string())
+                .env("OMP_NUM_THREADS", (cores / ranks).max(1).to_string())
+                .stdout(Stdio::piped());
+            if ranks > 1 {
+                c.env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", ranks.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string());
+            }
+            c.spawn().expect("worker")
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("worker"))
+        .collect();
+    for o in &outputs {
+        assert!(o.status.success(), "a worker failed: {o:?}");
+    }
+    let text = String::from_utf8_lossy(&outputs[0].stdout);
+    serde_json::from_str(text.lines().last().expect("rank 0 prints its numbers")).expect("numbers")
+}
+
+/// A worker: 2 warm-up steps, then `steps` timed ones; rank 0 prints its medians as JSON.
+fn worker() {
+    let steps: u64 = std::env::var(WORKER).expect("steps").parse().expect("steps");
+    let world: usize = std::env::var("WORLD_SIZE").map_or(1, |w| w.parse().expect("WORLD_SIZE"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = SftConfig {
+        train: TrainConfig {
+            model: root.join("datasets/tiny-qwen3-sft").display().to_string(),
+            dataset: root.join("datasets/sft/train.parquet"),
+            learning_rate: 2e-3,
+            distributed_timeout_s: 120.0,
+            ..Default::default()
+        },
+        tokenize: TokenizeOptions {
+            max_length: 256,
+            ..Default::default()
+        },
+        packing: Some(PackingStrategy::Bfd),
+        batch_size: 8 / world,
+        max_steps: Some(steps + 2),
+        eval_fraction: 0.0,
+        ..Default::default()
+    };
+    let mut t = SftTrainer::new(cfg).expect("trainer");
+    t.train_for(2).expect("warm-up");
+    let w = &t.core().world;
+    w.measure_waiting(true);
+    let mut per_step = Vec::new();
+    for _ in 0..steps {
+        let before = t.core().world.comm_totals();
+        let start = Instant::now();
+        t.train_for(1).expect("step");
+        let step_s = start.elapsed().as_secs_f64();
+        let after = t.core().world.comm_totals();
+        let all_reduce_s = after.seconds - before.seconds;
+        let wait_s = after.wait_seconds - before.wait_seconds;
+        per_step.push(Measured {
+            step_s,
+            all_reduce_s,
+            wait_s,
+            compute_s: step_s - all_reduce_s - wait_s,
+            bytes_per_step: (after.bytes - before.bytes) as f64,
+        });
+    }
+    if t.core().world.is_main() {
+        println!("{}", serde_json::to_string(&median_of(&per_step)).expect("json"));
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_of(runs: &[Measured]) -> Measured {
+    let field = |f: fn(&Measured) -> f64| median(runs.iter().map(f).collect());
+    Measured {
+        step_s: field(|m| m.step_s),
+        all_reduce_s: field(|m| m.all_reduce_s),
+        wait_s: field(|m| m.wait_s),
+        compute_s: field(|m| m.compute_s),
+        bytes_per_step: field(|m| m.bytes_per_step),
+    }
+}

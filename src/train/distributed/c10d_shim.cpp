@@ -1,0 +1,285 @@
+// treetrain's bridge to PyTorch's own c10d (the engine torchrun users already run): stores,
+// ProcessGroupGloo, and the few collectives data parallelism needs. Rust holds tensors as tch's
+// `at::Tensor*`; every entry point catches C++ exceptions and returns them as text, so a failed
+// collective (peer gone, timeout, port in use) becomes a typed Rust error, never an abort.
+//
+// Built by build.rs against the libtorch headers torch-sys uses. Gloo's headers are not in the
+// torch wheel; setup-libtorch.sh unpacks Debian's libgloo-dev for them. Without them this file
+// still compiles and every call says how to get them.
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+void set_error(char* err, size_t len, const std::string& message) {
+  if (err == nullptr || len == 0) return;
+  size_t n = std::min(len - 1, message.size());
+  std::memcpy(err, message.data(), n);
+  err[n] = '\0';
+}
+
+// The first line of a c10 error: the rest is a C++ backtrace no user needs.
+std::string first_line(const std::string& what) {
+  auto end = what.find('\n');
+  return end == std::string::npos ? what : what.substr(0, end);
+}
+
+template <typename F>
+int guarded(char* err, size_t len, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const c10::Error& e) {
+    set_error(err, len, first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    set_error(err, len, first_line(e.what()));
+  } catch (...) {
+    set_error(err, len, "unknown C++ exception");
+  }
+  return 1;
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+}  // namespace
+
+struct tt_store {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+struct tt_group {
+#ifdef USE_C10D_GLOO
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+#endif
+  std::chrono::milliseconds timeout;
+  int rank;
+  int size;
+};
+
+namespace {
+
+#ifdef USE_C10D_GLOO
+void wait(tt_group* g, const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!work->wait(g->timeout)) {
+    throw std::runtime_error("collective did not finish within the timeout");
+  }
+}
+
+// Gloo reduces host tensors only: a tensor elsewhere (CUDA, a PrivateUse1 device) is reduced
+// through a host copy and copied back in place. `staged` reports that it happened.
+void allreduce_flat(tt_group* g, at::Tensor& flat, bool average, bool* staged) {
+  at::Tensor host = flat;
+  if (!flat.device().is_cpu()) {
+    host = flat.to(at::kCPU);
+    *staged = true;
+  }
+  std::vector<at::Tensor> ts{host};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = g->timeout;
+  wait(g, g->pg->allreduce(ts, opts));
+  if (average) host.div_(g->size);
+  if (!host.is_same(flat)) flat.copy_(host);
+}
+#endif
+
+void require_gloo() {
+#ifndef USE_C10D_GLOO
+  throw std::runtime_error(
+      "treetrain was built without Gloo's headers, so it cannot create a process group: run "
+      "scripts/setup-libtorch.sh (it unpacks Debian's libgloo-dev into .deps/gloo) and rebuild");
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+// A TCPStore: the server (hosting the rendezvous) when `listen_fd >= 0` (a socket Rust bound,
+// so the address is exactly the one asked for), else a client of `host:port`.
+tt_store* tt_store_tcp(const char* host, int port, int listen_fd, int workers, double timeout_s,
+                       char* err, size_t len) {
+  tt_store* out = nullptr;
+  guarded(err, len, [&] {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(port);
+    opts.isServer = listen_fd >= 0;
+    if (listen_fd >= 0) opts.masterListenFd = listen_fd;
+    if (workers > 0) opts.numWorkers = static_cast<size_t>(workers);
+    // The server does not wait for clients here: ranks meet in the process group's rendezvous.
+    opts.waitWorkers = false;
+    opts.timeout = millis(timeout_s);
+    auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    out = new tt_store{store};
+  });
+  return out;
+}
+
+// A FileStore (for tests and shared file systems).
+tt_store* tt_store_file(const char* path, int workers, double timeout_s, char* err, size_t len) {
+  tt_store* out = nullptr;
+  guarded(err, len, [&] {
+    auto store = c10::make_intrusive<c10d::FileStore>(std::string(path), workers);
+    store->setTimeout(millis(timeout_s));
+    out = new tt_store{store};
+  });
+  return out;
+}
+
+void tt_store_free(tt_store* s) { delete s; }
+
+// A Gloo process group over `store` (keys under `prefix`). Gloo's device is made for
+// `interface` when given (GLOO_SOCKET_IFNAME), else for `hostname` (an address of this host),
+// else for whatever this machine's hostname resolves to.
+tt_group* tt_group_gloo(tt_store* s, const char* prefix, int rank, int size, const char* hostname,
+                        const char* interface, double timeout_s, char* err, size_t len) {
+  tt_group* out = nullptr;
+  guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    auto store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), s->store);
+    auto opts = c10d::ProcessGroupGloo::Options::create(millis(timeout_s));
+    if (interface != nullptr && interface[0] != '\0') {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+    } else if (hostname != nullptr && hostname[0] != '\0') {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    out = new tt_group{pg, millis(timeout_s), rank, size};
+#endif
+  });
+  return out;
+}
+
+void tt_group_free(tt_group* g) { delete g; }
+
+// All-reduce (sum, or mean when `average`) of each tensor in place.
+int tt_all_reduce(tt_group* g, at::Tensor** ts, size_t n, int average, int* staged, char* err,
+                  size_t len) {
+  return guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    bool moved = false;
+    for (size_t i = 0; i < n; ++i) allreduce_flat(g, *ts[i], average != 0, &moved);
+    *staged = moved ? 1 : 0;
+#endif
+  });
+}
+
+// All-reduce of the gradients of `params`, in buckets of about `bucket_bytes` (flattened per
+// bucket, in the given order, which every rank must share). A parameter without a gradient
+// (nothing on this rank reached it) takes part with zeros and gets one.
+int tt_all_reduce_grads(tt_group* g, at::Tensor** params, size_t n, size_t bucket_bytes, int average,
+                        int* staged, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    bool moved = false;
+    std::vector<at::Tensor> bucket;
+    size_t bytes = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      std::vector<at::Tensor> flat_parts;
+      for (auto& gr : bucket) flat_parts.push_back(gr.reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts);
+      allreduce_flat(g, flat, average != 0, &moved);
+      int64_t offset = 0;
+      for (auto& gr : bucket) {
+        gr.copy_(flat.narrow(0, offset, gr.numel()).view_as(gr));
+        offset += gr.numel();
+      }
+      bucket.clear();
+      bytes = 0;
+    };
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor& p = *params[i];
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      at::Tensor gr = p.grad();
+      // Buckets hold one dtype each (a flat buffer has one).
+      if (!bucket.empty() && bucket.front().scalar_type() != gr.scalar_type()) flush();
+      bucket.push_back(gr);
+      bytes += gr.numel() * gr.element_size();
+      if (bytes >= bucket_bytes) flush();
+    }
+    flush();
+    *staged = moved ? 1 : 0;
+#endif
+  });
+}
+
+// Broadcast of each tensor from `root`, in place.
+int tt_broadcast(tt_group* g, at::Tensor** ts, size_t n, int root, int* staged, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    bool moved = false;
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor& t = *ts[i];
+      at::Tensor host = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
+      moved = moved || !t.device().is_cpu();
+      std::vector<at::Tensor> v{host};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = root;
+      opts.timeout = g->timeout;
+      wait(g, g->pg->broadcast(v, opts));
+      if (!host.is_same(t)) t.copy_(host);
+    }
+    *staged = moved ? 1 : 0;
+#endif
+  });
+}
+
+// All-gather of one host tensor per rank (the same shape and dtype everywhere) into `out`,
+// shaped [size, *input.shape].
+int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    at::Tensor in = input->contiguous();
+    std::vector<at::Tensor> inputs{in};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < g->size; ++r) outputs[0].push_back(at::empty_like(in));
+    c10d::AllgatherOptions opts;
+    opts.timeout = g->timeout;
+    wait(g, g->pg->allgather(outputs, inputs, opts));
+    out->copy_(at::stack(outputs[0]));
+#endif
+  });
+}
+
+int tt_barrier(tt_group* g, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    require_gloo();
+#ifdef USE_C10D_GLOO
+    c10d::BarrierOptions opts;
+    opts.timeout = g->timeout;
+    wait(g, g->pg->barrier(opts));
+#endif
+  });
+}
+
+int tt_built_with_gloo() {
+#ifdef USE_C10D_GLOO
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+}  // extern "C"

@@ -1,0 +1,371 @@
+//! Safe handles over the C++ shim (`c10d_shim.cpp`): a c10d store and a Gloo process group.
+//! Every call returns the C++ exception's first line as a [`DistError`] naming this rank.
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::time::Duration;
+
+use tch::Tensor;
+
+use super::DistError;
+
+#[allow(non_camel_case_types)]
+type tt_store = c_void;
+#[allow(non_camel_case_types)]
+type tt_group = c_void;
+/// tch's tensor handle is libtorch's `at::Tensor*`.
+type AtTensor = *mut c_void;
+
+unsafe extern "C" {
+    fn tt_store_tcp(
+        host: *const c_char,
+        port: c_int,
+        listen_fd: c_int,
+        workers: c_int,
+        timeout_s: f64,
+        err: *mut c_char,
+        len: usize,
+    ) -> *mut tt_store;
+    fn tt_store_file(
+        path: *const c_char,
+        workers: c_int,
+        timeout_s: f64,
+        err: *mut c_char,
+        len: usize,
+    ) -> *mut tt_store;
+    fn tt_store_free(s: *mut tt_store);
+    fn tt_group_gloo(
+        s: *mut tt_store,
+        prefix: *const c_char,
+        rank: c_int,
+        size: c_int,
+        hostname: *const c_char,
+        interface: *const c_char,
+        timeout_s: f64,
+        err: *mut c_char,
+        len: usize,
+    ) -> *mut tt_group;
+    fn tt_group_free(g: *mut tt_group);
+    fn tt_all_reduce(
+        g: *mut tt_group,
+        ts: *const AtTensor,
+        n: usize,
+        average: c_int,
+        staged: *mut c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn tt_all_reduce_grads(
+        g: *mut tt_group,
+        params: *const AtTensor,
+        n: usize,
+        bucket_bytes: usize,
+        average: c_int,
+        staged: *mut c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn tt_broadcast(
+        g: *mut tt_group,
+        ts: *const AtTensor,
+        n: usize,
+        root: c_int,
+        staged: *mut c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn tt_all_gather(g: *mut tt_group, input: AtTensor, out: AtTensor, err: *mut c_char, len: usize) -> c_int;
+    fn tt_barrier(g: *mut tt_group, err: *mut c_char, len: usize) -> c_int;
+    fn tt_built_with_gloo() -> c_int;
+}
+
+/// Whether this build can create Gloo process groups (its headers were found at build time).
+pub fn built_with_gloo() -> bool {
+    // SAFETY: a constant query.
+    unsafe { tt_built_with_gloo() != 0 }
+}
+
+/// The text buffer every shim call writes its error into.
+struct ErrBuf([u8; 1024]);
+
+impl ErrBuf {
+    fn new() -> Self {
+        ErrBuf([0; 1024])
+    }
+    fn ptr(&mut self) -> *mut c_char {
+        self.0.as_mut_ptr().cast()
+    }
+    fn message(&self) -> String {
+        let end = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
+        String::from_utf8_lossy(&self.0[..end]).into_owned()
+    }
+}
+
+fn c_string(s: &str, rank: usize, op: &'static str) -> Result<CString, DistError> {
+    CString::new(s).map_err(|_| DistError::new(rank, op, format!("{s:?} holds a NUL byte")))
+}
+
+/// A c10d key-value store (where ranks meet): TCP or file.
+pub struct Store {
+    ptr: *mut tt_store,
+}
+
+// SAFETY: c10d stores are used from any thread (their operations lock internally).
+unsafe impl Send for Store {}
+
+impl Store {
+    /// A TCPStore: hosting it on the socket `listener` (bound by the caller, so the address is
+    /// exactly the one asked for), or a client of `host:port`.
+    pub fn tcp(
+        host: &str,
+        port: u16,
+        listener: Option<std::net::TcpListener>,
+        workers: usize,
+        timeout: Duration,
+        rank: usize,
+    ) -> Result<Self, DistError> {
+        let host_c = c_string(host, rank, "store")?;
+        // The store takes the socket over: hand the fd out of Rust's ownership.
+        let fd = listener.map_or(-1, std::os::fd::IntoRawFd::into_raw_fd);
+        let mut err = ErrBuf::new();
+        // SAFETY: valid C strings and buffer; the returned pointer is owned by `Store`.
+        let ptr = unsafe {
+            tt_store_tcp(
+                host_c.as_ptr(),
+                c_int::from(port),
+                fd,
+                workers as c_int,
+                timeout.as_secs_f64(),
+                err.ptr(),
+                1024,
+            )
+        };
+        Self::made(ptr, err, rank, format!("TCP store at {host}:{port}"))
+    }
+
+    /// A FileStore at `path` for `workers` processes.
+    pub fn file(path: &std::path::Path, workers: usize, timeout: Duration, rank: usize) -> Result<Self, DistError> {
+        let path_c = c_string(&path.to_string_lossy(), rank, "store")?;
+        let mut err = ErrBuf::new();
+        // SAFETY: as in `tcp`.
+        let ptr = unsafe {
+            tt_store_file(
+                path_c.as_ptr(),
+                workers as c_int,
+                timeout.as_secs_f64(),
+                err.ptr(),
+                1024,
+            )
+        };
+        Self::made(ptr, err, rank, format!("file store {}", path.display()))
+    }
+
+    fn made(ptr: *mut tt_store, err: ErrBuf, rank: usize, what: String) -> Result<Self, DistError> {
+        if ptr.is_null() {
+            return Err(DistError::new(rank, "store", format!("{what}: {}", err.message())));
+        }
+        Ok(Store { ptr })
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // SAFETY: made by the shim, freed once.
+        unsafe { tt_store_free(self.ptr) }
+    }
+}
+
+/// Where Gloo's transport binds on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GlooDevice {
+    /// The address this host's hostname resolves to (Gloo's default device).
+    #[default]
+    Default,
+    /// An address of this host (`127.0.0.1` keeps everything on loopback).
+    Hostname(String),
+    /// A network interface (`GLOO_SOCKET_IFNAME`).
+    Interface(String),
+}
+
+/// A Gloo process group: `size` ranks meeting in a store.
+pub struct ProcessGroup {
+    ptr: *mut tt_group,
+    rank: usize,
+    size: usize,
+    // The group holds the store through a prefix store; kept so it outlives the group.
+    _store: Store,
+}
+
+// SAFETY: c10d process groups are thread-safe; treetrain calls one from one thread at a time.
+unsafe impl Send for ProcessGroup {}
+
+/// A summed or averaged reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// Element-wise sum over ranks.
+    Sum,
+    /// Element-wise mean over ranks.
+    Mean,
+}
+
+/// The result of a collective on tensors: whether they went through host memory (tensors on a
+/// device Gloo cannot read).
+pub type Staged = bool;
+
+impl ProcessGroup {
+    /// Joins (or, on rank 0 with a hosting store, opens) the group of `size` ranks in `store`,
+    /// under key prefix `prefix`; `timeout` bounds the rendezvous and every collective.
+    pub fn gloo(
+        store: Store,
+        prefix: &str,
+        rank: usize,
+        size: usize,
+        device: &GlooDevice,
+        timeout: Duration,
+    ) -> Result<Self, DistError> {
+        let prefix_c = c_string(prefix, rank, "process group")?;
+        let (host, iface) = match device {
+            GlooDevice::Default => (String::new(), String::new()),
+            GlooDevice::Hostname(h) => (h.clone(), String::new()),
+            GlooDevice::Interface(i) => (String::new(), i.clone()),
+        };
+        let (host_c, iface_c) = (
+            c_string(&host, rank, "process group")?,
+            c_string(&iface, rank, "process group")?,
+        );
+        let mut err = ErrBuf::new();
+        // SAFETY: valid store pointer and C strings; the group is owned by `ProcessGroup`.
+        let ptr = unsafe {
+            tt_group_gloo(
+                store.ptr,
+                prefix_c.as_ptr(),
+                rank as c_int,
+                size as c_int,
+                host_c.as_ptr(),
+                iface_c.as_ptr(),
+                timeout.as_secs_f64(),
+                err.ptr(),
+                1024,
+            )
+        };
+        if ptr.is_null() {
+            return Err(DistError::new(rank, "process group", err.message()));
+        }
+        Ok(ProcessGroup {
+            ptr,
+            rank,
+            size,
+            _store: store,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn check(&self, op: &'static str, rc: c_int, err: &ErrBuf) -> Result<(), DistError> {
+        match rc {
+            0 => Ok(()),
+            _ => Err(DistError::new(self.rank, op, err.message())),
+        }
+    }
+
+    /// Reduces each tensor over every rank, in place.
+    pub fn all_reduce(&self, tensors: &[&Tensor], op: Reduce) -> Result<Staged, DistError> {
+        let ptrs: Vec<AtTensor> = tensors.iter().map(|t| t.as_ptr() as AtTensor).collect();
+        let (mut staged, mut err) = (0, ErrBuf::new());
+        // SAFETY: live tensors for the duration of the call.
+        let rc = unsafe {
+            tt_all_reduce(
+                self.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                c_int::from(op == Reduce::Mean),
+                &mut staged,
+                err.ptr(),
+                1024,
+            )
+        };
+        self.check("all_reduce", rc, &err).map(|()| staged != 0)
+    }
+
+    /// Reduces the gradients of `params` (the same parameters in the same order on every rank)
+    /// in flat buckets of about `bucket_bytes`; a parameter without a gradient takes part with
+    /// zeros and gets one.
+    pub fn all_reduce_grads(&self, params: &[&Tensor], bucket_bytes: usize, op: Reduce) -> Result<Staged, DistError> {
+        let ptrs: Vec<AtTensor> = params.iter().map(|t| t.as_ptr() as AtTensor).collect();
+        let (mut staged, mut err) = (0, ErrBuf::new());
+        // SAFETY: as in `all_reduce`.
+        let rc = unsafe {
+            tt_all_reduce_grads(
+                self.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                bucket_bytes,
+                c_int::from(op == Reduce::Mean),
+                &mut staged,
+                err.ptr(),
+                1024,
+            )
+        };
+        self.check("all_reduce (gradients)", rc, &err).map(|()| staged != 0)
+    }
+
+    /// Copies each tensor of rank `root` into the same tensor on every other rank.
+    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<Staged, DistError> {
+        let ptrs: Vec<AtTensor> = tensors.iter().map(|t| t.as_ptr() as AtTensor).collect();
+        let (mut staged, mut err) = (0, ErrBuf::new());
+        // SAFETY: as in `all_reduce`.
+        let rc = unsafe {
+            tt_broadcast(
+                self.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                root as c_int,
+                &mut staged,
+                err.ptr(),
+                1024,
+            )
+        };
+        self.check("broadcast", rc, &err).map(|()| staged != 0)
+    }
+
+    /// Every rank's `input` (host tensors of one shape and dtype), stacked `[size, ...]`.
+    pub fn all_gather(&self, input: &Tensor) -> Result<Tensor, DistError> {
+        let mut shape = vec![self.size as i64];
+        shape.extend(input.size());
+        let out = Tensor::zeros(&shape, (input.kind(), tch::Device::Cpu));
+        let mut err = ErrBuf::new();
+        // SAFETY: as in `all_reduce`; `out` has the stacked shape.
+        let rc = unsafe {
+            tt_all_gather(
+                self.ptr,
+                input.as_ptr() as AtTensor,
+                out.as_ptr() as AtTensor,
+                err.ptr(),
+                1024,
+            )
+        };
+        self.check("all_gather", rc, &err).map(|()| out)
+    }
+
+    /// Waits until every rank gets here.
+    pub fn barrier(&self) -> Result<(), DistError> {
+        let mut err = ErrBuf::new();
+        // SAFETY: a live group.
+        let rc = unsafe { tt_barrier(self.ptr, err.ptr(), 1024) };
+        self.check("barrier", rc, &err)
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: made by the shim, freed once, before its store.
+        unsafe { tt_group_free(self.ptr) }
+    }
+}

@@ -1,0 +1,26 @@
+//! Data parallelism on PyTorch's own c10d: several processes, one training run.
+//!
+//! A [`World`] is the run's processes as torchrun describes them (`RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), joined in a c10d `ProcessGroupGloo` through the
+//! C++ shim `c10d_shim.cpp` (the same engine `torch.distributed` runs; never a transport of
+//! our own). The trainer core uses it so both trainers scale out the same way:
+//!
+//! - rank 0's starting weights are broadcast to every rank;
+//! - batch sizes are per process (TRL's `per_device_train_batch_size`): N ranks with batch `b`
+//!   train on global batches of `N x b`, equal to one process with batch `N x b`;
+//! - each rank forwards its share of every global batch; losses are normalised over the whole
+//!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]) and clipped after;
+//! - rank 0 alone logs, displays and writes checkpoints.
+//!
+//! Tensors off the host (CUDA, a PrivateUse1 device) are reduced through host memory, said
+//! once in the log: this build has no NCCL (the CPU libtorch layout has no ProcessGroupNCCL).
+
+mod error;
+mod group;
+mod launch;
+mod world;
+
+pub use error::DistError;
+pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
+pub use launch::{LaunchError, LaunchPlan, launch};
+pub use world::{BUCKET_BYTES, CommTotals, LaunchEnv, World, bind, share};

@@ -1,0 +1,463 @@
+//! The processes of one training run, as torchrun describes them, and the collectives the
+//! trainer core needs from them.
+
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tch::{Kind, Tensor};
+
+use super::{DistError, GlooDevice, ProcessGroup, Reduce, Store};
+
+/// Gradients are all-reduced in flat buckets of about this many bytes (DDP's default is 25 MB;
+/// smaller buckets bound the extra memory of the flat copy).
+pub const BUCKET_BYTES: usize = 4 << 20;
+
+/// torchrun's description of this process (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+/// `MASTER_PORT`, and whether its agent already hosts the store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// `RANK`.
+    pub rank: usize,
+    /// `WORLD_SIZE`.
+    pub size: usize,
+    /// `LOCAL_RANK` (picks the accelerator on this host).
+    pub local_rank: usize,
+    /// `MASTER_ADDR`: the store's host.
+    pub master_addr: String,
+    /// `MASTER_PORT`: the store's port.
+    pub master_port: u16,
+    /// `TORCHELASTIC_USE_AGENT_STORE`: the launcher hosts the store, every rank is a client.
+    pub agent_store: bool,
+    /// `TORCHELASTIC_RESTART_COUNT`: keys of a restarted attempt do not meet the old ones.
+    pub attempt: u64,
+    /// `GLOO_SOCKET_IFNAME`: the interface Gloo binds.
+    pub interface: Option<String>,
+}
+
+impl LaunchEnv {
+    /// The launch described by this process's environment; `None` outside a multi-process
+    /// launch (no `WORLD_SIZE`, or 1).
+    pub fn from_env() -> Result<Option<Self>, DistError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`LaunchEnv::from_env`] over any variable lookup (testable).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DistError> {
+        let size: usize = match var("WORLD_SIZE") {
+            None => return Ok(None),
+            Some(v) => parse(&v, "WORLD_SIZE", 0)?,
+        };
+        let rank: usize = parse(&need(&var, "RANK")?, "RANK", 0)?;
+        if size <= 1 {
+            return Ok(None);
+        }
+        if rank >= size {
+            return Err(DistError::new(
+                rank,
+                "launch",
+                format!("RANK={rank} is not below WORLD_SIZE={size}"),
+            ));
+        }
+        let local_rank = var("LOCAL_RANK").map_or(Ok(rank), |v| parse(&v, "LOCAL_RANK", rank))?;
+        Ok(Some(LaunchEnv {
+            rank,
+            size,
+            local_rank,
+            master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port: parse(&need(&var, "MASTER_PORT")?, "MASTER_PORT", rank)?,
+            agent_store: var("TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
+            attempt: var("TORCHELASTIC_RESTART_COUNT")
+                .map_or(Ok(0), |v| parse(&v, "TORCHELASTIC_RESTART_COUNT", rank))?,
+            interface: var("GLOO_SOCKET_IFNAME").filter(|s| !s.is_empty()),
+        }))
+    }
+
+    /// Where Gloo binds: the named interface, loopback when the store is on loopback (a
+    /// one-host run stays off the network), else this host's own address.
+    pub fn gloo_device(&self) -> GlooDevice {
+        if let Some(i) = &self.interface {
+            return GlooDevice::Interface(i.clone());
+        }
+        let loopback =
+            self.master_addr == "localhost" || self.master_addr.parse::<IpAddr>().is_ok_and(|a| a.is_loopback());
+        match loopback {
+            true => GlooDevice::Hostname("127.0.0.1".into()),
+            false => GlooDevice::Default,
+        }
+    }
+}
+
+fn need(var: &impl Fn(&str) -> Option<String>, key: &'static str) -> Result<String, DistError> {
+    var(key).ok_or_else(|| DistError::new(0, "launch", format!("WORLD_SIZE is set but {key} is not")))
+}
+
+fn parse<T: std::str::FromStr>(value: &str, key: &'static str, rank: usize) -> Result<T, DistError> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| DistError::new(rank, "launch", format!("{key}={value:?} is not a non-negative integer")))
+}
+
+/// Bytes and seconds spent in collectives, and seconds waiting for the slowest rank.
+#[derive(Debug, Default)]
+pub struct CommStats {
+    bytes: AtomicU64,
+    micros: AtomicU64,
+    wait_micros: AtomicU64,
+}
+
+/// A snapshot of [`CommStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct CommTotals {
+    /// Bytes all-reduced (per rank, as sent into the collective).
+    pub bytes: u64,
+    /// Seconds inside collectives.
+    pub seconds: f64,
+    /// Seconds waiting for the slowest rank before the gradient all-reduce (measured only with
+    /// [`World::measure_waiting`]).
+    pub wait_seconds: f64,
+}
+
+/// The processes of a run: this one's rank among `size`, and the process group joining them
+/// (none for a single process, where every collective is the identity).
+pub struct World {
+    /// This process's rank.
+    pub rank: usize,
+    /// Processes in the run.
+    pub size: usize,
+    /// Rank on this host (which accelerator it drives).
+    pub local_rank: usize,
+    group: Option<ProcessGroup>,
+    staged_said: AtomicBool,
+    measure_wait: AtomicBool,
+    stats: CommStats,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "World {{ rank: {}, size: {}, local_rank: {} }}",
+            self.rank, self.size, self.local_rank
+        )
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World::single()
+    }
+}
+
+impl World {
+    /// One process.
+    pub fn single() -> Self {
+        Self::with_group(0, 1, 0, None)
+    }
+
+    fn with_group(rank: usize, size: usize, local_rank: usize, group: Option<ProcessGroup>) -> Self {
+        World {
+            rank,
+            size,
+            local_rank,
+            group,
+            staged_said: AtomicBool::new(false),
+            measure_wait: AtomicBool::new(false),
+            stats: CommStats::default(),
+        }
+    }
+
+    /// The world torchrun (or `treetrain launch`) described in the environment, joined; one
+    /// process when none is. `timeout` bounds the rendezvous and every collective.
+    pub fn from_env(timeout: Duration) -> Result<Self, DistError> {
+        match LaunchEnv::from_env()? {
+            None => Ok(World::single()),
+            Some(env) => World::join(&env, timeout),
+        }
+    }
+
+    /// Joins the group `env` describes: rank 0 hosts the TCP store on `MASTER_ADDR:MASTER_PORT`
+    /// unless the launcher's agent already does.
+    pub fn join(env: &LaunchEnv, timeout: Duration) -> Result<Self, DistError> {
+        let listener = match (env.rank, env.agent_store) {
+            (0, false) => Some(bind(&env.master_addr, env.master_port)?),
+            _ => None,
+        };
+        let store = Store::tcp(&env.master_addr, env.master_port, listener, env.size, timeout, env.rank)?;
+        let prefix = format!("treetrain/attempt_{}", env.attempt);
+        let group = ProcessGroup::gloo(store, &prefix, env.rank, env.size, &env.gloo_device(), timeout)?;
+        Ok(Self::with_group(env.rank, env.size, env.local_rank, Some(group)))
+    }
+
+    /// Joins a group of `size` ranks meeting in the file `path` (tests, shared file systems);
+    /// Gloo on loopback.
+    pub fn with_file_store(path: &Path, rank: usize, size: usize, timeout: Duration) -> Result<Self, DistError> {
+        let store = Store::file(path, size, timeout, rank)?;
+        let device = GlooDevice::Hostname("127.0.0.1".into());
+        let group = ProcessGroup::gloo(store, "treetrain", rank, size, &device, timeout)?;
+        Ok(Self::with_group(rank, size, rank, Some(group)))
+    }
+
+    /// Whether this is rank 0: the one that logs, displays and writes checkpoints.
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Whether more than one process takes part.
+    pub fn is_distributed(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// This rank's contiguous share of `n` items (shares differ by at most one item; the low
+    /// ranks take the extra ones).
+    pub fn share(&self, n: usize) -> Range<usize> {
+        share(n, self.rank, self.size)
+    }
+
+    /// Before every gradient all-reduce, wait for all ranks first and time that wait apart
+    /// (benches: it separates waiting for the slowest rank from moving bytes).
+    pub fn measure_waiting(&self, on: bool) {
+        self.measure_wait.store(on, Ordering::Relaxed);
+    }
+
+    /// Bytes and seconds in collectives so far.
+    pub fn comm_totals(&self) -> CommTotals {
+        CommTotals {
+            bytes: self.stats.bytes.load(Ordering::Relaxed),
+            seconds: self.stats.micros.load(Ordering::Relaxed) as f64 * 1e-6,
+            wait_seconds: self.stats.wait_micros.load(Ordering::Relaxed) as f64 * 1e-6,
+        }
+    }
+
+    fn timed<T>(
+        &self,
+        bytes: u64,
+        f: impl FnOnce(&ProcessGroup) -> Result<T, DistError>,
+    ) -> Option<Result<T, DistError>> {
+        let g = self.group.as_ref()?;
+        let start = Instant::now();
+        let out = f(g);
+        self.stats
+            .micros
+            .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        Some(out)
+    }
+
+    fn note_staged(&self, staged: bool) {
+        if staged && self.is_main() && !self.staged_said.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "treetrain: rank {}: tensors off the host are reduced through host memory (Gloo reads host memory only; this build has no NCCL or device-native backend)",
+                self.rank
+            );
+        }
+    }
+
+    /// Sums the gradients of `params` over every rank (the same parameters in the same order
+    /// everywhere), bucketed; afterwards every rank holds the global sum.
+    pub fn all_reduce_grads(&self, params: &[&Tensor]) -> Result<(), DistError> {
+        if self.measure_wait.load(Ordering::Relaxed)
+            && let Some(g) = &self.group
+        {
+            let start = Instant::now();
+            g.barrier()?;
+            self.stats
+                .wait_micros
+                .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        let bytes = params
+            .iter()
+            .map(|p| p.numel() as u64 * p.kind().elt_size_in_bytes() as u64)
+            .sum();
+        match self.timed(bytes, |g| g.all_reduce_grads(params, BUCKET_BYTES, Reduce::Sum)) {
+            None => Ok(()),
+            Some(r) => r.map(|staged| self.note_staged(staged)),
+        }
+    }
+
+    /// Sums `values` over every rank, in place (f64 on the wire: counts and losses stay exact).
+    pub fn sum(&self, values: &mut [f64]) -> Result<(), DistError> {
+        if self.group.is_none() || values.is_empty() {
+            return Ok(());
+        }
+        let t = Tensor::from_slice(values);
+        let bytes = (values.len() * 8) as u64;
+        if let Some(r) = self.timed(bytes, |g| g.all_reduce(&[&t], Reduce::Sum)) {
+            r?;
+        }
+        let summed = Vec::<f64>::try_from(&t).map_err(|e| DistError::new(self.rank, "all_reduce", e.to_string()))?;
+        values.copy_from_slice(&summed);
+        Ok(())
+    }
+
+    /// Copies rank 0's `tensors` into every rank's (the starting weights).
+    pub fn broadcast_from_main(&self, tensors: &[&Tensor]) -> Result<(), DistError> {
+        match self.timed(0, |g| tch::no_grad(|| g.broadcast(tensors, 0))) {
+            None => Ok(()),
+            Some(r) => r.map(|staged| self.note_staged(staged)),
+        }
+    }
+
+    /// Every rank's `bytes`, in rank order (small payloads: scored rollouts, checksums).
+    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let Some(g) = &self.group else {
+            return Ok(vec![bytes.to_vec()]);
+        };
+        let to_vec =
+            |t: &Tensor| Vec::<i64>::try_from(t).map_err(|e| DistError::new(self.rank, "all_gather", e.to_string()));
+        let lengths = to_vec(&g.all_gather(&Tensor::from_slice(&[bytes.len() as i64]))?.view([-1]))?;
+        let longest = lengths.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let mut padded = bytes.to_vec();
+        padded.resize(longest, 0);
+        let all = g.all_gather(&Tensor::from_slice(&padded))?;
+        let all = Vec::<u8>::try_from(&all.view([-1]).to_kind(Kind::Uint8))
+            .map_err(|e| DistError::new(self.rank, "all_gather", e.to_string()))?;
+        Ok(lengths
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| all[r * longest..r * longest + n as usize].to_vec())
+            .collect())
+    }
+
+    /// Waits until every rank gets here.
+    pub fn barrier(&self) -> Result<(), DistError> {
+        match &self.group {
+            None => Ok(()),
+            Some(g) => g.barrier(),
+        }
+    }
+}
+
+/// Rank `rank`'s contiguous share of `n` items among `size` ranks.
+pub fn share(n: usize, rank: usize, size: usize) -> Range<usize> {
+    let size = size.max(1);
+    (n * rank / size)..(n * (rank + 1) / size)
+}
+
+/// A listening socket on exactly `addr:port` (the store takes it over), so a one-host run
+/// listens on loopback only and a port in use is an error naming it.
+pub fn bind(addr: &str, port: u16) -> Result<TcpListener, DistError> {
+    let fail = |m: String| DistError::new(0, "store", format!("cannot listen on {addr}:{port}: {m}"));
+    let addrs: Vec<_> = (addr, port)
+        .to_socket_addrs()
+        .map_err(|e| fail(e.to_string()))?
+        .collect();
+    TcpListener::bind(&addrs[..]).map_err(|e| fail(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn torchrun_environment_maps_to_a_launch() {
+        let e = LaunchEnv::from_lookup(env(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (e.rank, e.size, e.local_rank, e.master_port, e.attempt),
+            (1, 2, 1, 29500, 2)
+        );
+        assert!(e.agent_store);
+        assert_eq!(e.gloo_device(), GlooDevice::Hostname("127.0.0.1".into()));
+        assert_eq!(LaunchEnv::from_lookup(env(&[])).unwrap(), None);
+        assert_eq!(
+            LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "1"), ("RANK", "0")])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_launch_variables_are_named() {
+        let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "2"), ("RANK", "0")])).unwrap_err();
+        assert!(e.message.contains("MASTER_PORT"), "{e}");
+        let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_PORT", "1")])).unwrap_err();
+        assert!(e.message.contains("RANK=2"), "{e}");
+        let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "two"), ("RANK", "0")])).unwrap_err();
+        assert!(e.message.contains("WORLD_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn shares_cover_every_item_once() {
+        for n in 0..12 {
+            for size in 1..5 {
+                let parts: Vec<usize> = (0..size).flat_map(|r| share(n, r, size)).collect();
+                assert_eq!(parts, (0..n).collect::<Vec<_>>());
+                let lens: Vec<usize> = (0..size).map(|r| share(n, r, size).len()).collect();
+                assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_taken_port_is_an_error_naming_it() {
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let e = bind("127.0.0.1", port).unwrap_err();
+        assert!(e.message.contains(&format!("127.0.0.1:{port}")), "{e}");
+    }
+
+    /// Two ranks as threads of one process, meeting in a file store: every collective against
+    /// the sums and copies computed by hand.
+    #[test]
+    fn collectives_on_two_ranks() {
+        let dir = std::env::temp_dir().join(format!("treetrain-world-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store");
+        let _ = std::fs::remove_file(&path);
+        let run = |rank: usize| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let w = World::with_file_store(&path, rank, 2, Duration::from_secs(30)).unwrap();
+                let mut v = [rank as f64 + 1.0, 10.0];
+                w.sum(&mut v).unwrap();
+                let p = Tensor::from_slice(&[rank as f32, 1.0]).set_requires_grad(true);
+                let q = Tensor::from_slice(&[5.0f32]).set_requires_grad(true);
+                if rank == 0 {
+                    (&p * 2.0).sum(Kind::Float).backward(); // q gets no gradient on rank 0
+                } else {
+                    ((&p * 3.0).sum(Kind::Float) + &q).backward();
+                }
+                w.all_reduce_grads(&[&p, &q]).unwrap();
+                let w0 = Tensor::from_slice(&[rank as f32 * 7.0]);
+                w.broadcast_from_main(&[&w0]).unwrap();
+                let gathered = w.all_gather_bytes(&vec![rank as u8; rank + 1]).unwrap();
+                w.barrier().unwrap();
+                (
+                    v,
+                    Vec::<f32>::try_from(p.grad()).unwrap(),
+                    Vec::<f32>::try_from(q.grad()).unwrap(),
+                    w0.double_value(&[0]),
+                    gathered,
+                )
+            })
+        };
+        let (a, b) = (run(0), run(1));
+        for out in [a.join().unwrap(), b.join().unwrap()] {
+            assert_eq!(out.0, [3.0, 20.0]);
+            assert_eq!(out.1, vec![5.0, 5.0]);
+            assert_eq!(out.2, vec![1.0]);
+            assert_eq!(out.3, 0.0);
+            assert_eq!(out.4, vec![vec![0u8], vec![1u8, 1]]);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

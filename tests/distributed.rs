@@ -1,0 +1,431 @@
+//! Data parallelism on c10d, with real processes on loopback: 2 ranks against 1 rank over the
+//! same global batches (SFT; GRPO in both packings), under `treetrain launch` and real
+//! `torchrun`; a killed peer; resuming a 2-rank run from rank 0's checkpoint.
+//!
+//! Every run binds 127.0.0.1 only, is bounded by a timeout, and its processes are killed when
+//! the test ends (`Workers` drops them).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tch::Tensor;
+
+const BIN: &str = env!("CARGO_BIN_EXE_treetrain");
+
+fn datasets() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-dist-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// An SFT config of `batch` rows per process writing to `out`.
+fn sft_toml(dir: &Path, name: &str, batch: usize, out: &Path, steps: u64, extra: &str) -> PathBuf {
+    let d = datasets();
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\noutput_dir = {:?}\npacking = \"bfd\"\nbatch_size = {batch}\n\
+         learning_rate = 0.002\nmax_steps = {steps}\neval_fraction = 0.0\nseed = 42\n\
+         distributed_timeout_s = 60\n{extra}\n[tokenize]\nmax_length = 128\n",
+        d.join("tiny-qwen3"),
+        d.join("sft/train.parquet"),
+        out,
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A GRPO config of `prompts` prompts per process.
+fn grpo_toml(dir: &Path, name: &str, prompts: usize, packing: &str, out: &Path) -> PathBuf {
+    let d = datasets();
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\noutput_dir = {:?}\nnum_generations = 4\nprompts_per_step = {prompts}\n\
+         max_completion_length = 12\ntemperature = 1.0\nlearning_rate = 0.001\nmax_steps = 3\n\
+         packing = \"{packing}\"\ntoken_budget = 96\nmode = \"sync\"\nseed = 7\nbeta = 0.04\n\
+         distributed_timeout_s = 60\n\
+         [[rewards]]\nname = \"exact_answer\"\nweight = 1.0\n[[rewards]]\nname = \"answer_format\"\nweight = 0.5\n",
+        d.join("tiny-qwen3-sft"),
+        d.join("grpo/train.parquet"),
+        out,
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `cmd` to the end within `limit` (killed past it), with its output.
+fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let o = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        out.read_to_end(&mut s).unwrap();
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        err.read_to_end(&mut s).unwrap();
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            kill_tree(child.id());
+            let _ = child.kill();
+            panic!("{cmd:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+/// Kills `pid`'s children (a launcher's workers), then `pid`.
+fn kill_tree(pid: u32) {
+    for child in children(pid) {
+        kill_tree(child);
+    }
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn ok(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{text}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn treetrain(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args);
+    c
+}
+
+fn launch(nproc: usize, args: &[&str]) -> Command {
+    let n = nproc.to_string();
+    let mut all = vec!["launch", "--nproc-per-node", &n, "--"];
+    all.extend_from_slice(args);
+    treetrain(&all)
+}
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// `log.jsonl`'s values of `key`, one per line.
+fn logged(out: &Path, key: &str) -> Vec<f64> {
+    std::fs::read_to_string(out.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()[key]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn weights(path: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(path).unwrap().into_iter().collect()
+}
+
+/// `|two - one| / |one - start|` over every tensor: the gap between the runs against the size
+/// of the whole update (AdamW amplifies summation-order noise in near-zero second moments).
+fn relative_gap(start: &Path, one: &Path, two: &Path) -> f64 {
+    let (w0, w1, w2) = (weights(start), weights(one), weights(two));
+    let (mut gap, mut update) = (0.0, 0.0);
+    for (name, a) in &w1 {
+        let b = &w2[name];
+        let z = w0.get(name).unwrap_or_else(|| panic!("{name} missing at the start"));
+        gap += (b - a).square().sum(tch::Kind::Double).double_value(&[]);
+        update += (a - z).square().sum(tch::Kind::Double).double_value(&[]);
+    }
+    (gap / update).sqrt()
+}
+
+fn assert_close(one: &[f64], two: &[f64], rel: f64, what: &str) {
+    assert_eq!(one.len(), two.len(), "{what}: {one:?} vs {two:?}");
+    for (a, b) in one.iter().zip(two) {
+        assert!((a - b).abs() <= rel * a.abs().max(1e-12), "{what}: {one:?} vs {two:?}");
+    }
+}
+
+/// One process with batch 8 against 2 processes with batch 4 (`launch` runs the 2): the same
+/// global batches, so the same losses, and weights equal up to summation order.
+fn sft_matches_one_rank(name: &str, two_ranks: impl FnOnce(&Path) -> Command) {
+    let dir = scratch(name);
+    let (out1, out2) = (dir.join("one"), dir.join("two"));
+    let one = sft_toml(&dir, "one", 8, &out1, 4, "");
+    let two = sft_toml(&dir, "two", 4, &out2, 4, "");
+    ok(&run_bounded(
+        treetrain(&["sft", "--config", one.to_str().unwrap()]),
+        LIMIT,
+    ));
+    let text = ok(&run_bounded(two_ranks(&two), LIMIT));
+    // Rank 0 alone prints and logs: one line per step, not two.
+    assert_eq!(text.matches("step 1:").count(), 1, "{text}");
+    let (l1, l2) = (logged(&out1, "loss"), logged(&out2, "loss"));
+    assert_eq!(l1.len(), 4);
+    assert_close(&l1, &l2, 1e-5, "per-step loss");
+    assert_close(
+        &logged(&out1, "grad_norm"),
+        &logged(&out2, "grad_norm"),
+        1e-4,
+        "grad norm",
+    );
+    let gap = relative_gap(
+        &datasets().join("tiny-qwen3/model.safetensors"),
+        &out1.join("checkpoint-4/model.safetensors"),
+        &out2.join("checkpoint-4/model.safetensors"),
+    );
+    assert!(gap < 1e-3, "weights differ by {gap:e} of the update");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sft_on_two_ranks_under_launch_equals_one_rank() {
+    sft_matches_one_rank("sft-launch", |cfg| {
+        launch(2, &["sft", "--config", cfg.to_str().unwrap()])
+    });
+}
+
+/// The same check under PyTorch's own launcher (`torchrun --no-python`), from the torch 2.11.0
+/// wheel that scripts/setup-torchrun.sh installs (test.sh exports `TREETRAIN_TORCHRUN`).
+#[test]
+#[ignore = "slow: needs the torchrun venv of scripts/setup-torchrun.sh (test.sh provides it)"]
+fn sft_on_two_ranks_under_torchrun_equals_one_rank() {
+    let torchrun = std::env::var("TREETRAIN_TORCHRUN")
+        .expect("set TREETRAIN_TORCHRUN to torchrun's path (scripts/setup-torchrun.sh prints it)");
+    sft_matches_one_rank("sft-torchrun", |cfg| {
+        let mut c = Command::new(&torchrun);
+        c.args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            BIN,
+            "sft",
+            "--config",
+        ])
+        .arg(cfg)
+        // Gloo on loopback (torchrun's standalone store names this host, not 127.0.0.1).
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .env("OMP_NUM_THREADS", "1");
+        c
+    });
+}
+
+#[test]
+#[ignore = "slow: 4 GRPO runs (~60 s)"]
+fn grpo_on_two_ranks_equals_one_rank_in_both_packings() {
+    let dir = scratch("grpo");
+    for packing in ["tree", "flat"] {
+        let (out1, out2) = (dir.join(format!("one-{packing}")), dir.join(format!("two-{packing}")));
+        let one = grpo_toml(&dir, &format!("one-{packing}"), 4, packing, &out1);
+        let two = grpo_toml(&dir, &format!("two-{packing}"), 2, packing, &out2);
+        ok(&run_bounded(
+            treetrain(&["grpo", "--config", one.to_str().unwrap()]),
+            LIMIT,
+        ));
+        ok(&run_bounded(
+            launch(2, &["grpo", "--config", two.to_str().unwrap()]),
+            LIMIT,
+        ));
+        // The same rollouts (each rank generated its share from the streams of the whole
+        // batch), the same rewards, the same loss.
+        assert_eq!(logged(&out1, "reward_mean"), logged(&out2, "reward_mean"), "{packing}");
+        assert_eq!(logged(&out1, "raw_tokens"), logged(&out2, "raw_tokens"), "{packing}");
+        // Both ranks forward rows (the planner spread at least two over them).
+        assert!(
+            logged(&out2, "rows").iter().all(|&r| r >= 2.0),
+            "{packing}: {:?}",
+            logged(&out2, "rows")
+        );
+        let (l1, l2) = (logged(&out1, "loss"), logged(&out2, "loss"));
+        assert!(l1.iter().any(|&l| l != 0.0), "{packing}: every loss is 0: {l1:?}");
+        // GRPO's loss is a mean of advantage x ratio terms whose advantages (unit spread per
+        // group) cancel to near 0, so its relative error is not bounded by the terms'; 1e-5 is
+        // taken relative to that unit scale. (The generators' old log-probs also differ in the
+        // last bits: rank-sized batches run other matmul shapes than the one-process batch.)
+        for (a, b) in l1.iter().zip(&l2) {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "{packing} loss: {l1:?} vs {l2:?}"
+            );
+        }
+        let gap = relative_gap(
+            &datasets().join("tiny-qwen3-sft/model.safetensors"),
+            &out1.join("checkpoint-3/model.safetensors"),
+            &out2.join("checkpoint-3/model.safetensors"),
+        );
+        assert!(gap < 1e-3, "{packing}: weights differ by {gap:e} of the update");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rank 0's checkpoint of a 2-rank run resumes it exactly; resuming with another world size
+/// is refused, saying why.
+#[test]
+fn a_two_rank_run_resumes_exactly_from_rank_zeros_checkpoint() {
+    let dir = scratch("resume");
+    let (whole, split) = (dir.join("whole"), dir.join("split"));
+    let cfg_whole = sft_toml(&dir, "whole", 2, &whole, 4, "");
+    let cfg_split = sft_toml(&dir, "split", 2, &split, 4, "save_steps = 2");
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg_whole.to_str().unwrap()]),
+        LIMIT,
+    ));
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg_split.to_str().unwrap()]),
+        LIMIT,
+    ));
+    let ckpt = split.join("checkpoint-2");
+    std::fs::remove_dir_all(split.join("checkpoint-4")).unwrap();
+    let c = ckpt.to_str().unwrap();
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg_split.to_str().unwrap(), "--resume-from", c]),
+        LIMIT,
+    ));
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let a = std::fs::read(whole.join("checkpoint-4").join(file)).unwrap();
+        let b = std::fs::read(split.join("checkpoint-4").join(file)).unwrap();
+        assert!(a == b, "{file} of the resumed run differs");
+    }
+    let out = run_bounded(
+        treetrain(&["sft", "--config", cfg_split.to_str().unwrap(), "--resume-from", c]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("written by a run of 2 process(es), resumed with 1"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Workers started by hand (rank 0 hosting the store), killed on drop.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A peer killed mid-run: the survivor stops with an error naming its rank and the collective
+/// well within the timeout, and `launch` names the rank that died.
+#[test]
+fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
+    let dir = scratch("kill");
+    let out = dir.join("out");
+    let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spawn = |rank: usize| {
+        Command::new(BIN)
+            .args(["sft", "--config", cfg.to_str().unwrap()])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("OMP_NUM_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut w = Workers(vec![spawn(0), spawn(1)]);
+    let started = Instant::now();
+    while !out.join("log.jsonl").exists() {
+        assert!(started.elapsed() < LIMIT, "no step logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    w.0[1].kill().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = w.0[0].try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "rank 0 hangs after its peer died"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    w.0[0].stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "rank 0 exited 0 after its peer died");
+    assert!(err.contains("rank 0:") && err.contains("all_reduce"), "{err}");
+
+    // Under `launch`: the launcher names the dead rank and stops the survivor.
+    let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&out);
+    let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
+    let pid = launcher.0[0].id();
+    let started = Instant::now();
+    let ranks = loop {
+        let c = children(pid);
+        if c.len() == 2 && out.join("log.jsonl").exists() {
+            break c;
+        }
+        assert!(started.elapsed() < LIMIT, "launch started no workers");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Children are listed in start order: rank 0, then rank 1.
+    unsafe {
+        libc::kill(ranks[1] as i32, libc::SIGKILL);
+    }
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.0[0].try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "launch hangs after a worker died"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    launcher.0[0].stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains(&format!("launch: rank 1 (pid {}) was killed by signal 9", ranks[1])),
+        "{err}"
+    );
+    assert!(children(pid).is_empty(), "workers left running");
+    let _ = std::fs::remove_dir_all(&dir);
+}
