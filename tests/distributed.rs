@@ -342,6 +342,25 @@ impl Drop for Workers {
     }
 }
 
+/// Waits for `child` to exit (well within the runs' 60 s timeout, else it hangs); its status
+/// and standard error.
+fn exit_within(child: &mut Child, what: &str) -> (std::process::ExitStatus, String) {
+    let since = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "{what}: still running (a hang)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status, err)
+}
+
 /// A peer killed mid-run: the survivor stops with an error naming its rank and the collective
 /// well within the timeout, and `launch` names the rank that died.
 #[test]
@@ -374,19 +393,7 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
         std::thread::sleep(Duration::from_millis(50));
     }
     w.0[1].kill().unwrap();
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = w.0[0].try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "rank 0 hangs after its peer died"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    w.0[0].stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let (status, err) = exit_within(&mut w.0[0], "rank 0 after its peer died");
     assert!(!status.success(), "rank 0 exited 0 after its peer died");
     assert!(err.contains("rank 0:") && err.contains("all_reduce"), "{err}");
 
@@ -408,19 +415,7 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     unsafe {
         libc::kill(ranks[1] as i32, libc::SIGKILL);
     }
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = launcher.0[0].try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "launch hangs after a worker died"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    launcher.0[0].stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let (status, err) = exit_within(&mut launcher.0[0], "launch after a worker died");
     assert!(!status.success());
     assert!(
         err.contains(&format!("launch: rank 1 (pid {}) was killed by signal 9", ranks[1])),
@@ -428,4 +423,54 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     );
     assert!(children(pid).is_empty(), "workers left running");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two trainers alive at once in each process of a `launch`ed run: each joins its own group on
+/// the launcher's store (the groups' keys must not meet), and both train alike.
+#[test]
+fn two_trainers_in_one_process_each_get_their_own_group() {
+    let dir = scratch("two-groups");
+    let cfg = sft_toml(&dir, "cfg", 2, &dir.join("out"), 2, "");
+    let plan = treetrain::train::distributed::LaunchPlan {
+        nproc: 2,
+        program: std::env::current_exe().unwrap(),
+        args: [
+            "--exact",
+            "two_trainers_worker",
+            "--include-ignored",
+            "--test-threads",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec(),
+        env: vec![("TREETRAIN_TWO_TRAINERS_CONFIG".into(), cfg.display().to_string())],
+        port: 0,
+        timeout: Duration::from_secs(60),
+    };
+    let started = Instant::now();
+    treetrain::train::distributed::launch(&plan).unwrap();
+    assert!(started.elapsed() < LIMIT);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The worker of the test above (does nothing outside it).
+#[test]
+#[ignore = "a worker process of two_trainers_in_one_process_each_get_their_own_group"]
+fn two_trainers_worker() {
+    use treetrain::sft::{SftConfig, SftTrainer};
+    use treetrain::train::Trainer;
+    let Ok(cfg) = std::env::var("TREETRAIN_TWO_TRAINERS_CONFIG") else {
+        return;
+    };
+    if std::env::var("WORLD_SIZE").is_err() {
+        return;
+    }
+    let config = SftConfig::from_toml_file(Path::new(&cfg)).unwrap();
+    let mut first = SftTrainer::new(config.clone()).unwrap();
+    let mut second = SftTrainer::new(config).unwrap();
+    assert!(first.core().world.is_distributed() && second.core().world.is_distributed());
+    for _ in 0..2 {
+        let (a, b) = (first.step().unwrap(), second.step().unwrap());
+        assert_eq!(a.loss, b.loss);
+    }
 }

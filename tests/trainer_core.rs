@@ -55,6 +55,45 @@ fn shared_settings_keep_each_trainers_defaults_and_unknown_keys_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A config saved as TOML (how a notebook's run goes to `treetrain launch`) reads back equal.
+#[test]
+fn configs_saved_as_toml_read_back_unchanged() {
+    let dir = scratch("save-toml");
+    let sft = SftConfig {
+        train: TrainConfig {
+            model: root().join("datasets/tiny-qwen3").display().to_string(),
+            dataset: root().join("datasets/sft/train.parquet"),
+            output_dir: Some(dir.join("out")),
+            max_grad_norm: None,
+            warmup_steps: Some(3),
+            ..Default::default()
+        },
+        packing: Some(PackingStrategy::Bfd),
+        max_steps: Some(7),
+        ..Default::default()
+    };
+    let path = dir.join("sft.toml");
+    sft.save_toml(&path).unwrap();
+    assert_eq!(SftConfig::from_toml_file(&path).unwrap(), sft);
+    let mut grpo = GrpoConfig::default();
+    grpo.train.model = sft.train.model.clone();
+    grpo.train.dataset = root().join("datasets/grpo/train.parquet");
+    grpo.eval_dataset = Some(root().join("datasets/grpo/test.parquet"));
+    let path = dir.join("grpo.toml");
+    grpo.save_toml(&path).unwrap();
+    assert_eq!(GrpoConfig::from_toml_file(&path).unwrap(), grpo);
+    // Settings on by default are turned off by "off" (a missing key means the default).
+    std::fs::write(&path, "max_grad_norm = \"off\"\nlogging_steps = \"off\"\n").unwrap();
+    let off = SftConfig::from_toml_file(&path).unwrap();
+    assert_eq!((off.train.max_grad_norm, off.train.logging_steps), (None, None));
+    std::fs::write(&path, "max_grad_norm = 2\n").unwrap();
+    assert_eq!(SftConfig::from_toml_file(&path).unwrap().train.max_grad_norm, Some(2.0));
+    std::fs::write(&path, "max_grad_norm = \"never\"\n").unwrap();
+    let err = SftConfig::from_toml_file(&path).unwrap_err().to_string();
+    assert!(err.contains("max_grad_norm") || err.contains("\"off\""), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn out_of_range_settings_name_their_field() {
     let cfg = SftConfig {

@@ -31,6 +31,7 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
         nproc: args.nproc_per_node as usize,
         program: std::env::current_exe().context("cannot find this treetrain binary")?,
         args: args.command.clone(),
+        env: Vec::new(),
         port: args.master_port,
         timeout: std::time::Duration::from_secs_f64(args.timeout_s),
     };

@@ -56,7 +56,12 @@ pub fn fields(value: &impl serde::Serialize) -> Vec<(String, String)> {
 /// A config as a titled key/value table.
 pub fn config_html(title: &str, value: &impl serde::Serialize) -> String {
     let rows = fields(value);
-    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), escape(v))).collect();
+    kv_card(title, rows.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// A titled key/value table of plain-text values (escaped here), styled for a notebook.
+pub fn kv_card<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let rows: Vec<(&str, String)> = rows.into_iter().map(|(k, v)| (k, escape(v))).collect();
     style::container(&section(title, &kv_table(&rows)))
 }
 

@@ -161,6 +161,12 @@ impl Default for GrpoConfig {
 }
 
 impl GrpoConfig {
+    /// Writes the config as a TOML file [`GrpoConfig::from_toml_file`] reads back unchanged: how a
+    /// notebook's run is scaled out (`treetrain launch --nproc-per-node N -- grpo --config FILE`).
+    pub fn save_toml(&self, path: &Path) -> Result<(), TrainError> {
+        crate::train::config_file::write_toml(self, path)
+    }
+
     /// Parses a TOML file of [`GrpoConfig`] fields (unset fields keep their defaults, unknown
     /// keys are refused; relative paths are taken relative to the file's folder).
     pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {

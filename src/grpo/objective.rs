@@ -236,15 +236,8 @@ impl GrpoObjective {
 
 impl crate::display::Rich for GrpoObjective {
     fn html(&self) -> String {
-        let rows: Vec<(&str, String)> = self
-            .rows()
-            .into_iter()
-            .map(|(k, v)| (k, crate::display::escape(&v)))
-            .collect();
-        crate::display::style::container(&crate::display::section(
-            "GRPO objective",
-            &crate::display::kv_table(&rows),
-        ))
+        let rows = self.rows();
+        crate::display::kv_card("GRPO objective", rows.iter().map(|(k, v)| (*k, v.as_str())))
     }
     fn text(&self) -> String {
         self.rows().iter().map(|(k, v)| format!("{k} = {v}\n")).collect()

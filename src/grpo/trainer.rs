@@ -411,9 +411,10 @@ impl GrpoTrainer {
         let rows = update.rows;
         let t = Instant::now();
         let prompt_rows = || batch.groups.iter().map(|g| g.dataset_row).collect();
-        let outcome = self
-            .core
-            .finish_step(&self.config.train, version, stats.loss, prompt_rows)?;
+        let outcome =
+            self.core
+                .optim
+                .finish_step(&self.core.world, &self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
         let optimizer_s = t.elapsed().as_secs_f64();
         self.state.global_step = version + 1;

@@ -43,7 +43,8 @@ pub struct TrainConfig {
     pub warmup_steps: Option<u64>,
     /// AdamW hyper-parameters.
     pub adamw: AdamWConfig,
-    /// Gradient-norm clipping (`None`: off).
+    /// Gradient-norm clipping (`None`, written `"off"` in a file: no clipping).
+    #[serde(with = "crate::util::off_or")]
     pub max_grad_norm: Option<f64>,
     /// Seed of the data order, the held-out split and sampling.
     pub seed: u64,
@@ -59,7 +60,9 @@ pub struct TrainConfig {
     pub save_steps: Option<u64>,
     /// Evaluate every this many steps, and once before the first (the CLI's run loop).
     pub eval_steps: Option<u64>,
-    /// Print a step's metrics every this many steps (the CLI's run loop).
+    /// Print a step's metrics every this many steps (the CLI's run loop; `"off"` in a file:
+    /// never).
+    #[serde(with = "crate::util::off_or")]
     pub logging_steps: Option<u64>,
     /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
     /// before failing with an error naming the rank (torch's default: 30 minutes).
@@ -108,7 +111,10 @@ impl TrainConfig {
             ));
         }
         if self.max_grad_norm.is_some_and(|n| !(n.is_finite() && n > 0.0)) {
-            return Err(TrainError::config("max_grad_norm", "must be finite and > 0 (or unset)"));
+            return Err(TrainError::config(
+                "max_grad_norm",
+                "must be finite and > 0 (or \"off\")",
+            ));
         }
         if !(self.distributed_timeout_s.is_finite() && self.distributed_timeout_s > 0.0) {
             return Err(TrainError::config(
@@ -122,7 +128,10 @@ impl TrainConfig {
             ("logging_steps", self.logging_steps),
         ] {
             if v == Some(0) {
-                return Err(TrainError::config(field, "must be at least 1 (or unset)"));
+                return Err(TrainError::config(
+                    field,
+                    "must be at least 1 (or unset; logging_steps: \"off\")",
+                ));
             }
         }
         Ok(())

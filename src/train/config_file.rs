@@ -31,6 +31,21 @@ where
     Ok((cfg, path.parent().unwrap_or(Path::new("."))))
 }
 
+/// Writes `config` as a TOML file that [`read_toml`] reads back to the same value (the way a
+/// notebook's run is handed to `treetrain launch`). Written to a temporary file renamed into
+/// place, so a failed write leaves any earlier file whole.
+pub(crate) fn write_toml<T: serde::Serialize>(config: &T, path: &Path) -> Result<(), TrainError> {
+    let fail = |message: String| TrainError::ConfigFile {
+        path: path.into(),
+        message,
+    };
+    let text = toml::to_string(config).map_err(|e| fail(e.to_string()))?;
+    let name = path.file_name().ok_or_else(|| fail("is not a file name".into()))?;
+    let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
+    std::fs::write(&tmp, text).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(e.to_string()))
+}
+
 /// `over`'s keys written into `base`, tables merged recursively.
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::distributed::World;
-use super::{AdamW, LrSchedule, Optimization, StepOutcome, TrainConfig, TrainError, checkpoint};
+use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint};
 use crate::data::Dataset;
 use crate::device::DeviceSpec;
 use crate::hub::HubCache;
@@ -73,23 +73,6 @@ impl TrainCore {
             special,
             world,
         })
-    }
-
-    /// Ends optimizer step `step` (0-based) on every rank alike: the gradients summed over the
-    /// ranks (each rank's loss already divides by the global window's count), then
-    /// [`Optimization::finish_step`] with the global `loss`.
-    pub fn finish_step(
-        &mut self,
-        config: &TrainConfig,
-        step: u64,
-        loss: f64,
-        rows: impl FnOnce() -> Vec<usize>,
-    ) -> Result<StepOutcome, TrainError> {
-        if let Err(e) = self.world.all_reduce_grads(&self.optim.adamw.parameters()) {
-            self.optim.discard_gradients();
-            return Err(e.into());
-        }
-        self.optim.finish_step(config, step, loss, rows)
     }
 
     /// Sets the learning-rate schedule for a run of `total_steps`.

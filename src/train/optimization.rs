@@ -1,6 +1,7 @@
 //! The end of every optimizer step, for both trainers: clip, check for non-finite values, update
 //! at the scheduled rate, clear the gradients.
 
+use super::distributed::World;
 use super::{AdamW, LrSchedule, NanPolicy, TrainConfig, TrainError};
 
 /// AdamW and its learning-rate schedule.
@@ -25,16 +26,24 @@ pub struct StepOutcome {
 
 impl Optimization {
     /// Ends optimizer step `step` (0-based) whose gradients are accumulated and whose loss was
-    /// `loss`: clipping at `config.max_grad_norm`, then either the update at the scheduled rate
-    /// or, when the loss or the gradient norm is not finite, `config.on_nan` (skip: the step is
-    /// dropped; stop: an error naming `rows()`). Gradients are cleared in every case.
+    /// `loss`: the gradients summed over `world`'s ranks (each rank's loss already divides by
+    /// the global window's count; the identity for one process), clipping at
+    /// `config.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
+    /// the gradient norm is not finite, `config.on_nan` (skip: the step is dropped; stop: an
+    /// error naming `rows()`). Gradients are cleared in every case. In a multi-process run
+    /// `loss` is the global one, so every rank decides alike.
     pub fn finish_step(
         &mut self,
+        world: &World,
         config: &TrainConfig,
         step: u64,
         loss: f64,
         rows: impl FnOnce() -> Vec<usize>,
     ) -> Result<StepOutcome, TrainError> {
+        if let Err(e) = world.all_reduce_grads(&self.adamw.parameters()) {
+            self.discard_gradients();
+            return Err(e.into());
+        }
         let grad_norm = self.adamw.clip_grad_norm(config.max_grad_norm);
         let lr = self.schedule.lr_at(step);
         let bad = if !loss.is_finite() {

@@ -1,5 +1,6 @@
 //! Small helpers with no better home.
 
+pub(crate) mod off_or;
 mod rng;
 mod text_value;
 

@@ -142,6 +142,11 @@ tt_store* tt_store_file(const char* path, int workers, double timeout_s, char* e
 
 void tt_store_free(tt_store* s) { delete s; }
 
+// Adds `delta` to the counter `key` in the store; returns the new value (through `out`).
+int tt_store_add(tt_store* s, const char* key, int64_t delta, int64_t* out, char* err, size_t len) {
+  return guarded(err, len, [&] { *out = s->store->add(std::string(key), delta); });
+}
+
 // A Gloo process group over `store` (keys under `prefix`). Gloo's device is made for
 // `interface` when given (GLOO_SOCKET_IFNAME), else for `hostname` (an address of this host),
 // else for whatever this machine's hostname resolves to.

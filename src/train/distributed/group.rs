@@ -33,6 +33,14 @@ unsafe extern "C" {
         len: usize,
     ) -> *mut tt_store;
     fn tt_store_free(s: *mut tt_store);
+    fn tt_store_add(
+        s: *mut tt_store,
+        key: *const c_char,
+        delta: i64,
+        out: *mut i64,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn tt_group_gloo(
         s: *mut tt_store,
         prefix: *const c_char,
@@ -159,6 +167,18 @@ impl Store {
         Self::made(ptr, err, rank, format!("file store {}", path.display()))
     }
 
+    /// Adds `delta` to the counter `key`; returns its new value (every rank sees every add).
+    pub fn add(&self, key: &str, delta: i64, rank: usize) -> Result<i64, DistError> {
+        let key_c = c_string(key, rank, "store")?;
+        let (mut out, mut err) = (0i64, ErrBuf::new());
+        // SAFETY: a live store, valid C string and out pointer.
+        let rc = unsafe { tt_store_add(self.ptr, key_c.as_ptr(), delta, &mut out, err.ptr(), 1024) };
+        match rc {
+            0 => Ok(out),
+            _ => Err(DistError::new(rank, "store", err.message())),
+        }
+    }
+
     fn made(ptr: *mut tt_store, err: ErrBuf, rank: usize, what: String) -> Result<Self, DistError> {
         if ptr.is_null() {
             return Err(DistError::new(rank, "store", format!("{what}: {}", err.message())));
@@ -248,7 +268,8 @@ impl ProcessGroup {
             )
         };
         if ptr.is_null() {
-            return Err(DistError::new(rank, "process group", err.message()));
+            let message = format!("joining {size} processes: {} (did every rank start?)", err.message());
+            return Err(DistError::new(rank, "process group", message));
         }
         Ok(ProcessGroup {
             ptr,

@@ -17,6 +17,8 @@ pub struct LaunchPlan {
     pub program: std::path::PathBuf,
     /// Arguments of every worker.
     pub args: Vec<String>,
+    /// Extra environment variables of every worker.
+    pub env: Vec<(String, String)>,
     /// The store's port on 127.0.0.1 (0: any free port).
     pub port: u16,
     /// How long the store waits for workers and each worker waits for the others.
@@ -82,6 +84,7 @@ fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError
         cmd.env("OMP_NUM_THREADS", (cores / plan.nproc).max(1).to_string());
     }
     cmd.args(&plan.args)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .env("RANK", rank.to_string())
         .env("LOCAL_RANK", rank.to_string())
         .env("GROUP_RANK", "0")

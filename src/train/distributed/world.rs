@@ -188,7 +188,12 @@ impl World {
             _ => None,
         };
         let store = Store::tcp(&env.master_addr, env.master_port, listener, env.size, timeout, env.rank)?;
-        let prefix = format!("treetrain/attempt_{}", env.attempt);
+        // A process may build several trainers (several groups) on one launcher's store: each
+        // rank counts itself in once per group, so the count names the group, and the groups'
+        // keys never meet.
+        let attempt = format!("treetrain/attempt_{}", env.attempt);
+        let joined = store.add(&format!("{attempt}/joined"), 1, env.rank)?;
+        let prefix = format!("{attempt}/group_{}", (joined - 1) / env.size as i64);
         let group = ProcessGroup::gloo(store, &prefix, env.rank, env.size, &env.gloo_device(), timeout)?;
         Ok(Self::with_group(env.rank, env.size, env.local_rank, Some(group)))
     }
@@ -332,6 +337,38 @@ impl World {
     }
 }
 
+impl World {
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let c = self.comm_totals();
+        match self.is_distributed() {
+            false => vec![(
+                "processes",
+                "1 (this notebook or process; `treetrain launch --nproc-per-node N -- sft --config FILE` scales a saved config out)".into(),
+            )],
+            true => vec![
+                ("processes", format!("{} (c10d ProcessGroupGloo)", self.size)),
+                ("this rank", format!("{} (local rank {})", self.rank, self.local_rank)),
+                (
+                    "collectives so far",
+                    format!("{:.1} MB in {:.2} s; waited {:.2} s for peers", c.bytes as f64 / 1e6, c.seconds, c.wait_seconds),
+                ),
+            ],
+        }
+    }
+}
+
+impl crate::display::Rich for World {
+    fn html(&self) -> String {
+        let rows = self.rows();
+        crate::display::kv_card("Processes", rows.iter().map(|(k, v)| (*k, v.as_str())))
+    }
+    fn text(&self) -> String {
+        self.rows().into_iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+    }
+}
+
+crate::rich_display!(World);
+
 /// Rank `rank`'s contiguous share of `n` items among `size` ranks.
 pub fn share(n: usize, rank: usize, size: usize) -> Range<usize> {
     let size = size.max(1);
@@ -393,6 +430,14 @@ mod tests {
         assert!(e.message.contains("RANK=2"), "{e}");
         let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "two"), ("RANK", "0")])).unwrap_err();
         assert!(e.message.contains("WORLD_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn a_world_renders_itself() {
+        use crate::display::Rich;
+        let w = World::single();
+        assert!(w.text().starts_with("processes: 1 (") && w.text().contains("treetrain launch"));
+        assert!(w.html().contains("<h4>Processes</h4>") && !w.html().contains("Debug"));
     }
 
     #[test]
