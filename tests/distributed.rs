@@ -215,76 +215,79 @@ fn sft_on_two_ranks_under_launch_equals_one_rank() {
     });
 }
 
-/// The same check under PyTorch's own launcher (`torchrun --no-python`), from the torch 2.11.0
+/// `torchrun --standalone --nproc-per-node 2 --no-python treetrain ARGS`, from the torch 2.11.0
 /// wheel that scripts/setup-torchrun.sh installs (test.sh exports `TREETRAIN_TORCHRUN`).
-#[test]
-#[ignore = "slow: needs the torchrun venv of scripts/setup-torchrun.sh (test.sh provides it)"]
-fn sft_on_two_ranks_under_torchrun_equals_one_rank() {
+fn torchrun(args: &[&str], config: &Path) -> Command {
     let torchrun = std::env::var("TREETRAIN_TORCHRUN")
         .expect("set TREETRAIN_TORCHRUN to torchrun's path (scripts/setup-torchrun.sh prints it)");
-    sft_matches_one_rank("sft-torchrun", |cfg| {
-        let mut c = Command::new(&torchrun);
-        c.args([
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--no-python",
-            BIN,
-            "sft",
-            "--config",
-        ])
-        .arg(cfg)
+    let mut c = Command::new(torchrun);
+    c.args(["--standalone", "--nproc-per-node", "2", "--no-python", BIN])
+        .args(args)
+        .arg(config)
         // Gloo on loopback (torchrun's standalone store names this host, not 127.0.0.1).
         .env("GLOO_SOCKET_IFNAME", "lo")
         .env("OMP_NUM_THREADS", "1");
-        c
-    });
+    c
+}
+
+/// The same checks under PyTorch's own launcher: SFT, and GRPO with tree packing.
+#[test]
+#[ignore = "slow: needs the torchrun venv of scripts/setup-torchrun.sh (test.sh provides it)"]
+fn sft_and_grpo_on_two_ranks_under_torchrun_equal_one_rank() {
+    sft_matches_one_rank("sft-torchrun", |cfg| torchrun(&["sft", "--config"], cfg));
+    let dir = scratch("grpo-torchrun");
+    grpo_matches_one_rank(&dir, "tree", |cfg| torchrun(&["grpo", "--config"], cfg));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One process with 4 prompts a step against 2 ranks with 2 each, in `packing`.
+fn grpo_matches_one_rank(dir: &Path, packing: &str, two_ranks: impl FnOnce(&Path) -> Command) {
+    let (out1, out2) = (dir.join(format!("one-{packing}")), dir.join(format!("two-{packing}")));
+    let one = grpo_toml(dir, &format!("one-{packing}"), 4, packing, &out1);
+    let two = grpo_toml(dir, &format!("two-{packing}"), 2, packing, &out2);
+    ok(&run_bounded(
+        treetrain(&["grpo", "--config", one.to_str().unwrap()]),
+        LIMIT,
+    ));
+    ok(&run_bounded(two_ranks(&two), LIMIT));
+    // The same rollouts (each rank generated its share from the streams of the whole
+    // batch), the same rewards, the same loss.
+    assert_eq!(logged(&out1, "reward_mean"), logged(&out2, "reward_mean"), "{packing}");
+    assert_eq!(logged(&out1, "raw_tokens"), logged(&out2, "raw_tokens"), "{packing}");
+    // Both ranks forward rows (the planner spread at least two over them).
+    assert!(
+        logged(&out2, "rows").iter().all(|&r| r >= 2.0),
+        "{packing}: {:?}",
+        logged(&out2, "rows")
+    );
+    let (l1, l2) = (logged(&out1, "loss"), logged(&out2, "loss"));
+    assert!(l1.iter().any(|&l| l != 0.0), "{packing}: every loss is 0: {l1:?}");
+    // GRPO's loss is a mean of advantage x ratio terms whose advantages (unit spread per
+    // group) cancel to near 0, so its relative error is not bounded by the terms'; 1e-5 is
+    // taken relative to that unit scale. (The generators' old log-probs also differ in the
+    // last bits: rank-sized batches run other matmul shapes than the one-process batch.)
+    for (a, b) in l1.iter().zip(&l2) {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{packing} loss: {l1:?} vs {l2:?}"
+        );
+    }
+    let gap = relative_gap(
+        &datasets().join("tiny-qwen3-sft/model.safetensors"),
+        &out1.join("checkpoint-3/model.safetensors"),
+        &out2.join("checkpoint-3/model.safetensors"),
+    );
+    assert!(gap < 1e-3, "{packing}: weights differ by {gap:e} of the update");
 }
 
 #[test]
-#[ignore = "slow: 4 GRPO runs (~60 s)"]
+#[ignore = "slow: 4 GRPO runs (~30 s)"]
 fn grpo_on_two_ranks_equals_one_rank_in_both_packings() {
     let dir = scratch("grpo");
     for packing in ["tree", "flat"] {
-        let (out1, out2) = (dir.join(format!("one-{packing}")), dir.join(format!("two-{packing}")));
-        let one = grpo_toml(&dir, &format!("one-{packing}"), 4, packing, &out1);
-        let two = grpo_toml(&dir, &format!("two-{packing}"), 2, packing, &out2);
-        ok(&run_bounded(
-            treetrain(&["grpo", "--config", one.to_str().unwrap()]),
-            LIMIT,
-        ));
-        ok(&run_bounded(
-            launch(2, &["grpo", "--config", two.to_str().unwrap()]),
-            LIMIT,
-        ));
-        // The same rollouts (each rank generated its share from the streams of the whole
-        // batch), the same rewards, the same loss.
-        assert_eq!(logged(&out1, "reward_mean"), logged(&out2, "reward_mean"), "{packing}");
-        assert_eq!(logged(&out1, "raw_tokens"), logged(&out2, "raw_tokens"), "{packing}");
-        // Both ranks forward rows (the planner spread at least two over them).
-        assert!(
-            logged(&out2, "rows").iter().all(|&r| r >= 2.0),
-            "{packing}: {:?}",
-            logged(&out2, "rows")
-        );
-        let (l1, l2) = (logged(&out1, "loss"), logged(&out2, "loss"));
-        assert!(l1.iter().any(|&l| l != 0.0), "{packing}: every loss is 0: {l1:?}");
-        // GRPO's loss is a mean of advantage x ratio terms whose advantages (unit spread per
-        // group) cancel to near 0, so its relative error is not bounded by the terms'; 1e-5 is
-        // taken relative to that unit scale. (The generators' old log-probs also differ in the
-        // last bits: rank-sized batches run other matmul shapes than the one-process batch.)
-        for (a, b) in l1.iter().zip(&l2) {
-            assert!(
-                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
-                "{packing} loss: {l1:?} vs {l2:?}"
-            );
-        }
-        let gap = relative_gap(
-            &datasets().join("tiny-qwen3-sft/model.safetensors"),
-            &out1.join("checkpoint-3/model.safetensors"),
-            &out2.join("checkpoint-3/model.safetensors"),
-        );
-        assert!(gap < 1e-3, "{packing}: weights differ by {gap:e} of the update");
+        grpo_matches_one_rank(&dir, packing, |cfg| {
+            launch(2, &["grpo", "--config", cfg.to_str().unwrap()])
+        });
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
