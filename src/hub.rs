@@ -19,6 +19,14 @@ pub enum HubError {
     /// The spec is neither an existing folder nor a repo id.
     #[error("`{0}` is neither a local folder nor a repo id of the form org/name[@revision]")]
     BadSpec(String),
+    /// The spec names a local path that is not a model folder.
+    #[error("{path}: {reason}")]
+    NotAFolder {
+        /// The path as given.
+        path: String,
+        /// What is there instead.
+        reason: &'static str,
+    },
 }
 
 /// A repo file that is neither cached nor downloadable.
@@ -184,6 +192,19 @@ impl HubCache {
         let local = Path::new(spec);
         if local.is_dir() {
             return Ok(local.to_path_buf());
+        }
+        let not_a_folder = |reason| HubError::NotAFolder {
+            path: spec.into(),
+            reason,
+        };
+        if local.exists() {
+            return Err(not_a_folder(
+                "is a file; a model is a folder holding config.json and weights",
+            ));
+        }
+        // A path-like spec is never a repo id (`./m/x` must not go to the network).
+        if spec.starts_with(['/', '.', '~']) {
+            return Err(not_a_folder("no such folder"));
         }
         let (repo, revision) = parse_spec(spec)?;
         let config = self.file(RepoType::Model, &repo, &revision, "config.json")?;

@@ -21,6 +21,7 @@ pub mod shipped;
 pub mod tokenizer;
 pub mod train;
 pub mod util;
+pub mod validation;
 
 /// Re-exported so notebooks can build messages with `treetrain::serde_json::json!` without another `:dep`.
 pub use serde_json;

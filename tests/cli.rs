@@ -156,7 +156,7 @@ fn score_text_rows_use_the_tokenizer_and_errors_name_the_line() {
         "--input",
         input.to_str().unwrap(),
     ]);
-    assert!(!ok && err.contains("row 1") && err.contains("0..2048"), "{err}");
+    assert!(!ok && err.contains("text.jsonl:1") && err.contains("0..2048"), "{err}");
 }
 
 #[test]

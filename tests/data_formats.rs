@@ -91,11 +91,17 @@ fn malformed_rows_are_named_or_skipped_and_counted() {
         .map(|e| e.to_string())
         .collect();
     assert!(
-        errs[0].starts_with("row 1: field `messages` missing column"),
+        errs[0].starts_with("row 1 (0-based): field `messages` missing column"),
         "{errs:?}"
     );
-    assert_eq!(errs[1], "row 2: field `messages` message 0 has unknown role \"wizard\"");
-    assert_eq!(errs[2], "row 3: field `messages` message 1 is an empty assistant turn");
+    assert_eq!(
+        errs[1],
+        "row 2 (0-based): field `messages` message 0 has unknown role \"wizard\""
+    );
+    assert_eq!(
+        errs[2],
+        "row 3 (0-based): field `messages` message 1 is an empty assistant turn"
+    );
     let kept: Vec<_> = ds.examples(true, &mut skipped).collect::<Result<_, _>>().unwrap();
     assert_eq!((kept.len(), skipped), (1, 3));
     std::fs::write(d.join("broken.jsonl"), "{\"messages\": [\n").unwrap();

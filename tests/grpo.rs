@@ -313,7 +313,7 @@ fn bad_configs_are_refused_with_reasons() {
             prompt_field: "question".into(),
             ..config()
         })
-        .contains("prompt row 0: has no `question` column")
+        .contains("prompt row 0 (0-based): has no `question` column")
     );
     assert!(
         err(GrpoConfig {

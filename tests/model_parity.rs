@@ -243,7 +243,9 @@ fn save_round_trips_and_keeps_config_fields() {
     let dir = std::env::temp_dir().join(format!("treetrain-save-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     model.save(&dir, None).unwrap();
-    model.save(&dir, None).unwrap(); // overwriting an existing checkpoint works
+    model.save_over(&dir, None).unwrap(); // replacing an existing checkpoint folder works
+    let err = model.save(&dir, None).unwrap_err().to_string();
+    assert!(err.contains("not empty") && err.contains("--overwrite"), "{err}");
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");

@@ -96,7 +96,13 @@ fn configs_saved_as_toml_read_back_unchanged() {
 
 #[test]
 fn out_of_range_settings_name_their_field() {
+    let named = TrainConfig {
+        model: "m".into(),
+        dataset: "d.jsonl".into(),
+        ..Default::default()
+    };
     let cfg = SftConfig {
+        train: named.clone(),
         gradient_accumulation_steps: 0,
         ..Default::default()
     };
@@ -114,7 +120,7 @@ fn out_of_range_settings_name_their_field() {
     let cfg = GrpoConfig {
         train: TrainConfig {
             learning_rate: f64::NAN,
-            ..Default::default()
+            ..named
         },
         ..Default::default()
     };

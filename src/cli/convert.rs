@@ -11,9 +11,12 @@ pub struct ConvertArgs {
     /// A model folder or repo id.
     #[arg(long)]
     model: String,
-    /// Output folder.
+    /// Output folder (must not exist, or be empty, unless --overwrite).
     #[arg(long)]
     out: PathBuf,
+    /// Replace an existing output folder (a file there is still refused).
+    #[arg(long)]
+    overwrite: bool,
     /// Output dtype: fp32, bf16 or fp16 (default: unchanged).
     #[arg(long, value_parser = super::choice::<Dtype>("--dtype"))]
     dtype: Option<Dtype>,
@@ -22,7 +25,14 @@ pub struct ConvertArgs {
 /// Runs `convert`.
 pub fn run(args: &ConvertArgs) -> Result<()> {
     let (dir, m) = super::load_model(&args.model, args.dtype)?;
-    m.save(&args.out, Some(&dir))?;
-    println!("wrote {} ({:?})", args.out.display(), m.kind());
+    match args.overwrite {
+        true => m.save_over(&args.out, Some(&dir))?,
+        false => m.save(&args.out, Some(&dir))?,
+    }
+    println!(
+        "wrote {} ({})",
+        args.out.display(),
+        treetrain::model::kind_name(m.kind())
+    );
     Ok(())
 }

@@ -62,6 +62,7 @@ pub struct GenerateArgs {
 
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    anyhow::ensure!(args.num_generations >= 1, "--num-generations 0: must be at least 1");
     let (dir, model) = super::load_model(&args.model, args.dtype)?;
     let tok = super::tokenizer_of(&dir)?;
     let prompts = read_prompts(args, tok.as_ref(), &dir)?;

@@ -24,15 +24,38 @@ pub fn read(path: &Path) -> Result<Vec<Line>> {
     };
     let mut lines = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        let at = format!("{}:{}", path.display(), i + 1);
+        let line = line.with_context(|| format!("{at}: cannot be read as UTF-8 text"))?;
         if line.trim().is_empty() {
             continue;
         }
-        let at = format!("{}:{}", path.display(), i + 1);
-        let value = serde_json::from_str(&line).with_context(|| format!("{at}: not JSON"))?;
+        let value = serde_json::from_str(&line).with_context(|| format!("{at}: not JSON{}", non_json_hint(&line)))?;
         lines.push(Line { at, value });
     }
     Ok(lines)
+}
+
+/// Why a line that looks like Python's `json.dumps` output is not JSON: NaN and infinities
+/// have no JSON spelling. Names the field holding the first one.
+fn non_json_hint(line: &str) -> String {
+    let bare = |word: &str| {
+        line.match_indices(word)
+            .find(|(i, _)| !line[..*i].ends_with(|c: char| c.is_alphanumeric() || c == '"'))
+            .map(|(i, _)| i)
+    };
+    let Some(at) = bare("NaN").into_iter().chain(bare("Infinity")).min() else {
+        return String::new();
+    };
+    // The nearest `"key":` before it.
+    let before = &line[..at];
+    let field = before.rfind("\":").and_then(|end| {
+        let start = before[..end].rfind('"')?;
+        Some(format!(" in field `{}`", &before[start + 1..end]))
+    });
+    format!(
+        " (NaN and Infinity are not JSON numbers{}: write null, or a finite value)",
+        field.unwrap_or_default()
+    )
 }
 
 /// Writes each value as one line on standard output.

@@ -33,6 +33,7 @@ pub fn run(args: &PackArgs) -> Result<()> {
         r.validate(rollouts.len()).with_context(|| line.at.clone())?;
         rollouts.push(r);
     }
+    anyhow::ensure!(!rollouts.is_empty(), "{}: no rollouts to pack", args.input.display());
     let packing = if args.flat { Packing::Flat } else { Packing::Tree };
     let rows = match args.budget {
         Some(budget) => packing.plan(rollouts, budget, 1)?.into_iter().flatten().collect(),

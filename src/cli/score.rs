@@ -42,7 +42,7 @@ pub struct ScoreArgs {
 pub fn run(args: &ScoreArgs) -> Result<()> {
     let (dir, model) = super::load_model(&args.model, args.dtype)?;
     let tokenizer = super::tokenizer_of(&dir)?;
-    let mut rows: Vec<Vec<i64>> = Vec::new();
+    let (mut rows, mut ats): (Vec<Vec<i64>>, Vec<String>) = (Vec::new(), Vec::new());
     for line in super::jsonl::read(&args.input)? {
         let ids: Vec<i64> = if let Some(ids) = line.value.get("input_ids") {
             serde_json::from_value(ids.clone())
@@ -55,18 +55,48 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         } else {
             bail!("{}: expected an \"input_ids\" or \"text\" field", line.at);
         };
+        check_row(&model.lm.config, &ids).with_context(|| line.at.clone())?;
         rows.push(ids);
+        ats.push(line.at);
     }
     let scored = match args.packing {
         ScorePacking::None => rows
             .iter()
             .enumerate()
-            .map(|(i, r)| model.score(r).with_context(|| format!("row {}", i + 1)))
+            .map(|(i, r)| model.score(r).with_context(|| ats[i].clone()))
             .collect::<Result<_>>()?,
         ScorePacking::Flat => score_packed::<FlatRow>(&model, &rows, args.max_tokens)?,
         ScorePacking::Tree => score_packed::<PrefixTree>(&model, &rows, args.max_tokens)?,
     };
     super::jsonl::write(scored.into_iter().map(|lp| serde_json::json!({ "logprobs": lp })))
+}
+
+/// A row every packing can score: ids in the vocabulary, no longer than the model's positions
+/// (checked before any forward, so no mode fails half-way or runs out of memory on it).
+fn check_row(config: &treetrain::model::ModelConfig, ids: &[i64]) -> Result<()> {
+    anyhow::ensure!(!ids.is_empty(), "the row has no tokens");
+    if let Some((i, t)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, t)| !(0..config.vocab_size).contains(*t))
+    {
+        bail!("token {i} is {t}, outside the vocabulary 0..{}", config.vocab_size);
+    }
+    config
+        .check_positions(ids.len(), "the row")
+        .map_err(anyhow::Error::msg)?;
+    // Without a position limit in the config, a forward's attention scores (heads x t x t,
+    // f32) bound what fits.
+    let attention = config.num_heads as u128 * (ids.len() as u128).pow(2) * 4;
+    match treetrain::generate::available_host_bytes() {
+        Some(free) if attention > free => bail!(
+            "a row of {} tokens needs {:.1} GB of attention scores; {:.1} GB of memory is available",
+            ids.len(),
+            attention as f64 / 1e9,
+            free as f64 / 1e9
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Scores rows through the packing planner: every token after the first is a loss term; rows

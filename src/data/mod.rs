@@ -24,7 +24,7 @@ pub enum DataError {
         message: String,
     },
     /// A row is malformed.
-    #[error("row {row}: field `{field}` {message}")]
+    #[error("row {row} (0-based): field `{field}` {message}")]
     Row {
         /// Row index in the dataset.
         row: usize,

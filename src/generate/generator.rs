@@ -136,8 +136,8 @@ impl Generator {
         if cfg.prefill_chunk_size < 1 {
             return Err(GenerateError::Config("prefill_chunk_size must be at least 1".into()));
         }
-        if cfg.sampling.do_sample && (cfg.sampling.temperature.is_nan() || cfg.sampling.temperature <= 0.0) {
-            return Err(GenerateError::Config("temperature must be > 0 when sampling".into()));
+        if let Err((field, message)) = cfg.sampling.check() {
+            return Err(GenerateError::Config(format!("{field} {message}")));
         }
         let vocab = model.config.vocab_size;
         for (index, p) in prompts.iter().enumerate() {
@@ -303,13 +303,26 @@ impl Generator {
         Ok(())
     }
 
+    /// The prefill cache of `prompts` (`rows` of them) for a call that will hold `total_rows`
+    /// rows at once (forked groups), refused before any allocation when the positions exceed
+    /// the model's or the cache cannot fit in the host's available memory.
     fn static_cache(
         &self,
         model: &CausalLm,
         rows: i64,
+        total_rows: usize,
         prompts: &[Vec<i64>],
         cfg: &GenerationConfig,
     ) -> Result<StaticCache, GenerateError> {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let index = prompts.iter().position(|p| p.len() == longest).unwrap_or(0);
+        model
+            .config
+            .check_positions(
+                longest.saturating_add(cfg.max_new_tokens),
+                &format!("prompt {index} + max_new_tokens {}", cfg.max_new_tokens),
+            )
+            .map_err(GenerateError::Config)?;
         let (padded, ..) = self.pad(prompts, cfg);
         let need = padded + cfg.max_new_tokens as i64;
         let max_len = cfg.max_cache_len.unwrap_or(need);
@@ -319,6 +332,7 @@ impl Generator {
                 cfg.max_new_tokens
             )));
         }
+        check_cache_fits(model, total_rows, max_len as usize)?;
         Ok(StaticCache::new(
             &model.config,
             rows,
@@ -337,7 +351,7 @@ impl Generator {
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
         self.check(model, prompts, cfg)?;
-        let cache = self.static_cache(model, prompts.len() as i64, prompts, cfg)?;
+        let cache = self.static_cache(model, prompts.len() as i64, prompts.len(), prompts, cfg)?;
         let slots = cache.max_len;
         self.one_per_prompt(model, prompts, cfg, cache, slots)
     }
@@ -369,7 +383,9 @@ impl Generator {
         if group == 0 {
             return Err(GenerateError::Config("num_generations must be at least 1".into()));
         }
-        let cache = self.static_cache(model, prompts.len() as i64, prompts, cfg)?;
+        // The prompts' cache and its fork into every group row live at once.
+        let total = prompts.len().saturating_mul(group.saturating_add(1));
+        let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
         let slots = cache.max_len;
         let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let rows: Vec<i64> = (0..prompts.len() as i64)
@@ -412,6 +428,36 @@ impl crate::display::Rich for Generator {
 }
 
 crate::rich_display!(Generator);
+
+/// Refuses a host KV cache of `rows` x `slots` larger than the memory available now (what would
+/// otherwise end in an allocation failure or the kernel's OOM killer), saying what would fit.
+fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize) -> Result<(), GenerateError> {
+    if model.device() != Device::Cpu {
+        return Ok(());
+    }
+    let Some(available) = available_host_bytes() else {
+        return Ok(());
+    };
+    let need = model.config.kv_cache_bytes(rows, slots, model.kind());
+    if need <= available {
+        return Ok(());
+    }
+    let per_row = model.config.kv_cache_bytes(1, slots, model.kind()).max(1);
+    Err(GenerateError::Config(format!(
+        "the KV cache of {rows} rows x {slots} positions needs {:.1} GB; {:.1} GB of memory is available: at most {} rows fit at this length",
+        need as f64 / 1e9,
+        available as f64 / 1e9,
+        available / per_row
+    )))
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (None off Linux).
+pub fn available_host_bytes() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 /// Chooses the next token of every unfinished row from `st.logits` and records it in `out`;
 /// a row ends on an EOS id or a stop sequence. Finished rows get the pad id.

@@ -6,6 +6,6 @@ mod generator;
 mod sampling;
 mod view;
 
-pub use generator::{Completion, FinishReason, GenerateError, GenerationConfig, Generator};
+pub use generator::{Completion, FinishReason, GenerateError, GenerationConfig, Generator, available_host_bytes};
 pub use sampling::{Choice, SamplingConfig, choose};
 pub use view::Completions;

@@ -26,6 +26,26 @@ pub struct SamplingConfig {
 }
 
 impl SamplingConfig {
+    /// The first setting out of its range, as `(field, what is wrong)`: temperature finite and
+    /// positive, top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and positive
+    /// (transformers' ranges). Checked before any generation (CLI, generator, GRPO config).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let bad = |field, v: f64, range: &str| Err((field, format!("is {v}; must be {range}")));
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return bad("temperature", self.temperature, "finite and > 0");
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad("top_p", p, "in (0, 1]");
+        }
+        if let Some(p) = self.min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            return bad("min_p", p, "in [0, 1]");
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", self.repetition_penalty, "finite and > 0");
+        }
+        Ok(())
+    }
+
     /// The random stream of row `row` (counted from `first_row`).
     pub fn row_stream(&self, row: usize) -> SplitMix64 {
         let key = SplitMix64::new(self.first_row + row as u64).next_u64();

@@ -202,16 +202,23 @@ impl GrpoConfig {
         if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(TrainError::config(field, "must be at least 1"));
         }
-        if self.temperature.is_nan() || self.temperature <= 0.0 {
-            return Err(TrainError::config("temperature", "must be > 0"));
-        }
+        let sampling = crate::generate::SamplingConfig {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            ..Default::default()
+        };
+        sampling
+            .check()
+            .map_err(|(field, message)| TrainError::config(field, message))?;
         let non_negative = [
             ("epsilon_low", self.epsilon_low),
             ("epsilon_high", self.epsilon_high),
             ("beta", self.beta),
         ];
-        if let Some((field, _)) = non_negative.iter().find(|(_, v)| v.is_nan() || *v < 0.0) {
-            return Err(TrainError::config(field, "must be >= 0"));
+        if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(TrainError::config(field, "must be finite and >= 0"));
         }
         Ok(())
     }

@@ -34,6 +34,8 @@ pub struct RewardFn {
     /// Multiplies the score in the rollout's total reward.
     pub weight: f32,
     f: Arc<RewardClosure>,
+    /// The dataset column it reads (checked on every prompt row before training starts).
+    needs_column: Option<&'static str>,
 }
 
 impl std::fmt::Debug for RewardFn {
@@ -62,7 +64,20 @@ impl RewardFn {
             name: name.to_string(),
             weight: 1.0,
             f: Arc::new(f),
+            needs_column: None,
         }
+    }
+
+    /// The same function, declaring the dataset column it reads: a prompt set whose rows lack
+    /// it is a config error at start, not a run at reward 0.
+    pub fn needing_column(mut self, column: &'static str) -> Self {
+        self.needs_column = Some(column);
+        self
+    }
+
+    /// The column declared by [`RewardFn::needing_column`].
+    pub fn needs_column(&self) -> Option<&'static str> {
+        self.needs_column
     }
 
     /// The same function with another weight.
@@ -82,6 +97,7 @@ impl RewardFn {
             };
             Some(if extract_answer(x.completion) == want { 1.0 } else { 0.0 })
         })
+        .needing_column("answer")
     }
 
     /// 1 when the completion is exactly one line `Answer: <something>` and ended on EOS (not

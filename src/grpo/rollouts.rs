@@ -81,7 +81,7 @@ impl PromptSet {
                     row,
                 }),
                 Err(_) if skip_invalid => set.skipped += 1,
-                Err(message) => return Err(TrainError::Data(format!("prompt row {i}: {message}"))),
+                Err(message) => return Err(TrainError::Data(format!("prompt row {i} (0-based): {message}"))),
             }
         }
         if set.prompts.is_empty() {

@@ -227,6 +227,7 @@ impl GrpoTrainer {
             &core.tokenizer,
             &TrainCore::open_dataset(&config.train)?,
         )?);
+        check_columns(&rewards, &prompts, "dataset")?;
         let generation = generation_config(&config, &core.special);
         let rewards = Arc::new(rewards);
         let mut producer = RolloutProducer {
@@ -251,7 +252,7 @@ impl GrpoTrainer {
             ..Default::default()
         };
         if let Some(ckpt) = checkpoint {
-            state = core.restore(ckpt)?;
+            state = core.resume(ckpt, config.max_steps)?;
             state.total_steps = config.max_steps;
             // The prompt order and sampling seeds pick up after the last batch the run consumed.
             for _ in 0..state.batches_consumed {
@@ -274,6 +275,9 @@ impl GrpoTrainer {
             Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?)?),
             None => None,
         };
+        if let Some(h) = &held_out {
+            check_columns(&rewards, h, "eval_dataset")?;
+        }
         Ok(GrpoTrainer {
             state,
             prompts,
@@ -773,6 +777,24 @@ fn check_rewards(rewards: &[RewardFn]) -> Result<(), TrainError> {
         )),
         None => Ok(()),
     }
+}
+
+/// Every reward's declared column is in every prompt row (else the run would score failures
+/// or 0 on every rollout of those rows).
+fn check_columns(rewards: &[RewardFn], prompts: &PromptSet, which: &str) -> Result<(), TrainError> {
+    for r in rewards {
+        let Some(column) = r.needs_column() else { continue };
+        if let Some(p) = prompts.prompts.iter().find(|p| !p.row.contains_key(column)) {
+            return Err(TrainError::config(
+                "rewards",
+                format!(
+                    "reward `{}` reads the `{column}` column, which {which} row {} (0-based) lacks",
+                    r.name, p.dataset_row
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The prompts of `ds`, read as the run's config says.

@@ -181,6 +181,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<i64>,
     /// Padding id.
     pub pad_token_id: Option<i64>,
+    /// Longest sequence the model was made for (`max_position_embeddings`), when the config
+    /// says.
+    pub max_positions: Option<i64>,
 }
 
 impl HfConfig {
@@ -225,6 +228,7 @@ impl HfConfig {
             eos_token_ids: self.eos_token_id.as_ref().map(OneOrMany::to_vec).unwrap_or_default(),
             bos_token_id: self.bos_token_id,
             pad_token_id: self.pad_token_id,
+            max_positions: self.max_position_embeddings,
         })
     }
 
@@ -365,6 +369,23 @@ impl HfConfig {
 }
 
 impl ModelConfig {
+    /// An error naming what is too long when `positions` tokens (prompt and completion, or a
+    /// scored row) exceed `max_position_embeddings`.
+    pub fn check_positions(&self, positions: usize, what: &str) -> Result<(), String> {
+        match self.max_positions {
+            Some(max) if positions as i64 > max => Err(format!(
+                "{what} needs {positions} positions; the model's max_position_embeddings is {max}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes of a static KV cache of `rows` x `slots` in `kind`.
+    pub fn kv_cache_bytes(&self, rows: usize, slots: usize, kind: tch::Kind) -> u128 {
+        let per_slot = 2 * self.num_layers as u128 * self.num_kv_heads as u128 * self.head_dim as u128;
+        per_slot * rows as u128 * slots as u128 * kind.elt_size_in_bytes() as u128
+    }
+
     /// Parameters in the model (tied embeddings counted once).
     pub fn num_parameters(&self) -> i64 {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);

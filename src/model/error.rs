@@ -39,6 +39,31 @@ pub enum ModelError {
         /// Files searched.
         files: String,
     },
+    /// The target of a save holds something that would be replaced.
+    #[error("{path}: {reason}")]
+    WouldOverwrite {
+        /// The target.
+        path: PathBuf,
+        /// What is there and how to go on.
+        reason: String,
+    },
+    /// A checkpoint holds a tensor the model has no parameter for (another architecture or
+    /// size, or a mislabelled file): refused rather than silently ignored.
+    #[error("{file}: tensor `{name}` is not a parameter of this model (another architecture or size?)")]
+    UnexpectedTensor {
+        /// state_dict name.
+        name: String,
+        /// File holding it.
+        file: PathBuf,
+    },
+    /// A tensor holds NaN or infinite values (loading it, or saving it, would spread nonsense).
+    #[error("tensor `{name}` {place} holds NaN or infinite values")]
+    NonFinite {
+        /// state_dict name.
+        name: String,
+        /// `in FILE` (loading) or `to be written` (saving).
+        place: String,
+    },
     /// A checkpoint tensor has the wrong shape.
     #[error("tensor `{name}` in {file} has shape {found:?}, the config implies {expected:?}")]
     ShapeMismatch {

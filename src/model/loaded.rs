@@ -27,7 +27,8 @@ impl Default for LoadOptions {
     }
 }
 
-fn kind_name(kind: Kind) -> &'static str {
+/// The `torch_dtype` name of a parameter kind (`float32`, `bfloat16`, `float16`).
+pub fn kind_name(kind: Kind) -> &'static str {
     match kind {
         Kind::BFloat16 => "bfloat16",
         Kind::Half => "float16",
@@ -79,6 +80,43 @@ pub struct Model {
     pub hf_config: HfConfig,
     /// The folder it was loaded from, if any.
     pub source: Option<PathBuf>,
+}
+
+impl Model {
+    /// An error naming the first parameter (by name) that holds NaN or infinite values:
+    /// checkpoints are never written with them.
+    pub fn check_finite(&self) -> Result<(), ModelError> {
+        let vars: std::collections::BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        for (name, t) in &vars {
+            if !super::weights::all_finite(t)? {
+                return Err(ModelError::NonFinite {
+                    name: name.clone(),
+                    place: "to be written".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a save target holding the user's data: a file always, a non-empty folder unless
+/// `replace`.
+fn check_target(dir: &Path, replace: bool) -> Result<(), ModelError> {
+    let refuse = |reason: &str| ModelError::WouldOverwrite {
+        path: dir.into(),
+        reason: reason.into(),
+    };
+    match std::fs::symlink_metadata(dir) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.is_dir() => Err(refuse("exists and is not a folder; choose another output path")),
+        Ok(_) if replace => Ok(()),
+        Ok(_) => match std::fs::read_dir(dir).map(|mut d| d.next().is_none()) {
+            Ok(true) => Ok(()),
+            _ => Err(refuse(
+                "is a folder that is not empty; choose another path or pass --overwrite to replace it",
+            )),
+        },
+    }
 }
 
 impl Model {
@@ -193,8 +231,20 @@ impl Model {
     /// Writes a folder transformers' `from_pretrained` loads unchanged: `config.json`,
     /// `model.safetensors`, `generation_config.json`, plus the tokenizer files of
     /// `tokenizer_from` when given. Written to a temporary sibling and renamed into place, so a
-    /// crash never leaves a half-written checkpoint.
+    /// crash never leaves a half-written checkpoint. `dir` must not exist or be an empty
+    /// folder: nothing of the user's is replaced ([`Model::save_over`] replaces a folder).
     pub fn save(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.save_as(dir, tokenizer_from, false)
+    }
+
+    /// [`Model::save`] that replaces an existing folder `dir` whole (`convert --overwrite`).
+    /// A file at `dir` is still refused: only folders are replaced, never renamed away.
+    pub fn save_over(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.save_as(dir, tokenizer_from, true)
+    }
+
+    fn save_as(&self, dir: &Path, tokenizer_from: Option<&Path>, replace: bool) -> Result<(), ModelError> {
+        check_target(dir, replace)?;
         let parent = dir
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -208,7 +258,10 @@ impl Model {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
         self.write_files(&tmp, tokenizer_from)?;
-        if dir.exists() {
+        if dir.is_dir() && std::fs::remove_dir(dir).is_ok() {
+            // It was an empty folder.
+            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+        } else if dir.is_dir() {
             let old = parent.join(format!(".{name}.old-{}", std::process::id()));
             std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
             std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
@@ -220,6 +273,7 @@ impl Model {
     }
 
     fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.check_finite()?;
         let kind = self.kind();
         let mut cfg = self.hf_config.clone();
         if cfg.dtype.is_some() || cfg.torch_dtype.is_none() {

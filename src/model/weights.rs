@@ -80,7 +80,15 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
             message: e.to_string(),
         })?;
         for (name, view) in st.iter() {
-            let Some(var) = vars.get(name) else { continue };
+            let Some(var) = vars.get(name) else {
+                if ignorable(name, &vars) {
+                    continue;
+                }
+                return Err(ModelError::UnexpectedTensor {
+                    name: name.into(),
+                    file: file.clone(),
+                });
+            };
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
             if shape != var.size() {
                 return Err(ModelError::ShapeMismatch {
@@ -91,6 +99,12 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
                 });
             }
             let src = Tensor::f_from_data_size(view.data(), &shape, kind_of(view.dtype(), file)?)?;
+            if !all_finite(&src)? {
+                return Err(ModelError::NonFinite {
+                    name: name.into(),
+                    place: format!("in {}", file.display()),
+                });
+            }
             tch::no_grad(|| var.shallow_clone().f_copy_(&src.to_device(var.device())))?;
             loaded.insert(name.to_string());
         }
@@ -110,6 +124,21 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
         });
     }
     Ok(())
+}
+
+/// Checkpoint tensors a model may lack on purpose: RoPE's cached inverse frequencies (older
+/// transformers saved them) and an LM head a tied model takes from its embedding.
+fn ignorable(name: &str, vars: &std::collections::HashMap<String, Tensor>) -> bool {
+    name.ends_with("rotary_emb.inv_freq")
+        || (name == "lm_head.weight" && vars.contains_key("model.embed_tokens.weight"))
+}
+
+/// Whether every value of `t` is finite (integer tensors always are).
+pub fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
+    if !t.is_floating_point() {
+        return Ok(true);
+    }
+    Ok(t.f_isfinite()?.f_all()?.int64_value(&[]) != 0)
 }
 
 /// Fills `vs` deterministically from `seed`: norms 1, biases 0, everything else N(0, std)

@@ -42,7 +42,7 @@ fn ids(v: Vec<u32>) -> Vec<i64> {
 
 /// Tokenizes example `row` (the index names it in errors).
 pub fn tokenize(tok: &Tokenizer, ex: &Example, row: usize, opts: &TokenizeOptions) -> Result<TrainExample, String> {
-    let at = |e: String| format!("row {row}: {e}");
+    let at = |e: String| format!("row {row} (0-based): {e}");
     let mut out = match ex {
         Example::Conversation(messages) => conversation(tok, messages, opts).map_err(at)?,
         Example::PromptCompletion {

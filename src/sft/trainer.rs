@@ -132,7 +132,9 @@ impl SftTrainer {
             ..Default::default()
         };
         if let Some(ckpt) = checkpoint {
-            state = core.restore(ckpt)?;
+            state = core.resume(ckpt, total)?;
+            // The config's length wins: a resumed run may be extended (or cut to where it is).
+            state.total_steps = total;
         }
         Ok(SftTrainer {
             state,

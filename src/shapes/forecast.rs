@@ -13,7 +13,19 @@ pub enum ShapeError {
     /// The compile price is negative or not finite.
     #[error("seconds_per_compile must be a finite number >= 0, got {0}")]
     BadCompileSeconds(f64),
+    /// A length so large that counting its tokens overflows (no real sequence is that long).
+    #[error("length {length} (sequence {index}, 0-based) is too large to count: at most {max}", max = MAX_LENGTH)]
+    TooLong {
+        /// The length.
+        length: usize,
+        /// Its position in the input.
+        index: usize,
+    },
 }
+
+/// The longest sequence a forecast accepts (2^40 tokens: far past any model's context, and
+/// small enough that token counts of any dataset fit in 64 bits).
+pub const MAX_LENGTH: usize = 1 << 40;
 
 /// The shapes one pass over a dataset feeds a graph when batches are padded to their longest
 /// row (then up to a multiple, when one is set).
@@ -47,6 +59,9 @@ impl ShapeForecast {
         }
         if !seconds_per_compile.is_finite() || seconds_per_compile < 0.0 {
             return Err(ShapeError::BadCompileSeconds(seconds_per_compile));
+        }
+        if let Some((index, &length)) = lengths.iter().enumerate().find(|(_, l)| **l > MAX_LENGTH) {
+            return Err(ShapeError::TooLong { length, index });
         }
         let mut ledger = ShapeLedger::new(seconds_per_compile);
         let (mut real, mut padded) = (0u64, 0u64);

@@ -50,6 +50,28 @@ impl Default for AdamWConfig {
     }
 }
 
+impl AdamWConfig {
+    /// β1 and β2 in [0, 1), ε finite and > 0, weight decay finite and >= 0 (PyTorch's checks).
+    pub fn validate(&self) -> Result<(), super::TrainError> {
+        let bad = |field: &'static str, v: f64, range: &str| {
+            Err(super::TrainError::config(field, format!("is {v}; must be {range}")))
+        };
+        if !(0.0..1.0).contains(&self.beta1) {
+            return bad("adamw.beta1", self.beta1, "in [0, 1)");
+        }
+        if !(0.0..1.0).contains(&self.beta2) {
+            return bad("adamw.beta2", self.beta2, "in [0, 1)");
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("adamw.eps", self.eps, "finite and > 0");
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("adamw.weight_decay", self.weight_decay, "finite and >= 0");
+        }
+        Ok(())
+    }
+}
+
 /// Whether a parameter of this name gets weight decay.
 pub fn decays(name: &str) -> bool {
     !(name.ends_with(".bias") || name.contains("norm"))
@@ -149,6 +171,16 @@ impl AdamW {
             }
             Ok(())
         })
+    }
+
+    /// The first parameter (by name) holding NaN or infinite values, if any.
+    pub fn first_non_finite(&self) -> Result<Option<&str>, ModelError> {
+        for (name, p) in &self.params {
+            if !crate::model::all_finite(p)? {
+                return Ok(Some(name));
+            }
+        }
+        Ok(None)
     }
 
     /// Clears every parameter's gradient.

@@ -98,12 +98,25 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// Checks the numbers that would make a run meaningless.
     pub fn validate(&self) -> Result<(), TrainError> {
-        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+        if self.model.trim().is_empty() {
             return Err(TrainError::config(
-                "learning_rate",
-                format!("is {}; must be finite and >= 0", self.learning_rate),
+                "model",
+                "is not set: name a model folder or a hub repo id",
             ));
         }
+        if self.dataset.as_os_str().is_empty() {
+            return Err(TrainError::config(
+                "dataset",
+                "is not set: name a data file, folder or hub dataset id",
+            ));
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return Err(TrainError::config(
+                "learning_rate",
+                format!("is {}; must be finite and > 0", self.learning_rate),
+            ));
+        }
+        self.adamw.validate()?;
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return Err(TrainError::config(
                 "warmup_ratio",
@@ -149,9 +162,13 @@ impl TrainConfig {
         if let Some(out) = self.output_dir.as_mut() {
             anchor(base, out);
         }
-        anchor_if_exists(base, &mut self.dataset);
+        // An unset (empty) model or dataset stays unset, for validation to name, rather than
+        // becoming the config file's own folder.
+        if !self.dataset.as_os_str().is_empty() {
+            anchor_if_exists(base, &mut self.dataset);
+        }
         let mut model = PathBuf::from(&self.model);
-        if base.join(&model).is_dir() {
+        if !self.model.is_empty() && base.join(&model).is_dir() {
             anchor(base, &mut model);
             self.model = model.display().to_string();
         }

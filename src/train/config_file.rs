@@ -25,8 +25,9 @@ where
         .try_into()
         .map_err(|e: toml::de::Error| fail(e.to_string()))?;
     let known = toml::Table::try_from(&cfg).map_err(|e| fail(e.to_string()))?;
-    if let Some(key) = unknown_key(&file, &known, "") {
-        return Err(fail(format!("unknown key `{key}`")));
+    if let Some((key, suggestion)) = unknown_key(&file, &known, "") {
+        let hint = suggestion.map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
+        return Err(fail(format!("unknown key `{key}`{hint}")));
     }
     Ok((cfg, path.parent().unwrap_or(Path::new("."))))
 }
@@ -58,13 +59,42 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-/// The first key of `file` (dotted, under `prefix`) that the parsed config does not hold.
-fn unknown_key(file: &toml::Table, known: &toml::Table, prefix: &str) -> Option<String> {
+/// The first key of `file` (dotted, under `prefix`) that the parsed config does not hold, with
+/// the closest known key at that level when one is near (a typo).
+fn unknown_key(file: &toml::Table, known: &toml::Table, prefix: &str) -> Option<(String, Option<String>)> {
     file.iter().find_map(|(k, v)| match (known.get(k), v) {
-        (None, _) => Some(format!("{prefix}{k}")),
+        (None, _) => {
+            let near = closest(k, known.keys().map(String::as_str));
+            Some((format!("{prefix}{k}"), near.map(|n| format!("{prefix}{n}"))))
+        }
         (Some(toml::Value::Table(kn)), toml::Value::Table(f)) => unknown_key(f, kn, &format!("{prefix}{k}.")),
         _ => None,
     })
+}
+
+/// The candidate nearest to `word` by edit distance, when within a third of its length.
+fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|(d, _)| *d <= (word.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
 }
 
 /// A relative `path` becomes `base/path`.

@@ -51,6 +51,9 @@ impl TrainCore {
     /// the local rank (`cuda` is each rank's own GPU) and rank 0's weights are broadcast.
     pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
+        if let Some(out) = config.output_dir.as_deref().filter(|_| world.is_main()) {
+            check_writable(out)?;
+        }
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
         let load_options = LoadOptions {
             dtype: Some(config.dtype.kind()),
@@ -125,6 +128,27 @@ impl TrainCore {
         Ok(dir)
     }
 
+    /// Restores the optimizer and the state saved in `checkpoint` for a run of `total_steps`
+    /// (the config's, which may extend the run): a checkpoint already past them is an error,
+    /// not a silent run to the checkpoint's own end.
+    pub fn resume<S>(&mut self, checkpoint: &Path, total_steps: u64) -> Result<S, TrainError>
+    where
+        S: serde::de::DeserializeOwned + super::RunState,
+    {
+        let state: S = self.restore(checkpoint)?;
+        let done = state.progress().done;
+        if done > total_steps {
+            return Err(TrainError::config(
+                "max_steps",
+                format!(
+                    "is {total_steps}, but {} is at step {done}: raise max_steps to continue it",
+                    checkpoint.display()
+                ),
+            ));
+        }
+        Ok(state)
+    }
+
     /// Restores the optimizer from a checkpoint folder and returns the trainer state saved there.
     /// A checkpoint of a run with another world size is an error: its step counts and data
     /// position mean other global batches.
@@ -155,6 +179,17 @@ impl TrainCore {
             checkpoint::append_log(dir, metrics);
         }
     }
+}
+
+/// Creates `out` and checks a file can be written there, before any training time is spent.
+fn check_writable(out: &Path) -> Result<(), TrainError> {
+    let fail =
+        |e: std::io::Error| TrainError::config("output_dir", format!("{}: cannot be written: {e}", out.display()));
+    std::fs::create_dir_all(out).map_err(fail)?;
+    let probe = out.join(format!(".treetrain-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Where the world size is kept in `trainer_state.json`.

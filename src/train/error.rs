@@ -49,7 +49,7 @@ pub enum TrainError {
     #[error("async rollouts: {0}")]
     Worker(String),
     /// A step produced a non-finite loss or gradient under `on_nan = stop`.
-    #[error("step {step}: non-finite {what} on rows {rows:?}; weights left untouched")]
+    #[error("step {step}: non-finite {what} on dataset rows {rows:?} (0-based); weights left untouched")]
     NonFinite {
         /// Optimizer step.
         step: u64,
@@ -61,6 +61,16 @@ pub enum TrainError {
     /// A multi-process rendezvous or collective failed (names the rank).
     #[error(transparent)]
     Distributed(#[from] super::distributed::DistError),
+    /// An update left a weight NaN or infinite (the run cannot go on from it).
+    #[error(
+        "step {step}: the update made `{name}` NaN or infinite (learning rate too high for the precision?); stopped, no checkpoint of it written"
+    )]
+    NonFiniteWeights {
+        /// Optimizer step.
+        step: u64,
+        /// The first such parameter.
+        name: String,
+    },
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

@@ -59,6 +59,17 @@ impl Optimization {
         };
         self.adamw.zero_grad();
         updated?;
+        // Finite gradients at a finite rate can still overflow a weight (a huge rate, low
+        // precision): the run stops whatever `on_nan` says, before any checkpoint (which would
+        // refuse the tensor anyway) or another step trains on it.
+        if bad.is_none()
+            && let Some(name) = self.adamw.first_non_finite()?
+        {
+            return Err(TrainError::NonFiniteWeights {
+                step: step + 1,
+                name: name.to_string(),
+            });
+        }
         match bad {
             Some(what) if config.on_nan == NanPolicy::Stop => Err(TrainError::NonFinite {
                 step: step + 1,

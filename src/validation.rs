@@ -1,0 +1,169 @@
+//! What treetrain checks before any work starts, as one table: the README's list of validated
+//! settings is generated from [`RULES`] (`tests/validation_doc.rs` keeps it fresh), and the
+//! same test feeds every rule's out-of-range example through the config files and checks that
+//! the error names the field, so the table cannot drift from the checks.
+
+/// Where a rule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Both trainers' shared settings (`TrainConfig`).
+    Train,
+    /// `SftConfig`.
+    Sft,
+    /// `GrpoConfig`.
+    Grpo,
+    /// Sampling, wherever it is set (`generate` flags, GRPO configs, `SamplingConfig`).
+    Sampling,
+    /// Checked when the run starts (files, data, the model), not by `validate()`.
+    Start,
+}
+
+impl Scope {
+    fn label(self) -> &'static str {
+        match self {
+            Scope::Train => "SFT and GRPO",
+            Scope::Sft => "SFT",
+            Scope::Grpo => "GRPO",
+            Scope::Sampling => "sampling (`generate`, GRPO)",
+            Scope::Start => "at start",
+        }
+    }
+}
+
+/// One validated setting.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    /// Where it applies.
+    pub scope: Scope,
+    /// The setting as written in a config file (or the CLI flag's name).
+    pub field: &'static str,
+    /// What it must be.
+    pub must: &'static str,
+    /// A TOML value breaking the rule (the test feeds it through), when one exists.
+    pub bad: Option<&'static str>,
+}
+
+const fn rule(scope: Scope, field: &'static str, must: &'static str, bad: Option<&'static str>) -> Rule {
+    Rule {
+        scope,
+        field,
+        must,
+        bad,
+    }
+}
+
+/// Every validated setting.
+pub const RULES: &[Rule] = &[
+    rule(
+        Scope::Train,
+        "model",
+        "set: a model folder or hub repo id (a file or a missing `./path` is never taken for a repo id)",
+        None,
+    ),
+    rule(
+        Scope::Train,
+        "dataset",
+        "set: a data file, folder or hub dataset id",
+        None,
+    ),
+    rule(Scope::Train, "learning_rate", "finite and > 0", Some("0.0")),
+    rule(Scope::Train, "warmup_ratio", "in [0, 1]", Some("2.0")),
+    rule(
+        Scope::Train,
+        "max_grad_norm",
+        "finite and > 0, or \"off\"",
+        Some("-1.0"),
+    ),
+    rule(Scope::Train, "adamw.beta1", "in [0, 1)", Some("1.0")),
+    rule(Scope::Train, "adamw.beta2", "in [0, 1)", Some("-0.5")),
+    rule(Scope::Train, "adamw.eps", "finite and > 0", Some("0.0")),
+    rule(Scope::Train, "adamw.weight_decay", "finite and >= 0", Some("-0.1")),
+    rule(Scope::Train, "save_steps", "at least 1 (or unset)", Some("0")),
+    rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
+    rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
+    rule(Scope::Train, "distributed_timeout_s", "finite and > 0", Some("inf")),
+    rule(
+        Scope::Train,
+        "unknown keys",
+        "refused, with the nearest known key suggested",
+        None,
+    ),
+    rule(Scope::Sft, "batch_size", "at least 1 (per process)", Some("0")),
+    rule(Scope::Sft, "gradient_accumulation_steps", "at least 1", Some("0")),
+    rule(Scope::Sft, "tokenize.max_length", "at least 1", Some("0")),
+    rule(Scope::Sft, "num_train_epochs", "finite and > 0", Some("-1.0")),
+    rule(Scope::Sft, "eval_fraction", "in [0, 1)", Some("2.0")),
+    rule(Scope::Grpo, "num_generations", "at least 2", Some("1")),
+    rule(Scope::Grpo, "prompts_per_step", "at least 1 (per process)", Some("0")),
+    rule(Scope::Grpo, "max_completion_length", "at least 1", Some("0")),
+    rule(Scope::Grpo, "token_budget", "at least 1", Some("0")),
+    rule(Scope::Grpo, "num_iterations", "at least 1", Some("0")),
+    rule(Scope::Grpo, "epsilon_low", "finite and >= 0", Some("-0.2")),
+    rule(Scope::Grpo, "epsilon_high", "finite and >= 0", Some("-0.2")),
+    rule(Scope::Grpo, "beta", "finite and >= 0", Some("-1.0")),
+    rule(
+        Scope::Grpo,
+        "rewards",
+        "at least one, finite weights; a built-in reward's column (`exact_answer`: `answer`) in every prompt row",
+        None,
+    ),
+    rule(Scope::Sampling, "temperature", "finite and > 0", Some("inf")),
+    rule(Scope::Sampling, "top_p", "in (0, 1]", Some("1.5")),
+    rule(Scope::Sampling, "min_p", "in [0, 1]", Some("2.0")),
+    rule(
+        Scope::Sampling,
+        "repetition_penalty",
+        "finite and > 0 (`generate`)",
+        None,
+    ),
+    rule(Scope::Sampling, "num_generations", "at least 1 (`generate`)", None),
+    rule(
+        Scope::Start,
+        "output_dir",
+        "writable (created and probed before step 1, by rank 0)",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "--resume-from",
+        "a checkpoint at or before `max_steps`, written with the same number of processes",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "rows and prompts",
+        "token ids in the vocabulary; prompt + `max_new_tokens` (or a scored row) within `max_position_embeddings`",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "KV cache",
+        "fits the host's available memory (`generate`: rows x positions), else refused saying how many rows fit",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "weights",
+        "finite when loaded and before every checkpoint; no tensor the model lacks; an update that makes one non-finite stops the run",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "output folders",
+        "`convert --out` and every model save refuse a file or a non-empty folder (`convert --overwrite` replaces a folder)",
+        None,
+    ),
+];
+
+/// [`RULES`] as a Markdown table (the README's section).
+pub fn markdown() -> String {
+    let mut s = String::from("| where | setting | must be |\n|---|---|---|\n");
+    for r in RULES {
+        let field = match r.field.contains(' ') {
+            true => r.field.to_string(),
+            false => format!("`{}`", r.field),
+        };
+        s.push_str(&format!("| {} | {field} | {} |\n", r.scope.label(), r.must));
+    }
+    s
+}

@@ -1,0 +1,405 @@
+//! Hostile but realistic input against the CLI and the library: every case is an error that
+//! says what and where (exit status 1, never a panic's 101), and no user file is destroyed.
+//! Each case failed before the bad-input work (panicked, was killed, exited 0 with a wrong
+//! result, destroyed a file, or did not say what or where).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tch::Tensor;
+
+const BIN: &str = env!("CARGO_BIN_EXE_treetrain");
+
+fn datasets() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets")
+}
+
+fn tiny() -> String {
+    datasets().join("tiny-qwen3").display().to_string()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-bad-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+/// The command failed cleanly (exit 1, not a panic) with an error holding every `needle`.
+fn fails_with(args: &[&str], needles: &[&str]) -> String {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {:?}\n{err}", out.status);
+    assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: `{n}` missing in\n{err}");
+    }
+    err
+}
+
+fn prompts_file(dir: &Path) -> String {
+    let p = dir.join("prompts.jsonl");
+    std::fs::write(&p, "{\"input_ids\": [1, 2, 3]}\n").unwrap();
+    p.display().to_string()
+}
+
+/// `generate` of one 3-token prompt with the tiny model and `extra` flags fails naming `needles`.
+fn generate_fails(name: &str, extra: &[&str], needles: &[&str]) {
+    let dir = scratch(name);
+    let (p, m) = (prompts_file(&dir), tiny());
+    let mut args = vec!["generate", "--model", &m, "--input", &p];
+    args.extend_from_slice(extra);
+    fails_with(&args, needles);
+}
+
+#[test]
+fn generation_requests_that_cannot_fit_are_refused_before_allocating() {
+    generate_fails(
+        "gen-len",
+        &["--max-new-tokens", "1000000000"],
+        &["max_position_embeddings is 2048", "prompt 0"],
+    );
+    // 10 M rows x 35 positions of cache: terabytes; said with what would fit.
+    generate_fails(
+        "gen-rows",
+        &["--max-new-tokens", "3", "--num-generations", "10000000"],
+        &["KV cache", "GB of memory is available", "rows fit"],
+    );
+    generate_fails("gen-zero", &["--num-generations", "0"], &["--num-generations 0"]);
+}
+
+#[test]
+fn sampling_values_out_of_range_are_refused() {
+    for (flag, value, field) in [
+        ("--min-p", "2", "min_p"),
+        ("--min-p", "-0.1", "min_p"),
+        ("--top-p", "1.5", "top_p"),
+        ("--top-p", "-1", "top_p"),
+        ("--top-p", "NaN", "top_p"),
+        ("--temperature", "inf", "temperature"),
+        ("--repetition-penalty", "0", "repetition_penalty"),
+    ] {
+        let arg = format!("{flag}={value}");
+        generate_fails("sampling", &["--max-new-tokens", "2", &arg], &[field]);
+    }
+}
+
+#[test]
+fn convert_never_destroys_or_moves_the_users_files() {
+    let dir = scratch("convert");
+    let m = tiny();
+    let folder = dir.join("mine");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("notes.txt"), "keep me").unwrap();
+    let f = folder.display().to_string();
+    fails_with(&["convert", "--model", &m, "--out", &f], &["not empty", "--overwrite"]);
+    assert_eq!(std::fs::read_to_string(folder.join("notes.txt")).unwrap(), "keep me");
+    let file = dir.join("file.bin");
+    std::fs::write(&file, "data").unwrap();
+    let fp = file.display().to_string();
+    for extra in [&[][..], &["--overwrite"][..]] {
+        let mut args = vec!["convert", "--model", &m, "--out", &fp];
+        args.extend_from_slice(extra);
+        fails_with(&args, &["is not a folder"]);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 2, "nothing renamed or left behind: {leftovers:?}");
+    // Asked for explicitly, a folder is replaced; an empty one is used as it is.
+    assert!(
+        run(&["convert", "--model", &m, "--out", &f, "--overwrite"])
+            .status
+            .success()
+    );
+    assert!(folder.join("config.json").exists() && !folder.join("notes.txt").exists());
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = empty.display().to_string();
+    let out = run(&["convert", "--model", &m, "--out", &e]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("(float32)"),
+        "no Debug text"
+    );
+}
+
+/// A TOML config of the shipped SFT run with `extra` lines.
+fn sft_config(dir: &Path, extra: &str) -> String {
+    let path = dir.join("sft.toml");
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\nmax_steps = 2\nbatch_size = 2\n{extra}\n[tokenize]\nmax_length = 64\n",
+        tiny(),
+        datasets().join("sft/train.parquet"),
+    );
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn config_values_out_of_range_name_their_field() {
+    let dir = scratch("config");
+    for (line, field) in [
+        ("eval_steps = 0", "eval_steps"),
+        ("save_steps = 0", "save_steps"),
+        ("eval_fraction = 2.0", "eval_fraction"),
+        ("eval_fraction = -0.1", "eval_fraction"),
+        ("num_train_epochs = -1.0", "num_train_epochs"),
+        ("learning_rate = nan", "learning_rate"),
+        ("learning_rate = inf", "learning_rate"),
+        ("learning_rate = 0.0", "learning_rate"),
+        ("learning_rate = -0.001", "learning_rate"),
+        ("max_grad_norm = -1.0", "max_grad_norm"),
+        ("warmup_ratio = 2.0", "warmup_ratio"),
+        ("distributed_timeout_s = 0.0", "distributed_timeout_s"),
+        ("adamw = { beta1 = 1.0 }", "adamw.beta1"),
+        ("adamw = { eps = 0.0 }", "adamw.eps"),
+    ] {
+        let cfg = sft_config(&dir, line);
+        fails_with(&["sft", "--config", &cfg], &[&format!("config `{field}`")]);
+    }
+    let cfg = sft_config(&dir, "learning_rat = 0.1");
+    fails_with(
+        &["sft", "--config", &cfg],
+        &["unknown key `learning_rat`", "did you mean `learning_rate`"],
+    );
+    let path = dir.join("nomodel.toml");
+    std::fs::write(&path, "dataset = \"x.jsonl\"\n").unwrap();
+    fails_with(
+        &["sft", "--config", path.to_str().unwrap()],
+        &["config `model`: is not set"],
+    );
+    // The output folder is checked before step 1.
+    let cfg = sft_config(&dir, "output_dir = \"/dev/null/out\"");
+    fails_with(&["sft", "--config", &cfg], &["config `output_dir`", "/dev/null/out"]);
+}
+
+#[test]
+fn grpo_sampling_settings_and_missing_reward_columns_are_config_errors() {
+    let dir = scratch("grpo");
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"2+2=\"}\n{\"prompt\": \"3+3=\"}\n").unwrap();
+    let write = |extra: &str| {
+        let path = dir.join("grpo.toml");
+        let text = format!(
+            "model = {:?}\ndataset = {:?}\nprompt_field = \"prompt\"\nmax_steps = 1\n{extra}\n\
+             [[rewards]]\nname = \"exact_answer\"\n",
+            datasets().join("tiny-qwen3-sft").display().to_string(),
+            prompts,
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    fails_with(
+        &["grpo", "--config", &write("")],
+        &["reward `exact_answer` reads the `answer` column", "row 0"],
+    );
+    for (line, field) in [
+        ("top_p = 1.5", "top_p"),
+        ("min_p = 2.0", "min_p"),
+        ("temperature = inf", "temperature"),
+    ] {
+        fails_with(&["grpo", "--config", &write(line)], &[&format!("config `{field}`")]);
+    }
+}
+
+#[test]
+fn rows_the_model_cannot_take_are_named_by_file_and_line() {
+    let dir = scratch("rows");
+    let m = tiny();
+    let long: Vec<i64> = (0..3000).map(|i| i % 100).collect();
+    let rows = dir.join("rows.jsonl");
+    std::fs::write(
+        &rows,
+        format!(
+            "{{\"input_ids\": [1, 2, 3]}}\n{}\n",
+            serde_json::json!({ "input_ids": long })
+        ),
+    )
+    .unwrap();
+    let at = format!("{}:2", rows.display());
+    for packing in ["none", "flat", "tree"] {
+        fails_with(
+            &[
+                "score",
+                "--model",
+                &m,
+                "--input",
+                rows.to_str().unwrap(),
+                "--packing",
+                packing,
+            ],
+            &[&at, "3000 positions", "max_position_embeddings is 2048"],
+        );
+    }
+    std::fs::write(&rows, "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 99999]}\n").unwrap();
+    let err = fails_with(
+        &[
+            "score",
+            "--model",
+            &m,
+            "--input",
+            rows.to_str().unwrap(),
+            "--packing",
+            "flat",
+        ],
+        &[&at, "outside the vocabulary"],
+    );
+    assert!(!err.contains(":1"), "only line 2 is bad: {err}");
+}
+
+#[test]
+fn readers_say_which_file_and_line() {
+    let dir = scratch("readers");
+    let m = tiny();
+    let d = dir.display().to_string();
+    fails_with(&["score", "--model", &m, "--input", &d], &[&d]);
+    let bin = dir.join("latin1.jsonl");
+    std::fs::write(&bin, b"{\"text\": \"ok\"}\n{\"text\": \"caf\xe9\"}\n").unwrap();
+    fails_with(
+        &["score", "--model", &m, "--input", bin.to_str().unwrap()],
+        &[&format!("{}:2", bin.display()), "UTF-8"],
+    );
+    let nan = dir.join("rollouts.jsonl");
+    std::fs::write(
+        &nan,
+        "{\"input_ids\": [1, 2], \"completion_mask\": [0, 1], \"old_log_probs\": [0.0, NaN], \"advantage\": 1.0, \"group_id\": \"a\"}\n",
+    )
+    .unwrap();
+    fails_with(
+        &["pack", "--input", nan.to_str().unwrap()],
+        &[
+            &format!("{}:1", nan.display()),
+            "NaN and Infinity are not JSON numbers in field `old_log_probs`",
+        ],
+    );
+    let huge = dir.join("huge.jsonl");
+    std::fs::write(&huge, "{\"input_ids\": [1, 2], \"completion_mask\": [0, 1], \"old_log_probs\": [0.0, 1e999], \"advantage\": 1.0, \"group_id\": \"a\"}\n").unwrap();
+    fails_with(
+        &["pack", "--input", huge.to_str().unwrap()],
+        &[&format!("{}:1", huge.display()), "number out of range"],
+    );
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    fails_with(&["pack", "--input", empty.to_str().unwrap()], &["no rollouts"]);
+    let lengths = dir.join("lengths.txt");
+    std::fs::write(&lengths, "12\n18446744073709551615\n").unwrap();
+    fails_with(
+        &["shapes", "--lengths", lengths.to_str().unwrap()],
+        &["too large", "sequence 1"],
+    );
+    // A local file or path is never taken for a hub repo id.
+    let f = bin.display().to_string();
+    fails_with(&["score", "--model", &f, "--input", &f], &["is a file"]);
+    fails_with(&["score", "--model", "./no/such", "--input", &f], &["no such folder"]);
+}
+
+/// The shipped SFT model (committed weights) copied to `dir` with `edit` applied to them.
+fn edited_model(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Tensor)>)) -> PathBuf {
+    let out = dir.join("model");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in std::fs::read_dir(datasets().join("tiny-qwen3-sft")).unwrap().flatten() {
+        std::fs::copy(f.path(), out.join(f.file_name())).unwrap();
+    }
+    let file = out.join("model.safetensors");
+    let mut tensors = Tensor::read_safetensors(&file).unwrap();
+    edit(&mut tensors);
+    Tensor::write_safetensors(&tensors, &file).unwrap();
+    out
+}
+
+#[test]
+fn non_finite_or_foreign_weights_are_refused_with_the_tensor_named() {
+    let dir = scratch("weights");
+    let rows = prompts_file(&dir);
+    let nan = edited_model(&dir.join("nan"), |ts| {
+        let t = ts
+            .iter_mut()
+            .find(|(n, _)| n.ends_with("layers.0.mlp.up_proj.weight"))
+            .unwrap();
+        let _ = t.1.get(0).get(0).fill_(f64::NAN);
+    });
+    fails_with(
+        &["score", "--model", nan.to_str().unwrap(), "--input", &rows],
+        &["model.layers.0.mlp.up_proj.weight", "NaN or infinite"],
+    );
+    let extra = edited_model(&dir.join("extra"), |ts| {
+        ts.push((
+            "model.layers.99.foo.weight".into(),
+            Tensor::zeros([2], tch::kind::FLOAT_CPU),
+        ))
+    });
+    fails_with(
+        &["score", "--model", extra.to_str().unwrap(), "--input", &rows],
+        &["model.layers.99.foo.weight", "not a parameter of this model"],
+    );
+}
+
+#[test]
+fn a_resume_past_max_steps_is_refused() {
+    let dir = scratch("resume");
+    let out = dir.join("out");
+    let cfg = sft_config(&dir, &format!("output_dir = {:?}\nsave_steps = 2", out));
+    assert!(run(&["sft", "--config", &cfg]).status.success());
+    let path = dir.join("short.toml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("max_steps = 2", "max_steps = 1");
+    std::fs::write(&path, text).unwrap();
+    let ckpt = out.join("checkpoint-2");
+    fails_with(
+        &[
+            "sft",
+            "--config",
+            path.to_str().unwrap(),
+            "--resume-from",
+            ckpt.to_str().unwrap(),
+        ],
+        &["config `max_steps`: is 1", "step 2"],
+    );
+}
+
+#[test]
+fn an_update_that_makes_weights_non_finite_stops_the_run() {
+    use treetrain::sft::{SftConfig, SftTrainer, TokenizeOptions};
+    use treetrain::train::{TrainConfig, TrainError};
+    let dir = scratch("blowup");
+    let cfg = SftConfig {
+        train: TrainConfig {
+            model: tiny(),
+            dataset: datasets().join("sft/train.parquet"),
+            learning_rate: 1e300,
+            max_grad_norm: None,
+            output_dir: Some(dir.join("out")),
+            ..Default::default()
+        },
+        tokenize: TokenizeOptions {
+            max_length: 64,
+            ..Default::default()
+        },
+        batch_size: 2,
+        max_steps: Some(3),
+        ..Default::default()
+    };
+    let mut t = SftTrainer::new(cfg).unwrap();
+    match t.step() {
+        Err(TrainError::NonFiniteWeights { step: 1, name }) => {
+            assert!(name.starts_with("model.") || name.starts_with("lm_head"))
+        }
+        other => panic!("expected NonFiniteWeights, got {other:?}"),
+    }
+    let err = treetrain::train::Trainer::save_checkpoint(&t).unwrap_err().to_string();
+    assert!(err.contains("NaN or infinite"), "{err}");
+    assert!(!dir.join("out/checkpoint-1").exists());
+}
