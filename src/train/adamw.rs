@@ -174,7 +174,19 @@ impl AdamW {
     }
 
     /// The first parameter (by name) holding NaN or infinite values, if any.
+    ///
+    /// Runs after every update, so the common case (all finite) is one reduction and one
+    /// device sync over all parameters; names are looked up only when something is not.
     pub fn first_non_finite(&self) -> Result<Option<&str>, ModelError> {
+        let flags: Vec<Tensor> = self
+            .params
+            .values()
+            .filter(|p| p.is_floating_point())
+            .map(|p| p.f_isfinite()?.f_all())
+            .collect::<Result<_, _>>()?;
+        if flags.is_empty() || Tensor::f_stack(&flags, 0)?.f_all()?.int64_value(&[]) != 0 {
+            return Ok(None);
+        }
         for (name, p) in &self.params {
             if !crate::model::all_finite(p)? {
                 return Ok(Some(name));
