@@ -178,6 +178,20 @@ impl GrpoConfig {
         Ok(cfg)
     }
 
+    /// How rollouts are sampled: temperature, top-k, top-p and min-p of this config, seeded
+    /// by the run's seed (what the generator uses and what validation checks).
+    pub fn sampling(&self) -> crate::generate::SamplingConfig {
+        crate::generate::SamplingConfig {
+            do_sample: true,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.train.seed,
+            ..Default::default()
+        }
+    }
+
     /// Checks the numbers that would make a run meaningless or hang.
     pub fn validate(&self) -> Result<(), TrainError> {
         self.train.validate()?;
@@ -202,14 +216,7 @@ impl GrpoConfig {
         if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(TrainError::config(field, "must be at least 1"));
         }
-        let sampling = crate::generate::SamplingConfig {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            ..Default::default()
-        };
-        sampling
+        self.sampling()
             .check()
             .map_err(|(field, message)| TrainError::config(field, message))?;
         let non_negative = [

@@ -12,7 +12,7 @@ use super::{
     UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update,
 };
 use crate::data::Dataset;
-use crate::generate::{GenerationConfig, SamplingConfig};
+use crate::generate::GenerationConfig;
 use crate::model::{Model, SpecialTokens};
 use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
@@ -743,15 +743,7 @@ fn generation_config(config: &GrpoConfig, special: &SpecialTokens) -> Generation
         eos_token_ids: special.eos.clone(),
         pad_token_id: special.pad,
         prefill_chunk_size: config.prefill_chunk_size,
-        sampling: SamplingConfig {
-            do_sample: true,
-            temperature: config.temperature,
-            top_k: config.top_k,
-            top_p: config.top_p,
-            min_p: config.min_p,
-            seed: config.train.seed,
-            ..Default::default()
-        },
+        sampling: config.sampling(),
         ..Default::default()
     }
 }
