@@ -8,6 +8,9 @@ bash scripts/setup-libtorch.sh
 # Real torchrun for the multi-process tests (tests/distributed.rs).
 TREETRAIN_TORCHRUN=$(bash scripts/setup-torchrun.sh)
 export TREETRAIN_TORCHRUN
+# PEFT beside that torch, for the adapter cross-checks (tests/lora.rs).
+TREETRAIN_PEFT_PYTHON=$(bash scripts/setup-peft.sh)
+export TREETRAIN_PEFT_PYTHON
 echo "== cargo test (unit, integration, doc; slow tests included)"
 cargo test --all-targets -- --include-ignored
 cargo test --doc

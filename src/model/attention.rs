@@ -67,6 +67,31 @@ impl Attention {
         }
     }
 
+    /// The same base tensors (shared, not copied) without adapters.
+    pub fn base_view(&self) -> Attention {
+        Attention {
+            q_proj: self.q_proj.base_view(),
+            k_proj: self.k_proj.base_view(),
+            v_proj: self.v_proj.base_view(),
+            o_proj: self.o_proj.base_view(),
+            q_norm: self.q_norm.as_ref().map(RmsNorm::base_view),
+            k_norm: self.k_norm.as_ref().map(RmsNorm::base_view),
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// The linear layers by name within `self_attn`.
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 4] {
+        [
+            ("q_proj", &mut self.q_proj),
+            ("k_proj", &mut self.k_proj),
+            ("v_proj", &mut self.v_proj),
+            ("o_proj", &mut self.o_proj),
+        ]
+    }
+
     /// Projects `x` `[batch, seq, hidden]` to `(q, k, v)`, each `[batch, heads, seq, head_dim]`
     /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`.
     pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {

@@ -37,6 +37,16 @@ impl DecoderLayer {
         }
     }
 
+    /// The same base tensors (shared, not copied) without adapters.
+    pub fn base_view(&self) -> DecoderLayer {
+        DecoderLayer {
+            self_attn: self.self_attn.base_view(),
+            mlp: self.mlp.base_view(),
+            input_layernorm: self.input_layernorm.base_view(),
+            post_attention_layernorm: self.post_attention_layernorm.base_view(),
+        }
+    }
+
     /// `x` `[batch, seq, hidden]` -> `[batch, seq, hidden]`; this is layer `index` of the
     /// stack, attending over `kv`.
     pub fn forward(
@@ -96,9 +106,43 @@ impl CausalLm {
         }
     }
 
-    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied; a `modules_to_save`
+    /// copy when an adapter trains it).
     pub fn lm_head_weight(&self) -> &Tensor {
-        self.lm_head.as_ref().map_or(&self.embed_tokens, |l| &l.weight)
+        self.lm_head
+            .as_ref()
+            .map_or(&self.embed_tokens, Linear::effective_weight)
+    }
+
+    /// Every linear layer under its `state_dict` prefix (`model.layers.0.self_attn.q_proj`,
+    /// ..., `lm_head`), in the order of the stack.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out: Vec<(String, &mut Linear)> = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for (name, l) in layer.self_attn.linears_mut() {
+                out.push((format!("model.layers.{i}.self_attn.{name}"), l));
+            }
+            for (name, l) in layer.mlp.linears_mut() {
+                out.push((format!("model.layers.{i}.mlp.{name}"), l));
+            }
+        }
+        if let Some(head) = self.lm_head.as_mut() {
+            out.push(("lm_head".into(), head));
+        }
+        out
+    }
+
+    /// The same model without any adapter, sharing every base tensor (no weights copied): the
+    /// reference policy of LoRA training. Callers make sure no adapter is merged into the base.
+    pub fn base_view(&self) -> CausalLm {
+        CausalLm {
+            config: self.config.clone(),
+            embed_tokens: self.embed_tokens.shallow_clone(),
+            layers: self.layers.iter().map(DecoderLayer::base_view).collect(),
+            norm: self.norm.base_view(),
+            lm_head: self.lm_head.as_ref().map(Linear::base_view),
+            inv_freq: self.inv_freq.shallow_clone(),
+        }
     }
 
     /// The device the parameters live on.

@@ -101,6 +101,15 @@ pub enum ModelError {
         /// Checkpoint folder.
         dir: PathBuf,
     },
+    /// A LoRA adapter that does not fit this model or asks for what treetrain does not
+    /// implement (`place`: the file and field, or the tensor).
+    #[error("LoRA adapter: {place} {message}")]
+    Adapter {
+        /// Where: `adapter_config.json field `use_dora``, `tensor `...lora_A.weight``, ...
+        place: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Input tensors or ids that do not fit the model.
     #[error("invalid input: {0}")]
     Input(String),

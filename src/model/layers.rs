@@ -3,14 +3,32 @@
 use tch::{Kind, Tensor, nn};
 
 use super::config::ModelConfig;
+use super::lora::LoraDelta;
 
-/// `y = x W^T + b`, with `weight` `[out, in]` and `bias` `[out]` named as in PyTorch.
+/// What an adapter puts on a linear layer.
+#[derive(Debug)]
+pub enum LinearAdapter {
+    /// LoRA: the layer's output plus `scale * B A x`.
+    Lora(LoraDelta),
+    /// `modules_to_save`: a trained copy used instead of the (frozen) base weights.
+    Copy {
+        /// `[out, in]`.
+        weight: Tensor,
+        /// `[out]`.
+        bias: Option<Tensor>,
+    },
+}
+
+/// `y = x W^T + b`, with `weight` `[out, in]` and `bias` `[out]` named as in PyTorch, plus an
+/// optional adapter.
 #[derive(Debug)]
 pub struct Linear {
     /// `[out_features, in_features]`.
     pub weight: Tensor,
     /// `[out_features]`.
     pub bias: Option<Tensor>,
+    /// The adapter on this layer, if any.
+    pub adapter: Option<LinearAdapter>,
 }
 
 impl Linear {
@@ -18,12 +36,43 @@ impl Linear {
     pub fn new(path: nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
         let weight = path.var("weight", &[out_dim, in_dim], nn::Init::Const(0.0));
         let bias = bias.then(|| path.var("bias", &[out_dim], nn::Init::Const(0.0)));
-        Linear { weight, bias }
+        Linear {
+            weight,
+            bias,
+            adapter: None,
+        }
     }
 
     /// `x` `[..., in]` -> `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.weight, self.bias.as_ref())
+        match &self.adapter {
+            None => x.linear(&self.weight, self.bias.as_ref()),
+            Some(LinearAdapter::Copy { weight, bias }) => x.linear(weight, bias.as_ref()),
+            Some(LinearAdapter::Lora(lora)) => {
+                let y = x.linear(&self.weight, self.bias.as_ref());
+                match lora.forward(x) {
+                    Some(delta) => y + delta,
+                    None => y,
+                }
+            }
+        }
+    }
+
+    /// The weight the forward multiplies by (a `modules_to_save` copy when there is one).
+    pub fn effective_weight(&self) -> &Tensor {
+        match &self.adapter {
+            Some(LinearAdapter::Copy { weight, .. }) => weight,
+            _ => &self.weight,
+        }
+    }
+
+    /// The same base tensors (shared, not copied) without the adapter.
+    pub fn base_view(&self) -> Linear {
+        Linear {
+            weight: self.weight.shallow_clone(),
+            bias: self.bias.as_ref().map(Tensor::shallow_clone),
+            adapter: None,
+        }
     }
 }
 
@@ -41,6 +90,14 @@ impl RmsNorm {
         RmsNorm {
             weight: path.var("weight", &[dim], nn::Init::Const(1.0)),
             eps,
+        }
+    }
+
+    /// The same weight tensor (shared, not copied).
+    pub fn base_view(&self) -> RmsNorm {
+        RmsNorm {
+            weight: self.weight.shallow_clone(),
+            eps: self.eps,
         }
     }
 
@@ -74,6 +131,24 @@ impl Mlp {
             up_proj: Linear::new(&path / "up_proj", h, i, b),
             down_proj: Linear::new(&path / "down_proj", i, h, b),
         }
+    }
+
+    /// The same base tensors without adapters.
+    pub fn base_view(&self) -> Mlp {
+        Mlp {
+            gate_proj: self.gate_proj.base_view(),
+            up_proj: self.up_proj.base_view(),
+            down_proj: self.down_proj.base_view(),
+        }
+    }
+
+    /// The linear layers by name within the MLP.
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 3] {
+        [
+            ("gate_proj", &mut self.gate_proj),
+            ("up_proj", &mut self.up_proj),
+            ("down_proj", &mut self.down_proj),
+        ]
     }
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor, nn};
 
+use super::lora::{LoraAdapter, LoraConfig};
 use super::weights::{init_seeded, load_into, weight_files, write_safetensors};
 use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, parse_kind, target_logprobs};
 use crate::display::{self, Rich, escape};
@@ -80,6 +81,8 @@ pub struct Model {
     pub hf_config: HfConfig,
     /// The folder it was loaded from, if any.
     pub source: Option<PathBuf>,
+    /// The attached LoRA adapter, if any (its tensors are then the only trainable ones).
+    pub adapter: Option<LoraAdapter>,
 }
 
 impl Model {
@@ -117,6 +120,45 @@ fn check_target(dir: &Path, replace: bool) -> Result<(), ModelError> {
             )),
         },
     }
+}
+
+/// Writes a folder through `write` into a temporary sibling renamed into place, so a crash never
+/// leaves a half-written folder under the real name. `dir` must not exist or be an empty folder
+/// unless `replace` (then an existing folder is replaced whole; a file is always refused).
+pub(crate) fn save_folder(
+    dir: &Path,
+    replace: bool,
+    write: impl FnOnce(&Path) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    check_target(dir, replace)?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.is_dir() && std::fs::remove_dir(dir).is_ok() {
+        // It was an empty folder.
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    } else if dir.is_dir() {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    }
+    Ok(())
 }
 
 impl Model {
@@ -168,6 +210,7 @@ impl Model {
             lm,
             hf_config,
             source: None,
+            adapter: None,
         })
     }
 
@@ -244,32 +287,15 @@ impl Model {
     }
 
     fn save_as(&self, dir: &Path, tokenizer_from: Option<&Path>, replace: bool) -> Result<(), ModelError> {
-        check_target(dir, replace)?;
-        let parent = dir
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-        self.write_files(&tmp, tokenizer_from)?;
-        if dir.is_dir() && std::fs::remove_dir(dir).is_ok() {
-            // It was an empty folder.
-            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-        } else if dir.is_dir() {
-            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-            std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
-            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-            let _ = std::fs::remove_dir_all(&old);
-        } else {
-            std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+        if self.adapter.as_ref().is_some_and(|a| !a.merged) {
+            return Err(ModelError::Adapter {
+                place: format!("saving {}:", dir.display()),
+                message: "the model has an unmerged LoRA adapter, which a plain checkpoint would lose; \
+                          save_adapter writes the adapter, merge_and_unload then save writes the merged model"
+                    .into(),
+            });
         }
-        Ok(())
+        save_folder(dir, replace, |tmp| self.write_files(tmp, tokenizer_from))
     }
 
     fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
@@ -337,6 +363,105 @@ impl Model {
             .collect();
         rows.sort_by_key(|r| natural_key(&r.0));
         rows
+    }
+}
+
+/// LoRA: attaching, saving, merging adapters ([`crate::model::lora`]).
+impl Model {
+    /// Attaches a new adapter (PEFT's initialisation: outputs unchanged until it trains) and
+    /// freezes the base weights.
+    pub fn add_lora(&mut self, config: LoraConfig) -> Result<&LoraAdapter, ModelError> {
+        let base = self.base_name();
+        let adapter = LoraAdapter::create(&mut self.lm, config, &base)?;
+        Ok(self.hold(adapter))
+    }
+
+    /// Attaches the PEFT adapter saved in `dir` and freezes the base weights.
+    pub fn load_adapter(&mut self, dir: &Path) -> Result<&LoraAdapter, ModelError> {
+        let adapter = LoraAdapter::load(&mut self.lm, dir)?;
+        Ok(self.hold(adapter))
+    }
+
+    /// Attaches a copy of `other`'s adapter (same config, same values): a generator's copy of
+    /// the policy.
+    pub fn copy_adapter_from(&mut self, other: &LoraAdapter) -> Result<&LoraAdapter, ModelError> {
+        let adapter = LoraAdapter::duplicate(other, &mut self.lm)?;
+        Ok(self.hold(adapter))
+    }
+
+    fn hold(&mut self, adapter: LoraAdapter) -> &LoraAdapter {
+        self.vs.freeze();
+        self.adapter.insert(adapter)
+    }
+
+    fn base_name(&self) -> String {
+        self.source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Writes the attached adapter as PEFT's folder.
+    pub fn save_adapter(&self, dir: &Path) -> Result<(), ModelError> {
+        self.require_adapter()?.save(dir, false)
+    }
+
+    fn require_adapter(&self) -> Result<&LoraAdapter, ModelError> {
+        self.adapter.as_ref().ok_or_else(|| ModelError::Adapter {
+            place: "model".into(),
+            message: "has no adapter attached".into(),
+        })
+    }
+
+    /// Folds the adapter into the base weights (same outputs, no adapter work per forward).
+    pub fn merge_adapter(&mut self) -> Result<(), ModelError> {
+        let adapter = self.adapter.as_mut().ok_or_else(|| ModelError::Adapter {
+            place: "model".into(),
+            message: "has no adapter attached".into(),
+        })?;
+        adapter.merge(&mut self.lm)
+    }
+
+    /// Takes a merged adapter back out of the base weights.
+    pub fn unmerge_adapter(&mut self) -> Result<(), ModelError> {
+        match self.adapter.as_mut() {
+            Some(a) => a.unmerge(&mut self.lm),
+            None => Ok(()),
+        }
+    }
+
+    /// Merges the adapter for good and removes it: a plain model that [`Model::save`] writes
+    /// as a checkpoint transformers loads (PEFT's `merge_and_unload`).
+    pub fn merge_and_unload(&mut self) -> Result<(), ModelError> {
+        if let Some(adapter) = self.adapter.take() {
+            adapter.merge_and_unload(&mut self.lm)?;
+            self.vs.unfreeze();
+        }
+        Ok(())
+    }
+
+    /// The variables training updates: the adapter's when one is attached, else the model's.
+    pub fn trainable(&self) -> &nn::VarStore {
+        self.adapter.as_ref().map_or(&self.vs, |a| &a.vs)
+    }
+
+    /// Turns the adapter's dropout on (training) or off.
+    pub fn set_training(&self, training: bool) {
+        if let Some(a) = &self.adapter {
+            a.set_training(training);
+        }
+    }
+
+    /// The model with its adapter off, sharing the base tensors (GRPO's reference without a
+    /// second copy of the weights). An error while the adapter is merged into them.
+    pub fn base_view(&self) -> Result<CausalLm, ModelError> {
+        if self.adapter.as_ref().is_some_and(|a| a.merged) {
+            return Err(ModelError::Adapter {
+                place: "model".into(),
+                message: "has its adapter merged into the base weights; unmerge it to see the base".into(),
+            });
+        }
+        Ok(self.lm.base_view())
     }
 }
 

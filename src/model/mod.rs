@@ -9,6 +9,8 @@
 //! - [`Model`] ties the two to a var store: load (sharded safetensors, dtype conversion),
 //!   seeded initialisation, save as a folder transformers loads unchanged.
 //! - [`target_logprobs`] scores tokens through a chunked LM head.
+//! - [`lora`]: LoRA adapters in PEFT's format, attached with [`Model::add_lora`] or
+//!   [`Model::load_adapter`].
 
 mod attention;
 mod cache;
@@ -20,6 +22,7 @@ mod layers;
 mod layout;
 mod loaded;
 mod logprobs;
+pub mod lora;
 mod rope;
 mod special;
 mod weights;
@@ -30,7 +33,7 @@ pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
 pub use dtype::{Dtype, parse_kind};
 pub use error::ModelError;
-pub use layers::{Linear, Mlp, RmsNorm};
+pub use layers::{Linear, LinearAdapter, Mlp, RmsNorm};
 pub use layout::{
     AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
     SegmentLayout,
