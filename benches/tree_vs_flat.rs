@@ -11,6 +11,8 @@
 //! and peak memory; then the packer's own throughput. Writes everything as JSON. `pairs` is the
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -142,41 +144,6 @@ fn work(cfg: &ModelConfig, row: &PackedRow) -> f64 {
     row.len() as f64 * per_token + row.attention_pairs() as f64 * per_pair + head
 }
 
-enum AllocatorMode {
-    /// Freed memory stays with the process (steady-state speed).
-    Time,
-    /// Every large tensor is its own mapping, returned on free (honest resident peaks).
-    Measure,
-}
-
-fn allocator(mode: AllocatorMode) {
-    let (mmap, trim) = match mode {
-        AllocatorMode::Time => (64 << 20, 1 << 30),
-        AllocatorMode::Measure => (256 << 10, 1 << 20),
-    };
-    // SAFETY: mallopt and malloc_trim only tune and trim glibc's allocator.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
-        libc::malloc_trim(0);
-    }
-}
-
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-fn status_kib(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0.0)
-}
-
 /// Median milliseconds of forward + backward, and the resident-memory peak of one more step
 /// above what was resident before it (MiB; CPU only).
 fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
@@ -206,12 +173,12 @@ fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
     // Peak memory in a separate step: large tensors are then always mmapped and unmapped on
     // free, so resident memory follows live tensors and the peak after a reset is this step's.
     // (Not during timing: mapping every tensor costs page faults.)
-    allocator(AllocatorMode::Measure);
-    let base = status_kib("VmRSS:");
-    reset_peak_rss();
+    common::allocator(common::AllocatorMode::Measure);
+    let base = common::status_kib("VmRSS:");
+    common::reset_peak_rss();
     step();
-    let peak = (status_kib("VmHWM:") - base) / 1024.0;
-    allocator(AllocatorMode::Time);
+    let peak = (common::status_kib("VmHWM:") - base) / 1024.0;
+    common::allocator(common::AllocatorMode::Time);
     (median, peak)
 }
 
@@ -262,7 +229,7 @@ fn packer_throughput(groups: usize) -> serde_json::Value {
 
 fn main() {
     let args = parse_args();
-    allocator(AllocatorMode::Time);
+    common::allocator(common::AllocatorMode::Time);
     let hf = HfConfig::from_file(&args.config).expect("config.json");
     let model = Model::seeded(
         hf,

@@ -82,6 +82,27 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
     rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
     rule(Scope::Train, "distributed_timeout_s", "finite and > 0", Some("inf")),
+    rule(Scope::Train, "lora.r", "at least 1", Some("0")),
+    rule(Scope::Train, "lora.lora_alpha", "finite and > 0", Some("0.0")),
+    rule(Scope::Train, "lora.lora_dropout", "in [0, 1)", Some("1.0")),
+    rule(
+        Scope::Train,
+        "lora.target_modules",
+        "module names, each matching a linear layer of the model (not `lm_head`: train it whole with `modules_to_save`), or \"all-linear\"; a single other string (a PEFT regular expression) is refused",
+        Some("[]"),
+    ),
+    rule(
+        Scope::Train,
+        "lora (resuming)",
+        "the checkpoint's adapter settings equal `[lora]`; a LoRA checkpoint needs `[lora]`, a full one refuses it",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "adapter_config.json (`--adapter`, `load_adapter`)",
+        "`peft_type` LORA; DoRA, biases, per-layer ranks or patterns, base-rewriting initialisations (PiSSA, OLoRA, ...) and unknown options refused by field; every tensor one the config implies, in its shape",
+        None,
+    ),
     rule(
         Scope::Train,
         "unknown keys",

@@ -411,3 +411,122 @@ fn adapters_that_do_not_fit_or_ask_for_more_are_errors_naming_the_tensor_or_fiel
     let err = model.save(&temp_dir("plain"), None).unwrap_err();
     assert!(err.to_string().contains("save_adapter"), "{err}");
 }
+
+fn treetrain(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_treetrain"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn cli_scores(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// `score --adapter` gives PEFT's log-probs, `convert --adapter` writes a merged checkpoint that
+/// scores the same without it, and greedy `generate --adapter` (merged) gives the tokens the
+/// unmerged adapter gives.
+#[test]
+fn the_cli_applies_and_merges_adapters() {
+    let case = "peft_qwen3_all_linear_rslora";
+    let exp = expected(case);
+    let adapter = fixtures().join("adapters").join(case);
+    let base = fixtures().join("models/qwen3");
+    let dir = temp_dir("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("rows.jsonl");
+    let lines: Vec<String> = exp
+        .rows
+        .iter()
+        .map(|r| serde_json::json!({"input_ids": r}).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let (base_s, input_s, adapter_s) = (
+        base.to_str().unwrap(),
+        input.to_str().unwrap(),
+        adapter.to_str().unwrap(),
+    );
+    let scored = cli_scores(&treetrain(&[
+        "score",
+        "--model",
+        base_s,
+        "--adapter",
+        adapter_s,
+        "--input",
+        input_s,
+    ]));
+    for ((row, logits), got) in exp.rows.iter().zip(&exp.logits).zip(&scored) {
+        let lp = logits.log_softmax(-1, Kind::Float);
+        for (i, g) in got.iter().enumerate() {
+            let want = lp.double_value(&[i as i64, row[i + 1]]);
+            assert!((g - want).abs() <= 1e-4, "position {i}: {g} vs PEFT {want}");
+        }
+    }
+    let merged = dir.join("merged");
+    treetrain(&[
+        "convert",
+        "--model",
+        base_s,
+        "--adapter",
+        adapter_s,
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(!merged.join("adapter_config.json").exists() && merged.join("model.safetensors").exists());
+    let plain = cli_scores(&treetrain(&[
+        "score",
+        "--model",
+        merged.to_str().unwrap(),
+        "--input",
+        input_s,
+    ]));
+    for (a, b) in scored.iter().flatten().zip(plain.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-4, "merged {b} vs adapter {a}");
+    }
+    let generated = treetrain(&[
+        "generate",
+        "--model",
+        base_s,
+        "--adapter",
+        adapter_s,
+        "--input",
+        input_s,
+        "--greedy",
+        "--max-new-tokens",
+        "12",
+    ]);
+    let got: Vec<Vec<i64>> = generated
+        .lines()
+        .map(|l| {
+            serde_json::from_value(serde_json::from_str::<serde_json::Value>(l).unwrap()["output_ids"].clone()).unwrap()
+        })
+        .collect();
+    let mut model = load_base("qwen3");
+    model.load_adapter(&adapter).unwrap();
+    let cfg = treetrain::generate::GenerationConfig {
+        max_new_tokens: 12,
+        ..Default::default()
+    };
+    let unmerged = treetrain::generate::Generator::new()
+        .generate(&model.lm, &exp.rows, &cfg)
+        .unwrap();
+    for (g, u) in got.iter().zip(&unmerged) {
+        assert_eq!(g, &u.output_ids, "merged generation differs from the adapter's");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -73,3 +73,47 @@ impl Args {
         }
     }
 }
+
+/// How glibc's allocator treats large blocks while a bench runs.
+#[allow(dead_code)]
+pub enum AllocatorMode {
+    /// Freed memory stays with the process (steady-state speed).
+    Time,
+    /// Every large tensor is its own mapping, returned on free (honest resident peaks).
+    Measure,
+}
+
+/// Sets the allocator's mode: `Measure` maps every large tensor on its own and returns it on
+/// free, so resident memory follows live tensors (honest peaks); `Time` keeps freed memory.
+#[allow(dead_code)]
+pub fn allocator(mode: AllocatorMode) {
+    let (mmap, trim) = match mode {
+        AllocatorMode::Time => (64 << 20, 1 << 30),
+        AllocatorMode::Measure => (256 << 10, 1 << 20),
+    };
+    // SAFETY: mallopt and malloc_trim only tune and trim glibc's allocator.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
+        libc::malloc_trim(0);
+    }
+}
+
+/// Resets the process's resident-memory high-water mark (`VmHWM`).
+#[allow(dead_code)]
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// A `/proc/self/status` field in KiB (`VmRSS:`, `VmHWM:`).
+#[allow(dead_code)]
+pub fn status_kib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0.0)
+}

@@ -17,6 +17,10 @@ pub struct ConvertArgs {
     /// Replace an existing output folder (a file there is still refused).
     #[arg(long)]
     overwrite: bool,
+    /// A PEFT LoRA adapter folder to merge into the model: the output is a plain checkpoint
+    /// (PEFT's `merge_and_unload` + `save_pretrained`).
+    #[arg(long)]
+    adapter: Option<PathBuf>,
     /// Output dtype: fp32, bf16 or fp16 (default: unchanged).
     #[arg(long, value_parser = super::choice::<Dtype>("--dtype"))]
     dtype: Option<Dtype>,
@@ -24,7 +28,14 @@ pub struct ConvertArgs {
 
 /// Runs `convert`.
 pub fn run(args: &ConvertArgs) -> Result<()> {
-    let (dir, m) = super::load_model(&args.model, args.dtype)?;
+    // Merged in the output's dtype, as PEFT merges in the base model's.
+    let (dir, mut m) = super::load_model(
+        &args.model,
+        args.dtype,
+        args.adapter.as_deref(),
+        super::AdapterUse::Attached,
+    )?;
+    m.merge_and_unload()?;
     match args.overwrite {
         true => m.save_over(&args.out, Some(&dir))?,
         false => m.save(&args.out, Some(&dir))?,

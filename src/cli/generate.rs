@@ -13,6 +13,10 @@ pub struct GenerateArgs {
     /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
     #[arg(long)]
     model: String,
+    /// A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for the
+    /// model, applied (merged into the weights for speed).
+    #[arg(long)]
+    adapter: Option<PathBuf>,
     /// JSONL: `{"input_ids": [...]}`, `{"prompt": "..."}` or `{"messages": [...]}` per line.
     #[arg(long)]
     input: PathBuf,
@@ -63,7 +67,12 @@ pub struct GenerateArgs {
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     anyhow::ensure!(args.num_generations >= 1, "--num-generations 0: must be at least 1");
-    let (dir, model) = super::load_model(&args.model, args.dtype)?;
+    let (dir, model) = super::load_model(
+        &args.model,
+        args.dtype,
+        args.adapter.as_deref(),
+        super::AdapterUse::Merged,
+    )?;
     let tok = super::tokenizer_of(&dir)?;
     let prompts = read_prompts(args, tok.as_ref(), &dir)?;
     let cfg = generation_config(args, tok.as_ref(), &model.lm.config)?;

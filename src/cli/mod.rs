@@ -43,14 +43,35 @@ pub fn make_shipped_data(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A model folder or cached repo id, loaded on CPU in `dtype` (default: the checkpoint's).
-pub fn load_model(spec: &str, dtype: Option<treetrain::model::Dtype>) -> Result<(PathBuf, treetrain::model::Model)> {
+/// How a subcommand wants a `--adapter` applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterUse {
+    /// Kept separate: PEFT's forward exactly (`score`).
+    Attached,
+    /// Folded into the weights: no adapter work per step (`generate`).
+    Merged,
+}
+
+/// A model folder or cached repo id, loaded on CPU in `dtype` (default: the checkpoint's), with
+/// the PEFT adapter folder `adapter` on it when given.
+pub fn load_model(
+    spec: &str,
+    dtype: Option<treetrain::model::Dtype>,
+    adapter: Option<&Path>,
+    mode: AdapterUse,
+) -> Result<(PathBuf, treetrain::model::Model)> {
     let dir = treetrain::hub::HubCache::from_env().model_dir(spec)?;
     let opts = treetrain::model::LoadOptions {
         dtype: dtype.map(treetrain::model::Dtype::kind),
         device: tch::Device::Cpu,
     };
-    let model = treetrain::model::Model::load(&dir, opts)?;
+    let mut model = treetrain::model::Model::load(&dir, opts)?;
+    if let Some(adapter) = adapter {
+        model.load_adapter(adapter)?;
+        if mode == AdapterUse::Merged {
+            model.merge_adapter()?;
+        }
+    }
     Ok((dir, model))
 }
 

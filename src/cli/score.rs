@@ -23,6 +23,10 @@ pub struct ScoreArgs {
     /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
     #[arg(long)]
     model: String,
+    /// A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for the
+    /// model, applied (computed beside the base weights, as PEFT does).
+    #[arg(long)]
+    adapter: Option<PathBuf>,
     /// JSONL input: `{"input_ids": [...]}` or `{"text": "..."}` per line (`-` for stdin).
     #[arg(long)]
     input: PathBuf,
@@ -40,7 +44,12 @@ pub struct ScoreArgs {
 
 /// Runs `score`.
 pub fn run(args: &ScoreArgs) -> Result<()> {
-    let (dir, model) = super::load_model(&args.model, args.dtype)?;
+    let (dir, model) = super::load_model(
+        &args.model,
+        args.dtype,
+        args.adapter.as_deref(),
+        super::AdapterUse::Attached,
+    )?;
     let tokenizer = super::tokenizer_of(&dir)?;
     let (mut rows, mut ats): (Vec<Vec<i64>>, Vec<String>) = (Vec::new(), Vec::new());
     for line in super::jsonl::read(&args.input)? {

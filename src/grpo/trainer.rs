@@ -13,7 +13,7 @@ use super::{
 };
 use crate::data::Dataset;
 use crate::generate::GenerationConfig;
-use crate::model::{Model, SpecialTokens};
+use crate::model::{CausalLm, Model, SpecialTokens};
 use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
 use crate::train::distributed::World;
@@ -154,6 +154,15 @@ enum Source {
     Async(AsyncRollouts),
 }
 
+/// The reference of the KL term: with LoRA the policy's base, sharing its tensors; else the
+/// starting weights loaded again.
+fn reference_of(core: &TrainCore) -> Result<CausalLm, TrainError> {
+    Ok(match core.model.adapter {
+        Some(_) => core.model.base_view()?,
+        None => Model::load(&core.model_dir, core.load_options)?.lm,
+    })
+}
+
 /// GRPO on one process: policy, optional frozen reference, rewards, optimizer and rollouts.
 ///
 /// The configuration is fixed once built ([`GrpoTrainer::config`] reads it): in async mode a
@@ -170,7 +179,9 @@ pub struct GrpoTrainer {
     config: GrpoConfig,
     core: TrainCore,
     generation: GenerationConfig,
-    reference: Option<Model>,
+    /// The frozen reference of the KL term: a loaded copy of the starting weights, or with
+    /// LoRA the policy's own base tensors with the adapter off (no copy).
+    reference: Option<CausalLm>,
     rewards: Arc<Vec<RewardFn>>,
     held_out: Option<PromptSet>,
     /// A batch with optimizer steps left (`num_iterations > 1`).
@@ -263,14 +274,12 @@ impl GrpoTrainer {
         let source = match config.mode {
             RolloutMode::Sync => Source::Sync(Box::new(producer)),
             RolloutMode::Async => {
-                let copy = Model::load(checkpoint.unwrap_or(&core.model_dir), core.load_options)?;
+                let copy = core.copy_of_policy()?;
                 let capacity = config.queue_size * config.prompts_per_step;
                 Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
             }
         };
-        let reference = (config.beta > 0.0)
-            .then(|| Model::load(&core.model_dir, core.load_options))
-            .transpose()?;
+        let reference = (config.beta > 0.0).then(|| reference_of(&core)).transpose()?;
         let held_out = match &config.eval_dataset {
             Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?)?),
             None => None,
@@ -307,6 +316,12 @@ impl GrpoTrainer {
     /// Its tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.core.tokenizer
+    }
+
+    /// The frozen reference of the KL term (`beta > 0`): with LoRA the policy's base tensors
+    /// with the adapter off.
+    pub fn reference(&self) -> Option<&CausalLm> {
+        self.reference.as_ref()
     }
 
     /// The loss of the run.
@@ -356,7 +371,7 @@ impl GrpoTrainer {
                     self.state.dropped_stale += 1;
                     // Until the generator has weights recent enough, all it makes is dropped.
                     if version - a.published() > self.config.max_staleness {
-                        a.publish(version, &self.core.model.vs);
+                        a.publish(version, self.core.model.trainable());
                         self.state.forced_syncs += 1;
                     }
                 }
@@ -401,16 +416,17 @@ impl GrpoTrainer {
             world.size,
         )?;
         let pack_s = t.elapsed().as_secs_f64();
-        let reference = self.reference.as_ref().map(|m| &m.lm);
-        let mut stats = accumulate_share(
+        let training = self.core.model.training();
+        let accumulated = accumulate_share(
             &self.core.model.lm,
-            reference,
+            self.reference.as_ref(),
             &update.rows,
             update.totals,
             &self.objective(),
-        )
+        );
+        drop(training);
         // Rows before the failure left gradients behind: the next step must not see them.
-        .inspect_err(|_| self.core.optim.discard_gradients())?;
+        let mut stats = accumulated.inspect_err(|_| self.core.optim.discard_gradients())?;
         sum_over_ranks(&mut stats, world)?;
         let rows = update.rows;
         let t = Instant::now();
@@ -425,7 +441,7 @@ impl GrpoTrainer {
         if let Source::Async(a) = &mut self.source
             && self.state.global_step.is_multiple_of(self.config.weight_sync_steps)
         {
-            a.publish(self.state.global_step, &self.core.model.vs);
+            a.publish(self.state.global_step, self.core.model.trainable());
         }
         let m = GrpoStepMetrics {
             staleness: version - batch.version.min(version),

@@ -185,11 +185,56 @@ impl Rich for GrpoTrainer {
                 )
             })
             .unwrap_or_default();
-        format!("{}{}", self.state.html(), tree)
+        format!("{}{}{}", self.state.html(), self.lora_card(), tree)
     }
 
     fn text(&self) -> String {
-        self.state.text()
+        let lora = self
+            .lora_rows()
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\n"))
+            .collect::<String>();
+        self.state.text() + &lora
+    }
+}
+
+impl GrpoTrainer {
+    /// With LoRA: what trains, what the KL term compares against, what a weight sync moves.
+    fn lora_rows(&self) -> Vec<(&'static str, String)> {
+        let Some(adapter) = &self.model().adapter else {
+            return Vec::new();
+        };
+        let mut rows = vec![
+            (
+                "adapter",
+                format!("r = {}, {}", adapter.config.r, adapter.targets_summary()),
+            ),
+            ("trainable parameters", adapter.trainable_summary()),
+        ];
+        if self.reference().is_some() {
+            rows.push((
+                "KL reference",
+                "the base with the adapter off: the policy's own weights, none copied".into(),
+            ));
+        }
+        if let Some(a) = self.async_rollouts() {
+            rows.push((
+                "weight sync to the generator",
+                format!(
+                    "{:.1} KiB a sync (the adapter alone)",
+                    a.published_bytes() as f64 / 1024.0
+                ),
+            ));
+        }
+        rows
+    }
+
+    fn lora_card(&self) -> String {
+        let rows = self.lora_rows();
+        match rows.is_empty() {
+            true => String::new(),
+            false => display::kv_card("LoRA", rows.iter().map(|(k, v)| (*k, v.as_str()))),
+        }
     }
 }
 

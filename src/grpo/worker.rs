@@ -12,32 +12,7 @@ use tch::{Tensor, nn::VarStore};
 use super::{QueuedGroup, RolloutProducer, panic_message};
 use crate::model::Model;
 use crate::train::TrainError;
-
-/// Deep copies of every parameter, by `state_dict` name.
-pub(crate) fn snapshot(vs: &VarStore) -> Vec<(String, Tensor)> {
-    tch::no_grad(|| {
-        vs.variables()
-            .into_iter()
-            .map(|(name, t)| (name, t.detach().copy()))
-            .collect()
-    })
-}
-
-/// Copies a snapshot into `vs` in place.
-pub(crate) fn load_snapshot(vs: &VarStore, weights: &[(String, Tensor)]) -> Result<(), TrainError> {
-    let vars = vs.variables();
-    tch::no_grad(|| {
-        for (name, t) in weights {
-            let mut dst = vars
-                .get(name)
-                .ok_or_else(|| TrainError::Worker(format!("weight sync: the generator has no `{name}`")))?
-                .shallow_clone();
-            dst.f_copy_(t)
-                .map_err(|e| TrainError::Worker(format!("weight sync of `{name}`: {e}")))?;
-        }
-        Ok(())
-    })
-}
+use crate::train::snapshot::{load_snapshot, snapshot};
 
 struct Slots {
     groups: VecDeque<Result<QueuedGroup, String>>,
@@ -75,6 +50,7 @@ pub struct AsyncRollouts {
     shared: Arc<Shared>,
     handle: Option<JoinHandle<()>>,
     published: u64,
+    published_bytes: usize,
 }
 
 impl std::fmt::Debug for AsyncRollouts {
@@ -114,7 +90,7 @@ impl AsyncRollouts {
                     s.weights.take()
                 };
                 if let Some((v, w)) = weights {
-                    if let Err(e) = load_snapshot(&model.vs, &w) {
+                    if let Err(e) = load_snapshot(model.trainable(), &w) {
                         worker.lock().groups.push_back(Err(e.to_string()));
                         return;
                     }
@@ -150,15 +126,26 @@ impl AsyncRollouts {
             shared,
             handle: Some(handle),
             published: version,
+            published_bytes: 0,
         }
     }
 
-    /// Hands the generator a copy of `vs` as weight version `version`; it switches before its
-    /// next batch (a newer publication replaces one not yet picked up).
+    /// Hands the generator a copy of `vs` (the policy's trained variables: with LoRA the
+    /// adapter alone) as weight version `version`; it switches before its next batch (a newer
+    /// publication replaces one not yet picked up).
     pub fn publish(&mut self, version: u64, vs: &VarStore) {
         let weights = snapshot(vs);
+        self.published_bytes = weights
+            .iter()
+            .map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes())
+            .sum();
         self.shared.lock().weights = Some((version, weights));
         self.published = version;
+    }
+
+    /// Bytes of the last weight sync (with LoRA: the adapter's tensors alone).
+    pub fn published_bytes(&self) -> usize {
+        self.published_bytes
     }
 
     /// The version last published.

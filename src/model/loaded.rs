@@ -343,15 +343,10 @@ impl Model {
         json(&serde_json::Value::Object(generation), "generation_config.json")?;
         let tensors = self.vs.variables();
         write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
-        if let Some(src) = tokenizer_from {
-            for f in crate::tokenizer::TOKENIZER_FILES {
-                let from = src.join(f);
-                if from.exists() {
-                    std::fs::copy(&from, dir.join(f)).map_err(|e| ModelError::io(&from, e))?;
-                }
-            }
+        match tokenizer_from {
+            Some(src) => crate::tokenizer::copy_tokenizer_files(src, dir),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn parameter_rows(&self) -> Vec<(String, Vec<i64>, i64)> {
@@ -452,6 +447,12 @@ impl Model {
         }
     }
 
+    /// Training mode (adapter dropout on) until the guard is dropped, however the step ends.
+    pub fn training(&self) -> TrainingMode<'_> {
+        self.set_training(true);
+        TrainingMode(self)
+    }
+
     /// The model with its adapter off, sharing the base tensors (GRPO's reference without a
     /// second copy of the weights). An error while the adapter is merged into them.
     pub fn base_view(&self) -> Result<CausalLm, ModelError> {
@@ -462,6 +463,16 @@ impl Model {
             });
         }
         Ok(self.lm.base_view())
+    }
+}
+
+/// While held, the model is in training mode ([`Model::training`]).
+#[derive(Debug)]
+pub struct TrainingMode<'a>(&'a Model);
+
+impl Drop for TrainingMode<'_> {
+    fn drop(&mut self) {
+        self.0.set_training(false);
     }
 }
 
@@ -495,6 +506,17 @@ impl Rich for Model {
             ("vocab", c.vocab_size.to_string()),
             ("RoPE", format!("theta {} {:?}", c.rope_theta, c.rope_scaling)),
             ("tied embeddings", c.tie_word_embeddings.to_string()),
+            (
+                "LoRA adapter",
+                self.adapter.as_ref().map_or("none".into(), |a| {
+                    escape(&format!(
+                        "r = {}, {}; trains {}",
+                        a.config.r,
+                        a.targets_summary(),
+                        a.trainable_summary()
+                    ))
+                }),
+            ),
             (
                 "source",
                 escape(
@@ -531,8 +553,16 @@ impl Rich for Model {
 
     fn text(&self) -> String {
         let c = &self.lm.config;
+        let adapter = self.adapter.as_ref().map_or(String::new(), |a| {
+            format!(
+                "LoRA adapter: r = {}, {}; trains {}\n",
+                a.config.r,
+                a.targets_summary(),
+                a.trainable_summary()
+            )
+        });
         format!(
-            "{:?} model: {:.2} M parameters, {:?}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n",
+            "{:?} model: {:.2} M parameters, {:?}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
             c.arch,
             c.num_parameters() as f64 / 1e6,
             self.kind(),

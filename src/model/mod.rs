@@ -38,7 +38,7 @@ pub use layout::{
     AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
     SegmentLayout,
 };
-pub use loaded::{LoadOptions, Model, SEED_FILE, kind_name};
+pub use loaded::{LoadOptions, Model, SEED_FILE, TrainingMode, kind_name};
 pub use logprobs::{LogprobChunks, target_logprobs};
 pub use special::SpecialTokens;
 pub use weights::{all_finite, weight_files, write_safetensors};

@@ -212,6 +212,7 @@ impl SftTrainer {
             .max(1);
         // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
         let mut sums = [0.0; 3];
+        let training = self.core.model.training();
         for mb in &window {
             let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
             if mine.is_empty() {
@@ -225,6 +226,7 @@ impl SftTrainer {
             sums[1] += b.real as f64;
             sums[2] += b.total as f64;
         }
+        drop(training);
         self.core.world.sum(&mut sums)?;
         let [loss_sum, real, total] = sums;
         let step = self.state.global_step;

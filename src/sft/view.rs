@@ -60,10 +60,12 @@ crate::rich_display!(TrainerState);
 
 impl Rich for SftTrainer {
     fn html(&self) -> String {
-        self.state.html()
+        let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::html);
+        self.state.html() + &adapter
     }
     fn text(&self) -> String {
-        self.state.text()
+        let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::text);
+        self.state.text() + &adapter
     }
 }
 

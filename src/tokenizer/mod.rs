@@ -10,6 +10,6 @@ mod pyjson;
 
 pub use chat_template::{ChatTemplate, RenderedChat};
 pub use error::TokenizerError;
-pub use files::TOKENIZER_FILES;
+pub use files::{TOKENIZER_FILES, copy_tokenizer_files};
 pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
 pub use pyjson::dumps as python_json;

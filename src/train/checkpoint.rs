@@ -29,8 +29,9 @@ pub fn save_atomically(
     Ok(dir)
 }
 
-/// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder (with the
-/// tokenizer files of `tokenizer_dir`), the optimizer state and `trainer_state.json`.
+/// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder, or its LoRA
+/// adapter as PEFT's folder (with the tokenizer files of `tokenizer_dir`), the optimizer state
+/// and `trainer_state.json`.
 pub fn save_checkpoint(
     out: &Path,
     step: u64,
@@ -40,7 +41,15 @@ pub fn save_checkpoint(
     state: &impl serde::Serialize,
 ) -> Result<PathBuf, TrainError> {
     save_atomically(out, step, |tmp| {
-        model.save(tmp, Some(tokenizer_dir)).map_err(|e| e.to_string())?;
+        match &model.adapter {
+            // A LoRA run's checkpoint is the adapter in PEFT's format (plus the tokenizer): the
+            // base is the run's `model`.
+            Some(adapter) => adapter
+                .write_files(tmp)
+                .and_then(|_| crate::tokenizer::copy_tokenizer_files(tokenizer_dir, tmp)),
+            None => model.save(tmp, Some(tokenizer_dir)),
+        }
+        .map_err(|e| e.to_string())?;
         optimizer.save(tmp).map_err(|e| e.to_string())?;
         let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
         std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::{AdamWConfig, ScheduleKind, TrainError};
 use crate::device::DeviceSpec;
 use crate::model::Dtype;
+use crate::model::lora::LoraConfig;
 
 /// What to do when a step's loss or gradient norm is NaN or infinite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -67,6 +68,9 @@ pub struct TrainConfig {
     /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
     /// before failing with an error naming the rank (torch's default: 30 minutes).
     pub distributed_timeout_s: f64,
+    /// Train a LoRA adapter instead of every weight (TRL's `peft_config`; the `[lora]` table
+    /// of a TOML file). Checkpoints then hold the adapter alone, in PEFT's format.
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for TrainConfig {
@@ -91,6 +95,7 @@ impl Default for TrainConfig {
             eval_steps: None,
             logging_steps: Some(1),
             distributed_timeout_s: 1800.0,
+            lora: None,
         }
     }
 }
@@ -117,6 +122,9 @@ impl TrainConfig {
             ));
         }
         self.adamw.validate()?;
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
+        }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return Err(TrainError::config(
                 "warmup_ratio",

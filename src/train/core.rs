@@ -12,6 +12,7 @@ use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint
 use crate::data::Dataset;
 use crate::device::DeviceSpec;
 use crate::hub::HubCache;
+use crate::model::lora::ADAPTER_CONFIG;
 use crate::model::{LoadOptions, Model, SpecialTokens};
 use crate::tokenizer::Tokenizer;
 
@@ -59,13 +60,14 @@ impl TrainCore {
             dtype: Some(config.dtype.kind()),
             device: rank_device(config.device, &world).resolve()?,
         };
-        let model = Model::load(checkpoint.unwrap_or(&model_dir), load_options)?;
-        // Every variable, by name (the same order on every rank).
-        let variables: std::collections::BTreeMap<String, tch::Tensor> = model.vs.variables().into_iter().collect();
+        let model = load_policy(config, &model_dir, checkpoint, load_options)?;
+        // Every trained variable, by name (the same order on every rank).
+        let variables: std::collections::BTreeMap<String, tch::Tensor> =
+            model.trainable().variables().into_iter().collect();
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
-        let adamw = AdamW::new(&model.vs, config.adamw);
+        let adamw = AdamW::new(model.trainable(), config.adamw);
         let schedule = schedule(config, 0);
         Ok(TrainCore {
             model,
@@ -76,6 +78,20 @@ impl TrainCore {
             special,
             world,
         })
+    }
+
+    /// A second instance of the policy with the same current weights (a generation thread's
+    /// copy): the base loaded again and the trained variables copied (with LoRA, the adapter
+    /// alone, attached to a fresh base).
+    pub fn copy_of_policy(&self) -> Result<Model, TrainError> {
+        let mut copy = Model::load(&self.model_dir, self.load_options)?;
+        match &self.model.adapter {
+            Some(adapter) => {
+                copy.copy_adapter_from(adapter)?;
+            }
+            None => super::snapshot::load_snapshot(&copy.vs, &super::snapshot::snapshot(&self.model.vs))?,
+        }
+        Ok(copy)
     }
 
     /// Sets the learning-rate schedule for a run of `total_steps`.
@@ -117,6 +133,9 @@ impl TrainCore {
                     message: e.to_string(),
                 })?;
                 value[WORLD_SIZE_KEY] = self.world.size.into();
+                if let Some(adapter) = &self.model.adapter {
+                    value[DROPOUT_DRAWS_KEY] = adapter.dropout_draws().into();
+                }
                 checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, &self.optim.adamw, &value)
             }
             false => Ok(out.join(format!("checkpoint-{step}"))),
@@ -168,6 +187,9 @@ impl TrainCore {
                 self.world.size
             )));
         }
+        if let (Some(adapter), Some(draws)) = (&self.model.adapter, value.get(DROPOUT_DRAWS_KEY)) {
+            adapter.set_dropout_draws(draws.as_u64().unwrap_or(0));
+        }
         serde_json::from_value(value).map_err(|e| fail(e.to_string()))
     }
 
@@ -194,6 +216,57 @@ fn check_writable(out: &Path) -> Result<(), TrainError> {
 
 /// Where the world size is kept in `trainer_state.json`.
 const WORLD_SIZE_KEY: &str = "world_size";
+/// Where a LoRA run keeps its dropout stream's position (exact resume).
+const DROPOUT_DRAWS_KEY: &str = "lora_dropout_draws";
+
+/// The model a run trains: the checkpoint's weights when resuming a full fine-tune; with
+/// `lora`, the base from `model_dir` and the adapter new or from the checkpoint (which must
+/// have been written with the same `[lora]` settings).
+fn load_policy(
+    config: &TrainConfig,
+    model_dir: &Path,
+    checkpoint: Option<&Path>,
+    options: LoadOptions,
+) -> Result<Model, TrainError> {
+    let holds_adapter = checkpoint.is_some_and(|c| c.join(ADAPTER_CONFIG).exists());
+    let Some(lora) = &config.lora else {
+        if holds_adapter {
+            return Err(TrainError::config(
+                "lora",
+                format!(
+                    "is not set, but {} holds a LoRA adapter: resume with the run's [lora] settings",
+                    checkpoint.unwrap_or(model_dir).display()
+                ),
+            ));
+        }
+        return Ok(Model::load(checkpoint.unwrap_or(model_dir), options)?);
+    };
+    let mut model = Model::load(model_dir, options)?;
+    match checkpoint {
+        None => {
+            model.add_lora(lora.clone())?;
+        }
+        Some(ckpt) if !holds_adapter => {
+            return Err(TrainError::config(
+                "lora",
+                format!(
+                    "is set, but {} holds no LoRA adapter (a full fine-tune's checkpoint?)",
+                    ckpt.display()
+                ),
+            ));
+        }
+        Some(ckpt) => {
+            let saved = &model.load_adapter(ckpt)?.config;
+            if saved != lora {
+                return Err(TrainError::config(
+                    "lora",
+                    format!("is {lora:?}, but {} was written with {saved:?}", ckpt.display()),
+                ));
+            }
+        }
+    }
+    Ok(model)
+}
 
 /// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
 /// rank (as `accelerate` and torchrun scripts place ranks), so `cuda` means each rank's own GPU.

@@ -14,6 +14,7 @@ pub mod distributed;
 mod error;
 mod optimization;
 mod schedule;
+pub(crate) mod snapshot;
 mod trainer;
 
 pub use crate::run_state;

@@ -23,6 +23,7 @@
 mod adapter;
 mod config;
 mod delta;
+mod view;
 
 pub use adapter::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraAdapter};
 pub use config::{LoraConfig, TargetModules};
