@@ -215,6 +215,43 @@ fn sft_on_two_ranks_under_launch_equals_one_rank() {
     });
 }
 
+/// LoRA on 2 ranks equals 1 rank: the adapter's gradients are what is summed, the base is
+/// loaded by every rank and never trained, rank 0's checkpoint holds the adapter alone.
+#[test]
+fn lora_sft_on_two_ranks_equals_one_rank() {
+    let dir = scratch("lora");
+    let (out1, out2) = (dir.join("one"), dir.join("two"));
+    let lora = "save_steps = 3\n[lora]\nr = 8\nlora_alpha = 16\ntarget_modules = \"all-linear\"\n";
+    let one = sft_toml(&dir, "one", 8, &out1, 3, lora);
+    let two = sft_toml(&dir, "two", 4, &out2, 3, lora);
+    ok(&run_bounded(
+        treetrain(&["sft", "--config", one.to_str().unwrap()]),
+        LIMIT,
+    ));
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", two.to_str().unwrap()]),
+        LIMIT,
+    ));
+    assert_close(&logged(&out1, "loss"), &logged(&out2, "loss"), 1e-5, "per-step loss");
+    let (a1, a2) = (
+        weights(&out1.join("checkpoint-3/adapter_model.safetensors")),
+        weights(&out2.join("checkpoint-3/adapter_model.safetensors")),
+    );
+    assert!(!out2.join("checkpoint-3/model.safetensors").exists());
+    // B starts at zero, so its size is the update's.
+    let (mut gap, mut size) = (0.0, 0.0);
+    for (name, b1) in a1.iter().filter(|(n, _)| n.contains("lora_B")) {
+        gap += (&a2[name] - b1).square().sum(tch::Kind::Double).double_value(&[]);
+        size += b1.square().sum(tch::Kind::Double).double_value(&[]);
+    }
+    assert!(
+        size > 0.0 && (gap / size).sqrt() < 1e-3,
+        "adapters differ by {:e} of the update",
+        (gap / size).sqrt()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `torchrun --standalone --nproc-per-node 2 --no-python treetrain ARGS`, from the torch 2.11.0
 /// wheel that scripts/setup-torchrun.sh installs (test.sh exports `TREETRAIN_TORCHRUN`).
 fn torchrun(args: &[&str], config: &Path) -> Command {
