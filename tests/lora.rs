@@ -296,19 +296,14 @@ fn peft_loads_adapters_treetrain_saves_and_agrees() {
         }
         let dir = temp_dir(&format!("for-peft-{i}"));
         model.save_adapter(&dir).unwrap();
-        let out = std::process::Command::new(&python)
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/peft_logits.py"))
-            .arg(fixtures().join("models/qwen3"))
-            .arg(&dir)
-            .arg(serde_json::to_string(&rows).unwrap())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "PEFT failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let stdout = run_ok(
+            std::process::Command::new(&python)
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/peft_logits.py"))
+                .arg(fixtures().join("models/qwen3"))
+                .arg(&dir)
+                .arg(serde_json::to_string(&rows).unwrap()),
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         let adapter = model.adapter.as_ref().unwrap();
         assert_eq!(
             v["trainable"].as_i64().unwrap(),
@@ -412,17 +407,19 @@ fn adapters_that_do_not_fit_or_ask_for_more_are_errors_naming_the_tensor_or_fiel
     assert!(err.to_string().contains("save_adapter"), "{err}");
 }
 
-fn treetrain(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_treetrain"))
-        .args(args)
-        .output()
-        .unwrap();
+/// Runs `cmd` to success and returns its standard output.
+fn run_ok(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
-        "{args:?}: {}",
+        "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn treetrain(args: &[&str]) -> String {
+    run_ok(std::process::Command::new(env!("CARGO_BIN_EXE_treetrain")).args(args))
 }
 
 fn cli_scores(out: &str) -> Vec<Vec<f64>> {
