@@ -3,6 +3,7 @@
 //!
 //! cargo bench --bench tree_vs_flat -- [--config config.json] [--len 2048] [--repeats 5]
 //!     [--warmup 2] [--device cpu|cuda] [--dtype fp32|bf16] [--json out.json] [--only NAME]
+//!     [--checkpointing]
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
@@ -10,6 +11,8 @@
 //! speedup from the config (linear work per token plus causal attention pairs), measured / ideal,
 //! and peak memory; then the packer's own throughput. Writes everything as JSON. `pairs` is the
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
+//! `--checkpointing` recomputes layer activations in backward (`gradient_checkpointing`) in
+//! both packings: the peak-memory columns then show what checkpointing leaves.
 
 mod common;
 
@@ -17,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tch::{Device, Kind};
-use treetrain::grpo::{GrpoObjective, grpo_loss};
-use treetrain::model::{HfConfig, LoadOptions, Model, ModelConfig};
+use treetrain::grpo::{GrpoObjective, TermWeights, grpo_loss_backward};
+use treetrain::model::{Activations, HfConfig, LoadOptions, Model, ModelConfig};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
 use treetrain::util::SplitMix64;
 
@@ -32,6 +35,7 @@ struct Args {
     json: PathBuf,
     only: Option<String>,
     smoke: bool,
+    activations: Activations,
 }
 
 fn parse_args() -> Args {
@@ -46,6 +50,7 @@ fn parse_args() -> Args {
         json: root.join("target/bench/tree_vs_flat.json"),
         only: None,
         smoke: false,
+        activations: Activations::Kept,
     };
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it (and
     // with test-harness flags): then a seconds-long smoke run checks the bench still works.
@@ -70,6 +75,7 @@ fn parse_args() -> Args {
             "--dtype" => a.dtype = treetrain::model::parse_kind(&val()).expect("--dtype fp32|bf16"),
             "--json" => a.json = PathBuf::from(val()),
             "--only" => a.only = Some(val()),
+            "--checkpointing" => a.activations = Activations::Recomputed,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -147,11 +153,14 @@ fn work(cfg: &ModelConfig, row: &PackedRow) -> f64 {
 /// Median milliseconds of forward + backward, and the resident-memory peak of one more step
 /// above what was resident before it (MiB; CPU only).
 fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
-    let cfg = GrpoObjective::default();
+    let cfg = GrpoObjective {
+        activations: args.activations,
+        ..GrpoObjective::default()
+    };
+    let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
     let step = || {
         treetrain::train::zero_grads(&model.vs);
-        let loss = grpo_loss(&model.lm, row, &cfg, None).expect("loss");
-        loss.loss.backward();
+        grpo_loss_backward(&model.lm, row, &cfg, weights.clone(), None).expect("loss");
         if let Device::Cuda(i) = args.device {
             tch::Cuda::synchronize(i as i64);
         }
@@ -298,6 +307,7 @@ fn main() {
         "config": args.config.display().to_string(), "parameters": cfg.num_parameters(), "len": args.len,
         "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),
         "threads": tch::get_num_threads(), "repeats": args.repeats, "warmup": args.warmup,
+        "activations": format!("{:?}", args.activations),
         "scenarios": results, "packer": packer,
     });
     if let Some(dir) = args.json.parent() {

@@ -6,8 +6,8 @@
 use tch::{Kind, Tensor};
 
 use super::{GrpoConfig, LossType};
-use crate::model::{CausalLm, LogprobChunks, ModelError};
-use crate::pack::{PackedRow, distinct_terms, entropy_sum};
+use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
+use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, entropy_sum};
 
 /// The GRPO objective: clipping (DAPO-style asymmetric bounds allowed), sampling temperature,
 /// the KL penalty and how the loss terms of a step are averaged. Built from a run's
@@ -29,6 +29,8 @@ pub struct GrpoObjective {
     pub loss_type: LossType,
     /// Dr. GRPO's constant (the run's `max_completion_length`).
     pub max_completion_length: usize,
+    /// Layer activations kept for backward or recomputed (`gradient_checkpointing`).
+    pub activations: Activations,
 }
 
 impl From<&GrpoConfig> for GrpoObjective {
@@ -41,6 +43,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             beta: c.beta,
             loss_type: c.loss_type,
             max_completion_length: c.max_completion_length,
+            activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
         }
     }
 }
@@ -54,6 +57,7 @@ impl Default for GrpoObjective {
             temperature: 1.0,
             beta: 0.0,
             loss_type: LossType::Dapo,
+            activations: Activations::Kept,
             max_completion_length: 0,
         }
     }
@@ -156,9 +160,40 @@ pub fn grpo_loss_with_reference(
     weights: TermWeights,
     reference: Option<&Tensor>,
 ) -> Result<GrpoLoss, ModelError> {
+    let terms = distinct_terms(model, row, cfg.temperature)?;
+    loss_of_terms(model, row, &terms, cfg, weights, reference)
+}
+
+/// [`grpo_loss_with_reference`], back-propagated into the policy's gradients (accumulated;
+/// layer activations kept or recomputed as `cfg.activations` says). Under `tch::no_grad` only
+/// the loss and its statistics are computed.
+pub fn grpo_loss_backward(
+    model: &CausalLm,
+    row: &PackedRow,
+    cfg: &GrpoObjective,
+    weights: TermWeights,
+    reference: Option<&Tensor>,
+) -> Result<GrpoLoss, ModelError> {
+    let pairs = TermPairs::of(row)?;
+    let (ids, pos, layout) = row.layout(model.device());
+    model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
+        let terms = pairs.select(hidden, cfg.temperature);
+        let out = loss_of_terms(model, row, &terms, cfg, weights, reference)?;
+        Ok((out.loss.shallow_clone(), out))
+    })
+}
+
+/// The loss of a row's `terms` (its distinct pairs' hidden states from the policy's forward).
+fn loss_of_terms(
+    model: &CausalLm,
+    row: &PackedRow,
+    terms: &DistinctTerms,
+    cfg: &GrpoObjective,
+    weights: TermWeights,
+    reference: Option<&Tensor>,
+) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
     let m = row.token_index.len();
-    let terms = distinct_terms(model, row, cfg.temperature)?;
     let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
     let old = Tensor::from_slice(&row.old_log_probs).to_device(device);
     let adv = Tensor::from_slice(&row.advantages).to_device(device);

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{GrpoObjective, grpo_loss_with_reference};
+use super::{GrpoObjective, grpo_loss_backward};
 use crate::model::CausalLm;
 use crate::pack::{PackedRow, Packing, Rollout, row_logprobs_at};
 use crate::train::TrainError;
@@ -142,12 +142,9 @@ pub fn accumulate_share(
             None => None,
         };
         let weights = objective.term_weights(row, terms, rollouts)?;
-        let out = grpo_loss_with_reference(policy, row, objective, weights, reference_lp.as_ref())?;
+        // Under `tch::no_grad` (evaluation) nothing is back-propagated.
+        let out = grpo_loss_backward(policy, row, objective, weights, reference_lp.as_ref())?;
         stats.loss += out.loss.double_value(&[]);
-        // Under `tch::no_grad` (evaluation) there is nothing to back-propagate.
-        if out.num_terms > 0 && out.loss.requires_grad() {
-            out.loss.f_backward().map_err(crate::model::ModelError::from)?;
-        }
         clipped += out.clip_fraction * out.num_terms as f64;
         stats.approx_kl += out.approx_kl_sum;
         stats.ref_kl += out.ref_kl_sum;

@@ -163,6 +163,25 @@ impl CausalLm {
         position_ids: &Tensor,
         layout: &AttentionLayout,
     ) -> Result<Tensor, ModelError> {
+        let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
+        let mask = layout.sdpa_mask(batch, seq, self.device())?;
+        self.run_layers(
+            &ids,
+            position_ids,
+            KeyValues::Layout {
+                layout,
+                mask: mask.as_ref(),
+            },
+        )
+    }
+
+    /// `input_ids` `[batch, seq]` on the model's device as int64, checked against
+    /// `position_ids`' shape and the vocabulary; with `batch` and `seq`.
+    pub(crate) fn checked_ids(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+    ) -> Result<(Tensor, i64, i64), ModelError> {
         let size = input_ids.size();
         let [batch, seq] = size[..] else {
             return Err(ModelError::Input(format!(
@@ -175,8 +194,7 @@ impl CausalLm {
                 position_ids.size()
             )));
         }
-        let device = self.device();
-        let ids = input_ids.to_device(device).to_kind(Kind::Int64);
+        let ids = input_ids.to_device(self.device()).to_kind(Kind::Int64);
         let (lo, hi) = (ids.f_min()?.int64_value(&[]), ids.f_max()?.int64_value(&[]));
         if batch * seq > 0 && (lo < 0 || hi >= self.config.vocab_size) {
             return Err(ModelError::Input(format!(
@@ -185,22 +203,24 @@ impl CausalLm {
                 if lo < 0 { lo } else { hi }
             )));
         }
-        let mask = layout.sdpa_mask(batch, seq, device)?;
-        self.run_layers(
-            &ids,
-            position_ids,
-            KeyValues::Layout {
-                layout,
-                mask: mask.as_ref(),
-            },
-        )
+        Ok((ids, batch, seq))
+    }
+
+    /// RoPE's `cos`, `sin` `[batch, seq, head_dim]` at `position_ids`.
+    pub(crate) fn rope(&self, position_ids: &Tensor) -> (Tensor, Tensor) {
+        rope::cos_sin(&self.inv_freq, &position_ids.to_device(self.device()), self.kind())
+    }
+
+    /// The token embeddings of `ids` `[batch, seq]` -> `[batch, seq, hidden]`.
+    pub(crate) fn embed(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, ids, -1, false, false)
     }
 
     /// The stack itself: embed `ids` (already validated, on the model's device), every layer
     /// over `kv`, the final norm.
     fn run_layers(&self, ids: &Tensor, position_ids: &Tensor, mut kv: KeyValues<'_>) -> Result<Tensor, ModelError> {
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &position_ids.to_device(self.device()), self.kind());
-        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
+        let (cos, sin) = self.rope(position_ids);
+        let mut x = self.embed(ids);
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
         }

@@ -14,6 +14,7 @@
 
 mod attention;
 mod cache;
+mod checkpoint;
 mod config;
 mod decoder;
 mod dtype;
@@ -29,6 +30,7 @@ mod weights;
 
 pub use attention::{Attention, KeyValues};
 pub use cache::{DynamicCache, KvCache, StaticCache};
+pub use checkpoint::Activations;
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
 pub use dtype::{Dtype, parse_kind};

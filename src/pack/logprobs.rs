@@ -22,36 +22,58 @@ pub(crate) struct DistinctTerms {
 }
 
 pub(crate) fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
-    let device = model.device();
-    // Rows are public data: a hand-made one must fail with a message, not an index panic.
-    row.check().map_err(|e| ModelError::Input(format!("packed row: {e}")))?;
-    let targets = row.targets();
-    let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
-    let (mut positions, mut pair_targets, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-    let of_term: Vec<i64> = row
-        .token_index
-        .iter()
-        .zip(&targets)
-        .map(|(&p, &t)| {
+    let pairs = TermPairs::of(row)?;
+    let (ids, pos, layout) = row.layout(model.device());
+    let hidden = model.forward_hidden(&ids, &pos, &layout)?;
+    Ok(pairs.select(&hidden, temperature))
+}
+
+/// The distinct `(position, target)` pairs of a row's terms, before any forward.
+pub(crate) struct TermPairs {
+    positions: Vec<i64>,
+    targets: Vec<i64>,
+    of_term: Vec<i64>,
+    counts: Vec<f64>,
+}
+
+impl TermPairs {
+    /// The pairs of `row` (checked first: rows are public data, and a hand-made one must fail
+    /// with a message, not an index panic).
+    pub(crate) fn of(row: &PackedRow) -> Result<Self, ModelError> {
+        row.check().map_err(|e| ModelError::Input(format!("packed row: {e}")))?;
+        let mut seen: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
+        let mut pairs = TermPairs {
+            positions: Vec::new(),
+            targets: Vec::new(),
+            of_term: Vec::new(),
+            counts: Vec::new(),
+        };
+        for (&p, &t) in row.token_index.iter().zip(&row.targets()) {
             let id = *seen.entry((p, t)).or_insert_with(|| {
-                positions.push(p);
-                pair_targets.push(t);
-                counts.push(0.0);
-                positions.len() as i64 - 1
+                pairs.positions.push(p);
+                pairs.targets.push(t);
+                pairs.counts.push(0.0);
+                pairs.positions.len() as i64 - 1
             });
-            counts[id as usize] += 1.0;
-            id
-        })
-        .collect();
-    let (ids, pos, layout) = row.layout(device);
-    let hidden = model.forward_hidden(&ids, &pos, &layout)?.squeeze_dim(0);
-    let h = hidden.index_select(0, &Tensor::from_slice(&positions).to_device(device));
-    Ok(DistinctTerms {
-        hidden: if temperature == 1.0 { h } else { h / temperature },
-        targets: Tensor::from_slice(&pair_targets),
-        of_term: Tensor::from_slice(&of_term).to_device(device),
-        counts,
-    })
+            pairs.counts[id as usize] += 1.0;
+            pairs.of_term.push(id);
+        }
+        Ok(pairs)
+    }
+
+    /// The pairs' hidden states from the row's forward `hidden` `[1, n, hidden]`.
+    pub(crate) fn select(self, hidden: &Tensor, temperature: f64) -> DistinctTerms {
+        let device = hidden.device();
+        let h = hidden
+            .squeeze_dim(0)
+            .index_select(0, &Tensor::from_slice(&self.positions).to_device(device));
+        DistinctTerms {
+            hidden: if temperature == 1.0 { h } else { h / temperature },
+            targets: Tensor::from_slice(&self.targets),
+            of_term: Tensor::from_slice(&self.of_term).to_device(device),
+            counts: self.counts,
+        }
+    }
 }
 
 impl DistinctTerms {

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::collate::{BatchTensors, Collator, MicroBatch};
 use super::{SftConfig, TrainExample, tokenize};
-use crate::model::{AttentionLayout, LogprobChunks, Model, target_logprobs};
+use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
 use crate::train::{LrSchedule, NanPolicy, TrainConfig, TrainCore, TrainError, Trainer};
@@ -219,10 +219,16 @@ impl SftTrainer {
                 continue;
             }
             let b = self.collator.tensors(&self.train, &mine);
-            let forwarded = forward_nll(&self.core.model, &mut self.ledger, &b);
-            let nll = forwarded.inspect_err(|_| self.core.optim.discard_gradients())?;
-            sums[0] += nll.double_value(&[]);
-            (nll / window_tokens as f64).backward();
+            let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
+            let nll = backward_nll(
+                &self.core.model,
+                &mut self.ledger,
+                &b,
+                window_tokens as f64,
+                activations,
+            )
+            .inspect_err(|_| self.core.optim.discard_gradients())?;
+            sums[0] += nll;
             sums[1] += b.real as f64;
             sums[2] += b.total as f64;
         }
@@ -377,14 +383,41 @@ fn split_held_out(rows: Vec<TrainExample>, config: &SftConfig) -> (Vec<TrainExam
 
 /// Sum of the token NLLs of a micro-batch's tensors (differentiable unless under `no_grad`).
 fn forward_nll(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> Result<Tensor, TrainError> {
+    let (ids, pos, layout) = batch_inputs(model, ledger, b);
+    let hidden = model.lm.forward_hidden(&ids, &pos, &layout)?;
+    Ok(nll_of(model, &hidden, b)?)
+}
+
+/// [`forward_nll`] back-propagated with the loss divided by `tokens` (the window's trained
+/// tokens), layer activations kept or recomputed; returns the NLL sum.
+fn backward_nll(
+    model: &Model,
+    ledger: &mut ShapeLedger,
+    b: &BatchTensors,
+    tokens: f64,
+    activations: Activations,
+) -> Result<f64, TrainError> {
+    let (ids, pos, layout) = batch_inputs(model, ledger, b);
+    Ok(model.lm.forward_backward(&ids, &pos, &layout, activations, |hidden| {
+        let nll = nll_of(model, hidden, b)?;
+        let sum = nll.double_value(&[]);
+        Ok((nll / tokens, sum))
+    })?)
+}
+
+/// The batch's ids, positions and packed layout on the model's device (its shape recorded).
+fn batch_inputs(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> (Tensor, Tensor, AttentionLayout) {
     ledger.record("sft/forward", &b.ids.size());
     let device = model.lm.device();
     let layout = AttentionLayout::Packed {
         sequence_ids: b.seq.to_device(device),
     };
-    let hidden = model
-        .lm
-        .forward_hidden(&b.ids.to_device(device), &b.pos.to_device(device), &layout)?;
+    (b.ids.to_device(device), b.pos.to_device(device), layout)
+}
+
+/// The NLL sum of the batch's targets from the final hidden states (chunked LM head).
+fn nll_of(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Result<Tensor, crate::model::ModelError> {
+    let device = hidden.device();
     let h = hidden
         .view([-1, model.lm.config.hidden_size])
         .index_select(0, &Tensor::from_slice(&b.src).to_device(device));

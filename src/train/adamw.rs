@@ -87,20 +87,41 @@ pub struct AdamW {
     params: BTreeMap<String, Tensor>,
     exp_avg: BTreeMap<String, Tensor>,
     exp_avg_sq: BTreeMap<String, Tensor>,
+    /// fp32 master copies of the half-precision parameters (mixed precision): the update is
+    /// applied to these and the parameters get their rounded values, so updates smaller than a
+    /// bf16 step are not lost.
+    master: BTreeMap<String, Tensor>,
 }
 
 impl AdamW {
-    /// An optimizer over every trainable variable of `vs`.
+    /// An optimizer over every trainable variable of `vs`, updating the variables themselves.
     pub fn new(vs: &nn::VarStore, config: AdamWConfig) -> Self {
+        Self::with_master_weights(vs, config, false)
+    }
+
+    /// [`AdamW::new`]; with `fp32_master`, half-precision variables get fp32 master copies that
+    /// the updates go to (mixed precision: half compute, fp32 master weights and moments).
+    pub fn with_master_weights(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool) -> Self {
         let params: BTreeMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let zeros = |t: &Tensor| Tensor::zeros_like(t).to_kind(Kind::Float);
+        let master = params
+            .iter()
+            .filter(|(_, t)| fp32_master && t.kind() != Kind::Float)
+            .map(|(k, t)| (k.clone(), t.detach().to_kind(Kind::Float)))
+            .collect();
         AdamW {
             config,
             step: 0,
             exp_avg: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
             exp_avg_sq: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
             params,
+            master,
         }
+    }
+
+    /// The fp32 master weight of a half-precision parameter, by name (mixed precision).
+    pub fn master_weight(&self, name: &str) -> Option<&Tensor> {
+        self.master.get(name)
     }
 
     /// The optimized parameters, in `state_dict`-name order (the same on every rank).
@@ -152,10 +173,12 @@ impl AdamW {
                     continue;
                 }
                 let g = g.to_kind(Kind::Float);
+                let master = self.master.get(name);
+                let current = master.map_or_else(|| p.to_kind(Kind::Float), Tensor::shallow_clone);
                 let p32 = if c.weight_decay != 0.0 && decays(name) {
-                    p.to_kind(Kind::Float) * (1.0 - lr * c.weight_decay)
+                    current * (1.0 - lr * c.weight_decay)
                 } else {
-                    p.to_kind(Kind::Float)
+                    current
                 };
                 let m = &self.exp_avg[name];
                 let v = &self.exp_avg_sq[name];
@@ -167,6 +190,9 @@ impl AdamW {
                     .f_add_(&((&g * (1.0 - c.beta2)) * &g))?;
                 let denom = v.sqrt() / bias2.sqrt() + c.eps;
                 let updated = p32 - (m / denom) * (lr / bias1);
+                if let Some(master) = master {
+                    master.shallow_clone().f_copy_(&updated)?;
+                }
                 p.shallow_clone().f_copy_(&updated)?;
             }
             Ok(())
@@ -200,7 +226,8 @@ impl AdamW {
         clear_grads(self.params.values());
     }
 
-    /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`,
+    /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`
+    /// and, in mixed precision, `master.<name>`;
     /// `optimizer.json` with the step and hyper-parameters) into `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         let mut tensors: HashMap<String, Tensor> = HashMap::new();
@@ -209,6 +236,9 @@ impl AdamW {
         }
         for (k, t) in &self.exp_avg_sq {
             tensors.insert(format!("exp_avg_sq.{k}"), t.shallow_clone());
+        }
+        for (k, t) in &self.master {
+            tensors.insert(format!("master.{k}"), t.shallow_clone());
         }
         write_safetensors(&dir.join("optimizer.safetensors"), &tensors, Kind::Float)?;
         let meta = serde_json::json!({"step": self.step, "config": self.config});
@@ -234,7 +264,11 @@ impl AdamW {
             file: file.clone(),
             message: e.to_string(),
         })?;
-        for (prefix, map) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+        for (prefix, map) in [
+            ("exp_avg", &self.exp_avg),
+            ("exp_avg_sq", &self.exp_avg_sq),
+            ("master", &self.master),
+        ] {
             for (name, t) in map {
                 let key = format!("{prefix}.{name}");
                 let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
@@ -246,6 +280,14 @@ impl AdamW {
                 tch::no_grad(|| t.shallow_clone().f_copy_(&src))?;
             }
         }
+        // The parameters are the master weights rounded (as the checkpoint's weights already
+        // are; this keeps them consistent whatever wrote the weights).
+        tch::no_grad(|| -> Result<(), ModelError> {
+            for (name, m) in &self.master {
+                self.params[name].shallow_clone().f_copy_(m)?;
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 }

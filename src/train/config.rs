@@ -49,8 +49,14 @@ pub struct TrainConfig {
     pub max_grad_norm: Option<f64>,
     /// Seed of the data order, the held-out split and sampling.
     pub seed: u64,
-    /// Parameter dtype.
+    /// Parameter dtype: what the forward and backward compute in.
     pub dtype: Dtype,
+    /// With a half `dtype` (bf16, fp16): the optimizer keeps fp32 master weights beside its
+    /// fp32 moments, updates them, and the parameters get their rounded values (mixed
+    /// precision, what `bf16=True` means to a transformers user). `false`: pure half precision,
+    /// the half parameters updated in place (updates below a half step are lost). No effect at
+    /// fp32. The loss and the LM head's log-softmax are always fp32.
+    pub mixed_precision: bool,
     /// Where the model trains: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
     pub device: DeviceSpec,
     /// Non-finite loss or gradient handling.
@@ -68,6 +74,10 @@ pub struct TrainConfig {
     /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
     /// before failing with an error naming the rank (torch's default: 30 minutes).
     pub distributed_timeout_s: f64,
+    /// Recompute each decoder layer's activations in backward instead of keeping them
+    /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
+    /// more forward of the stack per step). Same gradients.
+    pub gradient_checkpointing: bool,
     /// Train a LoRA adapter instead of every weight (TRL's `peft_config`; the `[lora]` table
     /// of a TOML file). Checkpoints then hold the adapter alone, in PEFT's format.
     pub lora: Option<LoraConfig>,
@@ -88,6 +98,7 @@ impl Default for TrainConfig {
             max_grad_norm: Some(1.0),
             seed: 42,
             dtype: Dtype::Fp32,
+            mixed_precision: true,
             device: DeviceSpec::Cpu,
             on_nan: NanPolicy::Skip,
             skip_invalid_rows: false,
@@ -95,6 +106,7 @@ impl Default for TrainConfig {
             eval_steps: None,
             logging_steps: Some(1),
             distributed_timeout_s: 1800.0,
+            gradient_checkpointing: false,
             lora: None,
         }
     }

@@ -67,7 +67,7 @@ impl TrainCore {
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
-        let adamw = AdamW::new(model.trainable(), config.adamw);
+        let adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
         let schedule = schedule(config, 0);
         Ok(TrainCore {
             model,

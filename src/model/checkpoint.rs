@@ -1,0 +1,132 @@
+//! One forward and backward of a training loss, optionally with activation (gradient)
+//! checkpointing at decoder-layer boundaries: the stack runs once without autograd keeping only
+//! each layer's input; the loss is back-propagated to the last layer's output; then each layer,
+//! last first, is run again with autograd and back-propagated from its output's gradient. Peak
+//! activation memory is one layer's (plus the layer inputs) instead of the whole stack's, for one
+//! more forward of the stack. Gradients are those of the plain forward (the recomputation is
+//! the same arithmetic; LoRA dropout replays the masks it drew).
+
+use std::sync::Arc;
+
+use tch::{Kind, Tensor};
+
+use super::attention::KeyValues;
+use super::layers::{Linear, LinearAdapter};
+use super::lora::DropoutStream;
+use super::{AttentionLayout, CausalLm, ModelError};
+
+/// Whether to recompute layer activations in backward (`gradient_checkpointing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// Kept from the forward (fastest).
+    #[default]
+    Kept,
+    /// Recomputed per decoder layer in backward (least memory).
+    Recomputed,
+}
+
+impl Activations {
+    /// `gradient_checkpointing = true` means [`Activations::Recomputed`].
+    pub fn from_checkpointing(on: bool) -> Self {
+        if on { Activations::Recomputed } else { Activations::Kept }
+    }
+}
+
+impl CausalLm {
+    /// Forward of `input_ids`, `position_ids` `[batch, seq]` under `layout`, then `head` on the
+    /// final hidden states `[batch, seq, hidden]`, which returns the loss to back-propagate and
+    /// what the caller wants back; then backward into every parameter's gradient (accumulated).
+    /// A loss that does not require grad (nothing trainable) is not back-propagated.
+    pub fn forward_backward<T>(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        layout: &AttentionLayout,
+        activations: Activations,
+        head: impl FnOnce(&Tensor) -> Result<(Tensor, T), ModelError>,
+    ) -> Result<T, ModelError> {
+        if activations == Activations::Kept {
+            let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
+            let (loss, out) = head(&hidden)?;
+            backward(&loss)?;
+            return Ok(out);
+        }
+        // 1. Inputs, RoPE and mask as the plain forward makes them.
+        let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
+        let mask = layout.sdpa_mask(batch, seq, self.device())?;
+        let (cos, sin) = self.rope(position_ids);
+        let kv = || KeyValues::Layout {
+            layout,
+            mask: mask.as_ref(),
+        };
+        // 2. The stack without autograd, keeping each layer's input [batch, seq, hidden] and
+        //    where the dropout stream stood when it ran.
+        let dropout = self.dropout_stream();
+        let draws = || dropout.as_ref().map_or(0, |d| d.draws());
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut replay = Vec::with_capacity(self.layers.len());
+        let mut x = tch::no_grad(|| self.embed(&ids));
+        for (i, layer) in self.layers.iter().enumerate() {
+            replay.push(draws());
+            let y = tch::no_grad(|| layer.forward(&x, &cos, &sin, i, &mut kv()))?;
+            inputs.push(std::mem::replace(&mut x, y));
+        }
+        let after = draws();
+        // 3. The final norm and the head from a leaf at the last layer's output.
+        let leaf = x.detach().set_requires_grad(true);
+        let (loss, out) = head(&self.norm.forward(&leaf))?;
+        backward(&loss)?;
+        // 4. Each layer again with autograd, last first, from its output's gradient.
+        let mut grad = leaf.grad();
+        for (i, layer) in self.layers.iter().enumerate().rev() {
+            if !grad.defined() {
+                break;
+            }
+            if let Some(d) = &dropout {
+                d.set_draws(replay[i]);
+            }
+            let input = inputs[i].detach().set_requires_grad(true);
+            let y = layer.forward(&input, &cos, &sin, i, &mut kv())?;
+            backward(&(y * &grad).sum(Kind::Float))?;
+            grad = input.grad();
+        }
+        // 5. The embedding.
+        if grad.defined() {
+            backward(&(self.embed(&ids) * &grad).sum(Kind::Float))?;
+        }
+        if let Some(d) = &dropout {
+            d.set_draws(after);
+        }
+        Ok(out)
+    }
+
+    /// The dropout stream of the attached LoRA adapter, if it has one.
+    fn dropout_stream(&self) -> Option<Arc<DropoutStream>> {
+        let lora = |l: &Linear| match &l.adapter {
+            Some(LinearAdapter::Lora(d)) => Some(d.dropout.clone()),
+            _ => None,
+        };
+        self.layers.iter().find_map(|layer| {
+            let (a, m) = (&layer.self_attn, &layer.mlp);
+            [
+                &a.q_proj,
+                &a.k_proj,
+                &a.v_proj,
+                &a.o_proj,
+                &m.gate_proj,
+                &m.up_proj,
+                &m.down_proj,
+            ]
+            .into_iter()
+            .find_map(lora)
+        })
+    }
+}
+
+/// `loss.backward()` when the loss depends on something trainable.
+fn backward(loss: &Tensor) -> Result<(), ModelError> {
+    if loss.requires_grad() {
+        loss.f_backward()?;
+    }
+    Ok(())
+}
