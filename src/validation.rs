@@ -114,6 +114,7 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Sft, "tokenize.max_length", "at least 1", Some("0")),
     rule(Scope::Sft, "num_train_epochs", "finite and > 0", Some("-1.0")),
     rule(Scope::Sft, "eval_fraction", "in [0, 1)", Some("2.0")),
+    rule(Scope::Sft, "lm_head_chunk_tokens", "at least 1", Some("0")),
     rule(Scope::Grpo, "num_generations", "at least 2", Some("1")),
     rule(Scope::Grpo, "prompts_per_step", "at least 1 (per process)", Some("0")),
     rule(Scope::Grpo, "max_completion_length", "at least 1", Some("0")),

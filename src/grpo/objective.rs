@@ -179,7 +179,7 @@ pub fn grpo_loss_backward(
     model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
         let terms = pairs.select(hidden, cfg.temperature);
         let out = loss_of_terms(model, row, &terms, cfg, weights, reference)?;
-        Ok((out.loss.shallow_clone(), out))
+        Ok((Some(out.loss.shallow_clone()), out))
     })
 }
 

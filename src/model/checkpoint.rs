@@ -34,21 +34,24 @@ impl Activations {
 
 impl CausalLm {
     /// Forward of `input_ids`, `position_ids` `[batch, seq]` under `layout`, then `head` on the
-    /// final hidden states `[batch, seq, hidden]`, which returns the loss to back-propagate and
-    /// what the caller wants back; then backward into every parameter's gradient (accumulated).
-    /// A loss that does not require grad (nothing trainable) is not back-propagated.
+    /// final hidden states `[batch, seq, hidden]`, which returns the loss to back-propagate (or
+    /// `None` when it back-propagated its own part already, e.g. a chunked head, and nothing
+    /// reaches the layers) and what the caller wants back; then backward into every parameter's
+    /// gradient (accumulated). A loss that does not require grad is not back-propagated.
     pub fn forward_backward<T>(
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
         layout: &AttentionLayout,
         activations: Activations,
-        head: impl FnOnce(&Tensor) -> Result<(Tensor, T), ModelError>,
+        head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
     ) -> Result<T, ModelError> {
         if activations == Activations::Kept {
             let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
-            backward(&loss)?;
+            if let Some(loss) = loss {
+                backward(&loss)?;
+            }
             return Ok(out);
         }
         // 1. Inputs, RoPE and mask as the plain forward makes them.
@@ -75,7 +78,9 @@ impl CausalLm {
         // 3. The final norm and the head from a leaf at the last layer's output.
         let leaf = x.detach().set_requires_grad(true);
         let (loss, out) = head(&self.norm.forward(&leaf))?;
-        backward(&loss)?;
+        if let Some(loss) = loss {
+            backward(&loss)?;
+        }
         // 4. Each layer again with autograd, last first, from its output's gradient.
         let mut grad = leaf.grad();
         for (i, layer) in self.layers.iter().enumerate().rev() {

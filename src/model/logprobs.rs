@@ -95,3 +95,42 @@ pub fn target_logprobs(
     }
     Ok(Tensor::cat(&out, 0))
 }
+
+/// `scale * sum_i -log p(targets_i | hidden_i)` back-propagated one token chunk at a time, so
+/// that in training too no more than one chunk's logits exist (TRL's chunked NLL): each chunk's
+/// LM-head graph is built, back-propagated into a detached copy of `hidden` (and into
+/// `lm_head` when it trains) and freed before the next. Returns the NLL sum and a scalar whose
+/// backward carries the gathered gradient into `hidden`'s own graph (the layers below); `None`
+/// when `hidden` has no graph.
+///
+/// # Shapes
+/// `hidden` `[n, h]`, `lm_head` `[vocab, h]`, `targets` `[n]`.
+pub fn nll_backward_chunked(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    scale: f64,
+    chunks: LogprobChunks,
+) -> Result<(f64, Option<Tensor>), ModelError> {
+    let n = hidden.size()[0];
+    let leaf = hidden.detach().set_requires_grad(true);
+    let (mut total, mut start, step) = (0.0, 0, chunks.tokens.max(1));
+    while start < n {
+        let len = step.min(n - start);
+        let lp = target_logprobs(
+            &leaf.narrow(0, start, len),
+            lm_head,
+            &targets.narrow(0, start, len),
+            chunks,
+        )?;
+        let nll = -lp.sum(Kind::Float);
+        total += nll.double_value(&[]);
+        (nll * scale).f_backward()?;
+        start += len;
+    }
+    let grad = leaf.grad();
+    Ok((
+        total,
+        (hidden.requires_grad() && grad.defined()).then(|| (hidden * grad).sum(Kind::Float)),
+    ))
+}

@@ -32,6 +32,9 @@ pub struct SftConfig {
     pub platform: Platform,
     /// Share of rows held out for `evaluate()`.
     pub eval_fraction: f64,
+    /// Tokens per chunk of the LM head and loss in training (TRL's chunked NLL): at most one
+    /// chunk's `[tokens, vocab]` logits exist at once, forward and backward.
+    pub lm_head_chunk_tokens: i64,
 }
 
 impl Default for SftConfig {
@@ -47,6 +50,7 @@ impl Default for SftConfig {
             pad_to_multiple_of: PadTo::Auto,
             platform: Platform::Cpu,
             eval_fraction: 0.05,
+            lm_head_chunk_tokens: 1024,
         }
     }
 }
@@ -79,6 +83,9 @@ impl SftConfig {
         }
         if !(self.num_train_epochs.is_finite() && self.num_train_epochs > 0.0) {
             return Err(TrainError::config("num_train_epochs", "must be finite and > 0"));
+        }
+        if self.lm_head_chunk_tokens < 1 {
+            return Err(TrainError::config("lm_head_chunk_tokens", "must be at least 1"));
         }
         if !(0.0..1.0).contains(&self.eval_fraction) {
             return Err(TrainError::config("eval_fraction", "must lie in 0..1"));

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::collate::{BatchTensors, Collator, MicroBatch};
 use super::{SftConfig, TrainExample, tokenize};
-use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, target_logprobs};
+use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, nll_backward_chunked, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
 use crate::train::{LrSchedule, NanPolicy, TrainConfig, TrainCore, TrainError, Trainer};
@@ -225,6 +225,7 @@ impl SftTrainer {
                 &mut self.ledger,
                 &b,
                 window_tokens as f64,
+                self.config.lm_head_chunk_tokens,
                 activations,
             )
             .inspect_err(|_| self.core.optim.discard_gradients())?;
@@ -389,19 +390,26 @@ fn forward_nll(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> Res
 }
 
 /// [`forward_nll`] back-propagated with the loss divided by `tokens` (the window's trained
-/// tokens), layer activations kept or recomputed; returns the NLL sum.
+/// tokens): the LM head in chunks of `chunk` tokens, layer activations kept or recomputed;
+/// returns the NLL sum.
 fn backward_nll(
     model: &Model,
     ledger: &mut ShapeLedger,
     b: &BatchTensors,
     tokens: f64,
+    chunk: i64,
     activations: Activations,
 ) -> Result<f64, TrainError> {
     let (ids, pos, layout) = batch_inputs(model, ledger, b);
+    let chunks = LogprobChunks {
+        tokens: chunk,
+        ..LogprobChunks::default()
+    };
     Ok(model.lm.forward_backward(&ids, &pos, &layout, activations, |hidden| {
-        let nll = nll_of(model, hidden, b)?;
-        let sum = nll.double_value(&[]);
-        Ok((nll / tokens, sum))
+        let h = trained_hidden(model, hidden, b);
+        let targets = Tensor::from_slice(&b.tgt);
+        let (sum, rest) = nll_backward_chunked(&h, model.lm.lm_head_weight(), &targets, 1.0 / tokens, chunks)?;
+        Ok((rest, sum))
     })?)
 }
 
@@ -415,12 +423,16 @@ fn batch_inputs(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> (T
     (b.ids.to_device(device), b.pos.to_device(device), layout)
 }
 
+/// The final hidden states `[n, hidden]` at the positions predicting the batch's targets.
+fn trained_hidden(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Tensor {
+    hidden
+        .view([-1, model.lm.config.hidden_size])
+        .index_select(0, &Tensor::from_slice(&b.src).to_device(hidden.device()))
+}
+
 /// The NLL sum of the batch's targets from the final hidden states (chunked LM head).
 fn nll_of(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Result<Tensor, crate::model::ModelError> {
-    let device = hidden.device();
-    let h = hidden
-        .view([-1, model.lm.config.hidden_size])
-        .index_select(0, &Tensor::from_slice(&b.src).to_device(device));
+    let h = trained_hidden(model, hidden, b);
     let lp = target_logprobs(
         &h,
         model.lm.lm_head_weight(),
