@@ -3,9 +3,14 @@
 //! `generate` on the same checkpoint (when a Python with transformers is available).
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
+//!     [--config config.json] [--pairs 3]
 //!
-//! Greedy, fp32, CPU, the shipped tiny Qwen3. Without `--bench` (under `cargo test`) it runs a
-//! seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
+//! Greedy, fp32, CPU, the shipped tiny Qwen3, or with `--config` a random model of a published
+//! config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
+//! transformers' run interleaved (`--pairs` times: ours, theirs, ours, ...) and the median of
+//! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
+//! weight read once per step, at this machine's read bandwidth measured in the same run).
+//! Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
 
 mod common;
@@ -91,7 +96,10 @@ fn main() {
     } else {
         (2, 4, 1)
     };
-    let dir = treetrain::shipped::tiny_model_dir().expect("tiny model");
+    let dir = match args.get("--config").filter(|_| full) {
+        Some(config) => common::random_model_dir(Path::new(&config)),
+        None => treetrain::shipped::tiny_model_dir().expect("tiny model"),
+    };
     let model = Model::load(
         &dir,
         LoadOptions {
@@ -109,7 +117,9 @@ fn main() {
     };
     let total = (n_prompts * new) as f64;
     println!(
-        "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, tiny Qwen3 fp32, {} threads, median of {repeats}",
+        "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, {} ({:.1} M parameters) fp32, {} threads, median of {repeats}",
+        dir.file_name().map_or("?".into(), |f| f.to_string_lossy().into_owned()),
+        lm.config.num_parameters() as f64 / 1e6,
         tch::get_num_threads()
     );
     let mut g = Generator::new();
@@ -155,6 +165,24 @@ fn main() {
         "no_cache_tokens_per_s": total / none_s, "group": group,
         "group_shared_tokens_per_s": gtotal / shared_s, "group_separate_tokens_per_s": gtotal / separate_s,
     });
+    // The bound: a decode step reads every weight once.
+    let weight_bytes: f64 = model
+        .vs
+        .variables()
+        .values()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
+        .sum();
+    let bandwidth = common::read_bandwidth_gbs();
+    let bound = n_prompts as f64 * bandwidth * 1e9 / weight_bytes;
+    println!(
+        "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {bandwidth:.1} GB/s read; treetrain static at {:.2} of it)",
+        "memory-bandwidth bound",
+        weight_bytes / 1e6,
+        (total / static_s) / bound
+    );
+    results["bandwidth_bound_tokens_per_s"] = bound.into();
+    results["read_bandwidth_gbs"] = bandwidth.into();
+    results["static_over_bound"] = ((total / static_s) / bound).into();
     if full {
         match common::python(args.get("--python"), "transformers, torch") {
             None => {
@@ -163,42 +191,65 @@ fn main() {
             Some(py) => {
                 let tmp = std::env::temp_dir().join(format!("treetrain-bench-prompts-{}.json", std::process::id()));
                 std::fs::write(&tmp, serde_json::to_string(&ps).expect("json")).expect("write prompts");
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/transformers_generate.py");
-                let out = Command::new(&py)
-                    .arg(&script)
-                    .arg(&dir)
-                    .arg(&tmp)
-                    .arg(new.to_string())
-                    .arg("static")
-                    .output()
-                    .expect("run python");
-                let line = String::from_utf8_lossy(&out.stdout);
-                match serde_json::from_str::<serde_json::Value>(line.trim()) {
-                    Ok(v) => {
-                        let tf = v["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
-                        let ours = g.generate(lm, &ps, &cfg).expect("generate");
-                        let same = v["outputs"].as_array().is_some_and(|rows| {
-                            rows.iter()
-                                .zip(&ours)
-                                .all(|(r, c)| serde_json::json!(c.output_ids) == *r)
-                        });
-                        println!(
-                            "{:<36}{:>12.1}   treetrain static is {:.2}x; same tokens: {same}",
-                            "transformers static cache",
-                            tf,
-                            (total / static_s) / tf
-                        );
-                        results["transformers_static_tokens_per_s"] = tf.into();
-                        results["speedup_vs_transformers"] = ((total / static_s) / tf).into();
-                        results["same_tokens_as_transformers"] = same.into();
-                    }
-                    Err(_) => println!(
-                        "transformers: failed: {}",
-                        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
-                    ),
+                let pairs: usize = args.get("--pairs").map_or(3, |v| v.parse().expect("--pairs N"));
+                let ours = g.generate(lm, &ps, &cfg).expect("generate");
+                let (mut ratios, mut theirs, mut mine, mut same) = (Vec::new(), Vec::new(), Vec::new(), true);
+                for _ in 0..pairs {
+                    let s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
+                    let Some((tf, outputs)) = transformers_static(&py, &dir, &tmp, new) else {
+                        break;
+                    };
+                    same &= outputs
+                        .iter()
+                        .zip(&ours)
+                        .all(|(r, c)| serde_json::json!(c.output_ids) == *r);
+                    mine.push(total / s);
+                    theirs.push(tf);
+                    ratios.push((total / s) / tf);
+                }
+                if !ratios.is_empty() {
+                    let (tf, ratio) = (common::median(&theirs), common::median(&ratios));
+                    println!(
+                        "{:<36}{tf:>12.1}   treetrain static is {ratio:.2}x (median of {} interleaved pairs; treetrain {:.1}); same tokens: {same}",
+                        "transformers static cache",
+                        ratios.len(),
+                        common::median(&mine)
+                    );
+                    results["transformers_static_tokens_per_s"] = tf.into();
+                    results["speedup_vs_transformers"] = ratio.into();
+                    results["pairwise_ratios"] = serde_json::json!(ratios);
+                    results["same_tokens_as_transformers"] = same.into();
                 }
             }
         }
     }
     args.write_result("generation", &results);
+}
+
+/// transformers' static-cache greedy `generate` on `dir` for the prompts in `prompts_file`:
+/// tokens/s (its median of 3) and the generated ids; `None` (said) when Python fails.
+fn transformers_static(py: &str, dir: &Path, prompts_file: &Path, new: usize) -> Option<(f64, Vec<serde_json::Value>)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/transformers_generate.py");
+    let out = Command::new(py)
+        .arg(&script)
+        .arg(dir)
+        .arg(prompts_file)
+        .arg(new.to_string())
+        .arg("static")
+        .output()
+        .expect("run python");
+    let line = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str::<serde_json::Value>(line.trim()) {
+        Ok(v) => Some((
+            v["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            v["outputs"].as_array().cloned().unwrap_or_default(),
+        )),
+        Err(_) => {
+            println!(
+                "transformers: failed: {}",
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            );
+            None
+        }
+    }
 }

@@ -92,12 +92,12 @@ fn main() {
             g / 1e6,
             o / 1e6,
             s.peak_mib,
-            median(&s.times)
+            common::median(&s.times)
         );
         result[&s.name] = serde_json::json!({"trainable_bytes": p, "grad_bytes": g, "optimizer_bytes": o,
-            "first_step_peak_mib": s.peak_mib, "step_ms_median": median(&s.times)});
+            "first_step_peak_mib": s.peak_mib, "step_ms_median": common::median(&s.times)});
     }
-    let ratio = median(&ratios);
+    let ratio = common::median(&ratios);
     println!(
         "first-step peak: LoRA {:.2}x lower; step time full / LoRA (median of {repeats} interleaved pairs): {ratio:.2}",
         sides[0].peak_mib / sides[1].peak_mib
@@ -178,10 +178,4 @@ impl<'a> Side<'a> {
         let o: f64 = vars.values().map(|t| (2 * 4 * t.numel()) as f64).sum();
         (p, g, o)
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
 }

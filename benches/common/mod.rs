@@ -117,3 +117,69 @@ pub fn status_kib(field: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// A checkpoint folder with random weights for a published `config.json` (the configs, not
+/// the weights: no hub here), made once under `target/bench/models/<name>/` with the shipped
+/// tiny tokenizer's files (its ids lie inside any real vocabulary), so Python loads the same
+/// model. Seeded: the same weights every time.
+#[allow(dead_code)]
+pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
+    let name = config
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/bench/models")
+        .join(name);
+    if dir.join("model.safetensors").exists() {
+        return dir;
+    }
+    let hf = treetrain::model::HfConfig::from_file(config).expect("config.json");
+    let opts = treetrain::model::LoadOptions {
+        dtype: Some(tch::Kind::Float),
+        device: tch::Device::Cpu,
+    };
+    let model = treetrain::model::Model::seeded(hf, opts, 1, 0.02).expect("random model");
+    let tokenizer = treetrain::shipped::tiny_model_dir().expect("tiny model");
+    let _ = std::fs::remove_dir_all(&dir);
+    model.save(&dir, Some(&tokenizer)).expect("save random model");
+    dir
+}
+
+/// Median of `v` (NaN when empty).
+#[allow(dead_code)]
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Read bandwidth of this machine in GB/s: the best of 5 sums over a 1 GiB f32 tensor (one
+/// read of every byte, nothing written but the scalar).
+#[allow(dead_code)]
+pub fn read_bandwidth_gbs() -> f64 {
+    let t = tch::Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu));
+    let bytes = (t.numel() * 4) as f64;
+    (0..5)
+        .map(|_| {
+            let s = std::time::Instant::now();
+            let _ = t.sum(tch::Kind::Float).double_value(&[]);
+            bytes / s.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// This machine's f32 matmul rate in GFLOP/s: the best of 5 products of 2048 x 2048 matrices.
+#[allow(dead_code)]
+pub fn matmul_gflops() -> f64 {
+    let n = 2048;
+    let a = tch::Tensor::ones([n, n], (tch::Kind::Float, tch::Device::Cpu)) * 0.5;
+    let _ = a.matmul(&a);
+    (0..5)
+        .map(|_| {
+            let s = std::time::Instant::now();
+            let c = a.matmul(&a);
+            let _ = c.double_value(&[0, 0]);
+            2.0 * (n * n * n) as f64 / s.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}

@@ -29,12 +29,13 @@ pub struct ConvertArgs {
 /// Runs `convert`.
 pub fn run(args: &ConvertArgs) -> Result<()> {
     // Merged in the output's dtype, as PEFT merges in the base model's.
-    let (dir, mut m) = super::load_model(
-        &args.model,
-        args.dtype,
-        args.adapter.as_deref(),
-        super::AdapterUse::Attached,
-    )?;
+    let (dir, mut m) = super::load_model(&super::ModelSpec {
+        model: &args.model,
+        dtype: args.dtype,
+        device: treetrain::device::DeviceSpec::Cpu,
+        adapter: args.adapter.as_deref(),
+        adapter_use: super::AdapterUse::Attached,
+    })?;
     m.merge_and_unload()?;
     match args.overwrite {
         true => m.save_over(&args.out, Some(&dir))?,

@@ -17,6 +17,9 @@ pub struct GenerateArgs {
     /// model, applied (merged into the weights for speed).
     #[arg(long)]
     adapter: Option<PathBuf>,
+    /// Where the model runs: cpu, cuda, cuda:N, mps or auto.
+    #[arg(long, default_value = "cpu")]
+    device: treetrain::device::DeviceSpec,
     /// JSONL: `{"input_ids": [...]}`, `{"prompt": "..."}` or `{"messages": [...]}` per line.
     #[arg(long)]
     input: PathBuf,
@@ -67,12 +70,13 @@ pub struct GenerateArgs {
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     anyhow::ensure!(args.num_generations >= 1, "--num-generations 0: must be at least 1");
-    let (dir, model) = super::load_model(
-        &args.model,
-        args.dtype,
-        args.adapter.as_deref(),
-        super::AdapterUse::Merged,
-    )?;
+    let (dir, model) = super::load_model(&super::ModelSpec {
+        model: &args.model,
+        dtype: args.dtype,
+        device: args.device,
+        adapter: args.adapter.as_deref(),
+        adapter_use: super::AdapterUse::Merged,
+    })?;
     let tok = super::tokenizer_of(&dir)?;
     let prompts = read_prompts(args, tok.as_ref(), &dir)?;
     let cfg = generation_config(args, tok.as_ref(), &model.lm.config)?;

@@ -52,19 +52,29 @@ pub enum AdapterUse {
     Merged,
 }
 
-/// A model folder or cached repo id, loaded on CPU in `dtype` (default: the checkpoint's), with
-/// the PEFT adapter folder `adapter` on it when given.
-pub fn load_model(
-    spec: &str,
-    dtype: Option<treetrain::model::Dtype>,
-    adapter: Option<&Path>,
-    mode: AdapterUse,
-) -> Result<(PathBuf, treetrain::model::Model)> {
-    let dir = treetrain::hub::HubCache::from_env().model_dir(spec)?;
+/// How a subcommand loads its model: the folder or cached repo id, the dtype (default: the
+/// checkpoint's), the device, and a PEFT adapter folder to apply.
+pub struct ModelSpec<'a> {
+    /// A model folder or cached repo id.
+    pub model: &'a str,
+    /// Parameter dtype (`None`: the checkpoint's).
+    pub dtype: Option<treetrain::model::Dtype>,
+    /// Where the model runs.
+    pub device: treetrain::device::DeviceSpec,
+    /// A PEFT LoRA adapter folder.
+    pub adapter: Option<&'a Path>,
+    /// How the adapter is applied.
+    pub adapter_use: AdapterUse,
+}
+
+/// Loads what `spec` names.
+pub fn load_model(spec: &ModelSpec) -> Result<(PathBuf, treetrain::model::Model)> {
+    let dir = treetrain::hub::HubCache::from_env().model_dir(spec.model)?;
     let opts = treetrain::model::LoadOptions {
-        dtype: dtype.map(treetrain::model::Dtype::kind),
-        device: tch::Device::Cpu,
+        dtype: spec.dtype.map(treetrain::model::Dtype::kind),
+        device: spec.device.resolve()?,
     };
+    let (adapter, mode) = (spec.adapter, spec.adapter_use);
     let mut model = treetrain::model::Model::load(&dir, opts)?;
     if let Some(adapter) = adapter {
         model.load_adapter(adapter)?;

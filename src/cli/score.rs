@@ -27,6 +27,9 @@ pub struct ScoreArgs {
     /// model, applied (computed beside the base weights, as PEFT does).
     #[arg(long)]
     adapter: Option<PathBuf>,
+    /// Where the model runs: cpu, cuda, cuda:N, mps or auto.
+    #[arg(long, default_value = "cpu")]
+    device: treetrain::device::DeviceSpec,
     /// JSONL input: `{"input_ids": [...]}` or `{"text": "..."}` per line (`-` for stdin).
     #[arg(long)]
     input: PathBuf,
@@ -44,12 +47,13 @@ pub struct ScoreArgs {
 
 /// Runs `score`.
 pub fn run(args: &ScoreArgs) -> Result<()> {
-    let (dir, model) = super::load_model(
-        &args.model,
-        args.dtype,
-        args.adapter.as_deref(),
-        super::AdapterUse::Attached,
-    )?;
+    let (dir, model) = super::load_model(&super::ModelSpec {
+        model: &args.model,
+        dtype: args.dtype,
+        device: args.device,
+        adapter: args.adapter.as_deref(),
+        adapter_use: super::AdapterUse::Attached,
+    })?;
     let tokenizer = super::tokenizer_of(&dir)?;
     let (mut rows, mut ats): (Vec<Vec<i64>>, Vec<String>) = (Vec::new(), Vec::new());
     for line in super::jsonl::read(&args.input)? {
