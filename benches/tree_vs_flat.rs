@@ -7,7 +7,8 @@
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
-//! Prints, per scenario, median ms for both packings, the speedup, the packing ratio, the ideal
+//! Prints, per scenario, median ms for both packings (timed interleaved: flat, tree, flat, ...),
+//! the speedup (median of the pairwise ratios), the packing ratio, the ideal
 //! speedup from the config (linear work per token plus causal attention pairs), measured / ideal,
 //! and peak memory; then the packer's own throughput. Writes everything as JSON. `pairs` is the
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
@@ -150,45 +151,55 @@ fn work(cfg: &ModelConfig, row: &PackedRow) -> f64 {
     row.len() as f64 * per_token + row.attention_pairs() as f64 * per_pair + head
 }
 
-/// Median milliseconds of forward + backward, and the resident-memory peak of one more step
-/// above what was resident before it (MiB; CPU only).
-fn time_step(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
+/// One forward + backward of the GRPO loss over `row`, in milliseconds (gradients cleared first).
+fn step_ms(model: &Model, row: &PackedRow, args: &Args) -> f64 {
     let cfg = GrpoObjective {
         activations: args.activations,
         ..GrpoObjective::default()
     };
     let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
-    let step = || {
-        treetrain::train::zero_grads(&model.vs);
-        grpo_loss_backward(&model.lm, row, &cfg, weights.clone(), None).expect("loss");
-        if let Device::Cuda(i) = args.device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
+    treetrain::train::zero_grads(&model.vs);
+    let t = Instant::now();
+    grpo_loss_backward(&model.lm, row, &cfg, weights, None).expect("loss");
+    if let Device::Cuda(i) = args.device {
+        tch::Cuda::synchronize(i as i64);
+    }
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Flat and tree steps timed interleaved (flat, tree, flat, tree, ...) after warm-ups: each
+/// side's median milliseconds and the median of the pairwise speedups (flat / tree), so a drift
+/// of the machine's speed hits both sides of every pair alike.
+fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) -> (f64, f64, f64) {
     for _ in 0..args.warmup {
-        step();
+        step_ms(model, flat, args);
+        step_ms(model, tree, args);
     }
-    let mut times = Vec::new();
+    let (mut f, mut t, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeats {
-        let t = Instant::now();
-        step();
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+        let (a, b) = (step_ms(model, flat, args), step_ms(model, tree, args));
+        f.push(a);
+        t.push(b);
+        ratios.push(a / b);
     }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
+    (common::median(&f), common::median(&t), common::median(&ratios))
+}
+
+/// The resident-memory peak of one more step above what was resident before it (MiB; CPU only).
+fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
     if args.device != Device::Cpu {
-        return (median, f64::NAN);
+        return f64::NAN;
     }
-    // Peak memory in a separate step: large tensors are then always mmapped and unmapped on
-    // free, so resident memory follows live tensors and the peak after a reset is this step's.
-    // (Not during timing: mapping every tensor costs page faults.)
+    // Large tensors are then always mmapped and unmapped on free, so resident memory follows
+    // live tensors and the peak after a reset is this step's. (Not during timing: mapping every
+    // tensor costs page faults.)
     common::allocator(common::AllocatorMode::Measure);
     let base = common::status_kib("VmRSS:");
     common::reset_peak_rss();
-    step();
+    step_ms(model, row, args);
     let peak = (common::status_kib("VmHWM:") - base) / 1024.0;
     common::allocator(common::AllocatorMode::Time);
-    (median, peak)
+    peak
 }
 
 fn tree_row(rs: &[Rollout]) -> PackedRow {
@@ -283,9 +294,8 @@ fn main() {
         }
         let flat = pack_flat(&rs).expect("valid");
         let tree = tree_row(&rs);
-        let (flat_ms, flat_mib) = time_step(&model, &flat, &args);
-        let (tree_ms, tree_mib) = time_step(&model, &tree, &args);
-        let speedup = flat_ms / tree_ms;
+        let (flat_ms, tree_ms, speedup) = time_pairs(&model, &flat, &tree, &args);
+        let (flat_mib, tree_mib) = (peak_mib(&model, &flat, &args), peak_mib(&model, &tree, &args));
         let ideal = work(&cfg, &flat) / work(&cfg, &tree);
         let ratio = tree.packing_ratio();
         let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;

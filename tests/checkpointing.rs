@@ -2,6 +2,8 @@
 //! forward (fp32, 1e-6 relative) in every attention layout (padded batch, packed sequences,
 //! tree segments), with LoRA dropout replayed, and in both trainers.
 
+mod common;
+
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
@@ -158,27 +160,12 @@ fn tree_segments_and_lora_dropout_recompute_to_the_same_gradients() {
 
 #[test]
 fn sft_with_gradient_checkpointing_trains_as_without() {
-    use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-    use treetrain::train::{TrainConfig, Trainer};
+    use treetrain::sft::SftTrainer;
+    use treetrain::train::Trainer;
     let run = |checkpointing: bool| {
-        let mut t = SftTrainer::new(SftConfig {
-            train: TrainConfig {
-                model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-                dataset: Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/sft/train.parquet"),
-                learning_rate: 3e-3,
-                gradient_checkpointing: checkpointing,
-                ..Default::default()
-            },
-            tokenize: TokenizeOptions {
-                max_length: 128,
-                ..Default::default()
-            },
-            packing: Some(PackingStrategy::Bfd),
-            batch_size: 4,
-            max_steps: Some(4),
-            ..Default::default()
-        })
-        .unwrap();
+        let mut cfg = common::shipped_sft(None, 4);
+        cfg.train.gradient_checkpointing = checkpointing;
+        let mut t = SftTrainer::new(cfg).unwrap();
         t.train_for(4).unwrap();
         t.state
             .history

@@ -2,18 +2,18 @@
 //! or optimizer state for it), checkpoints hold the adapter in PEFT's format and resume
 //! exactly, and GRPO's reference is the base with the adapter off, sharing its tensors.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tch::Tensor;
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec, RolloutMode};
 use treetrain::model::lora::{LoraConfig, TargetModules};
 use treetrain::model::{LoadOptions, Model};
-use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::sft::{SftConfig, SftTrainer};
 use treetrain::train::{TrainConfig, TrainError, Trainer};
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+
+use common::root;
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("treetrain-lora-train-{name}-{}", std::process::id()));
@@ -33,24 +33,11 @@ fn lora(dropout: f64) -> LoraConfig {
 }
 
 fn sft(out: Option<PathBuf>, lora: Option<LoraConfig>, steps: u64) -> SftConfig {
-    SftConfig {
-        train: TrainConfig {
-            model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-            dataset: root().join("datasets/sft/train.parquet"),
-            output_dir: out,
-            learning_rate: 1e-2,
-            lora,
-            ..Default::default()
-        },
-        tokenize: TokenizeOptions {
-            max_length: 128,
-            ..Default::default()
-        },
-        packing: Some(PackingStrategy::Bfd),
-        batch_size: 4,
-        max_steps: Some(steps),
-        ..Default::default()
-    }
+    let mut cfg = common::shipped_sft(out, steps);
+    cfg.train.learning_rate = 1e-2;
+    cfg.train.warmup_ratio = 0.0;
+    cfg.train.lora = lora;
+    cfg
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {

@@ -1,35 +1,21 @@
 //! Mixed precision: bf16 compute with fp32 master weights and fp32 optimizer state tracks the
 //! fp32 run; pure bf16 stays available; master weights are checkpointed and resume exactly.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 
 use tch::Kind;
 use treetrain::model::Dtype;
-use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{TrainConfig, Trainer};
+use treetrain::sft::{SftConfig, SftTrainer};
+use treetrain::train::Trainer;
 
 fn config(dtype: Dtype, mixed: bool, steps: u64, out: Option<PathBuf>) -> SftConfig {
-    SftConfig {
-        train: TrainConfig {
-            model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-            dataset: Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/sft/train.parquet"),
-            learning_rate: 3e-3,
-            warmup_ratio: 0.1,
-            dtype,
-            mixed_precision: mixed,
-            output_dir: out,
-            ..Default::default()
-        },
-        tokenize: TokenizeOptions {
-            max_length: 128,
-            ..Default::default()
-        },
-        packing: Some(PackingStrategy::Bfd),
-        batch_size: 4,
-        max_steps: Some(steps),
-        eval_fraction: 0.0,
-        ..Default::default()
-    }
+    let mut cfg = common::shipped_sft(out, steps);
+    cfg.train.dtype = dtype;
+    cfg.train.mixed_precision = mixed;
+    cfg.eval_fraction = 0.0;
+    cfg
 }
 
 fn losses(t: &SftTrainer) -> Vec<f64> {

@@ -1,35 +1,16 @@
 //! The SFT trainer on the shipped data and tiny model.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tch::Kind;
 use treetrain::device::{DeviceSpec, Platform};
-use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
+use treetrain::sft::{SftConfig, SftTrainer};
 use treetrain::train::{NanPolicy, TrainConfig, TrainError, Trainer};
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
 
 fn config(out: Option<PathBuf>) -> SftConfig {
-    SftConfig {
-        train: TrainConfig {
-            model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-            dataset: root().join("datasets/sft/train.parquet"),
-            output_dir: out,
-            learning_rate: 3e-3,
-            warmup_ratio: 0.1,
-            ..Default::default()
-        },
-        tokenize: TokenizeOptions {
-            max_length: 128,
-            ..Default::default()
-        },
-        packing: Some(PackingStrategy::Bfd),
-        batch_size: 4,
-        max_steps: Some(40),
-        ..Default::default()
-    }
+    common::shipped_sft(out, 40)
 }
 
 /// `cfg` with its shared settings changed by `change`.
