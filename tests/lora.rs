@@ -349,9 +349,13 @@ fn set_field(dir: &Path, key: &str, value: serde_json::Value) {
 
 #[test]
 fn adapters_that_do_not_fit_or_ask_for_more_are_errors_naming_the_tensor_or_field() {
-    // Another base: qwen2's q_proj is [64, 64], the adapter's lora_B is [96, 4].
+    // Another base: qwen2's attention is 4 heads of 16, the adapter's of 24 (layer 0's o_proj
+    // comes first by name: its lora_A is [4, 96] where qwen2 needs [4, 64]).
     let err = adapter_error("qwen2", |_| {});
-    assert!(err.contains("lora_B.weight") && err.contains("shape"), "{err}");
+    assert!(
+        err.contains("layers.0.self_attn.o_proj.lora_A.weight") && err.contains("shape [4, 96]"),
+        "{err}"
+    );
     for (key, value, want) in [
         ("use_dora", serde_json::json!(true), "use_dora"),
         ("bias", serde_json::json!("all"), "bias"),

@@ -79,7 +79,10 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
             file: file.clone(),
             message: e.to_string(),
         })?;
-        for (name, view) in st.iter() {
+        // By name, so that the first tensor that does not fit is the same on every run.
+        let mut tensors: Vec<(&str, safetensors::tensor::TensorView<'_>)> = st.iter().collect();
+        tensors.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, view) in tensors {
             let Some(var) = vars.get(name) else {
                 if ignorable(name, &vars) {
                     continue;
