@@ -204,13 +204,7 @@ impl GrpoTrainer {
         let Some(adapter) = &self.model().adapter else {
             return Vec::new();
         };
-        let mut rows = vec![
-            (
-                "adapter",
-                format!("r = {}, {}", adapter.config.r, adapter.targets_summary()),
-            ),
-            ("trainable parameters", adapter.trainable_summary()),
-        ];
+        let mut rows = vec![("adapter", adapter.summary())];
         if self.reference().is_some() {
             rows.push((
                 "KL reference",

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor, nn};
 
 use super::lora::{LoraAdapter, LoraConfig};
-use super::weights::{init_seeded, load_into, weight_files, write_safetensors};
+use super::weights::{check_finite_to_write, init_seeded, load_into, weight_files, write_json, write_safetensors};
 use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, parse_kind, target_logprobs};
 use crate::display::{self, Rich, escape};
 
@@ -89,16 +89,7 @@ impl Model {
     /// An error naming the first parameter (by name) that holds NaN or infinite values:
     /// checkpoints are never written with them.
     pub fn check_finite(&self) -> Result<(), ModelError> {
-        let vars: std::collections::BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
-        for (name, t) in &vars {
-            if !super::weights::all_finite(t)? {
-                return Err(ModelError::NonFinite {
-                    name: name.clone(),
-                    place: "to be written".into(),
-                });
-            }
-        }
-        Ok(())
+        check_finite_to_write(&self.vs.variables())
     }
 }
 
@@ -308,14 +299,7 @@ impl Model {
         if cfg.torch_dtype.is_some() {
             cfg.torch_dtype = Some(kind_name(kind).into());
         }
-        let json = |v: &serde_json::Value, file: &str| -> Result<(), ModelError> {
-            let path = dir.join(file);
-            let text = serde_json::to_string_pretty(v).map_err(|e| ModelError::Json {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            std::fs::write(&path, text + "\n").map_err(|e| ModelError::io(&path, e))
-        };
+        let json = |v: &serde_json::Value, file: &str| write_json(&dir.join(file), v);
         json(
             &serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
                 path: dir.join("config.json"),
@@ -402,19 +386,12 @@ impl Model {
     }
 
     fn require_adapter(&self) -> Result<&LoraAdapter, ModelError> {
-        self.adapter.as_ref().ok_or_else(|| ModelError::Adapter {
-            place: "model".into(),
-            message: "has no adapter attached".into(),
-        })
+        self.adapter.as_ref().ok_or_else(no_adapter)
     }
 
     /// Folds the adapter into the base weights (same outputs, no adapter work per forward).
     pub fn merge_adapter(&mut self) -> Result<(), ModelError> {
-        let adapter = self.adapter.as_mut().ok_or_else(|| ModelError::Adapter {
-            place: "model".into(),
-            message: "has no adapter attached".into(),
-        })?;
-        adapter.merge(&mut self.lm)
+        self.adapter.as_mut().ok_or_else(no_adapter)?.merge(&mut self.lm)
     }
 
     /// Takes a merged adapter back out of the base weights.
@@ -466,6 +443,14 @@ impl Model {
     }
 }
 
+/// What asking a model without an adapter for one gives.
+fn no_adapter() -> ModelError {
+    ModelError::Adapter {
+        place: "model".into(),
+        message: "has no adapter attached".into(),
+    }
+}
+
 /// While held, the model is in training mode ([`Model::training`]).
 #[derive(Debug)]
 pub struct TrainingMode<'a>(&'a Model);
@@ -508,14 +493,7 @@ impl Rich for Model {
             ("tied embeddings", c.tie_word_embeddings.to_string()),
             (
                 "LoRA adapter",
-                self.adapter.as_ref().map_or("none".into(), |a| {
-                    escape(&format!(
-                        "r = {}, {}; trains {}",
-                        a.config.r,
-                        a.targets_summary(),
-                        a.trainable_summary()
-                    ))
-                }),
+                self.adapter.as_ref().map_or("none".into(), |a| escape(&a.summary())),
             ),
             (
                 "source",
@@ -553,14 +531,10 @@ impl Rich for Model {
 
     fn text(&self) -> String {
         let c = &self.lm.config;
-        let adapter = self.adapter.as_ref().map_or(String::new(), |a| {
-            format!(
-                "LoRA adapter: r = {}, {}; trains {}\n",
-                a.config.r,
-                a.targets_summary(),
-                a.trainable_summary()
-            )
-        });
+        let adapter = self
+            .adapter
+            .as_ref()
+            .map_or(String::new(), |a| format!("LoRA adapter: {}\n", a.summary()));
         format!(
             "{:?} model: {:.2} M parameters, {:?}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
             c.arch,

@@ -144,6 +144,30 @@ pub fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
     Ok(t.f_isfinite()?.f_all()?.int64_value(&[]) != 0)
 }
 
+/// An error naming the first tensor of `vars` (by name) that holds NaN or infinite values:
+/// nothing is written with them.
+pub(crate) fn check_finite_to_write(vars: &HashMap<String, Tensor>) -> Result<(), ModelError> {
+    let sorted: BTreeMap<&String, &Tensor> = vars.iter().collect();
+    for (name, t) in sorted {
+        if !all_finite(t)? {
+            return Err(ModelError::NonFinite {
+                name: name.clone(),
+                place: "to be written".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes `value` as pretty JSON (with a final newline) to `path`.
+pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), ModelError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| ModelError::Json {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(path, text + "\n").map_err(|e| ModelError::io(path, e))
+}
+
 /// Fills `vs` deterministically from `seed`: norms 1, biases 0, everything else N(0, std)
 /// (transformers' `initializer_range` scheme). Same values on every machine.
 pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelError> {

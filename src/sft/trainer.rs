@@ -213,13 +213,13 @@ impl SftTrainer {
         // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
         let mut sums = [0.0; 3];
         let training = self.core.model.training();
+        let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
         for mb in &window {
             let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
             if mine.is_empty() {
                 continue;
             }
             let b = self.collator.tensors(&self.train, &mine);
-            let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
             let nll = backward_nll(
                 &self.core.model,
                 &mut self.ledger,

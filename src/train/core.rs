@@ -89,7 +89,11 @@ impl TrainCore {
             Some(adapter) => {
                 copy.copy_adapter_from(adapter)?;
             }
-            None => super::snapshot::load_snapshot(&copy.vs, &super::snapshot::snapshot(&self.model.vs))?,
+            // Straight from the live weights: no intermediate deep copy of the whole model.
+            None => {
+                let weights: Vec<(String, tch::Tensor)> = self.model.vs.variables().into_iter().collect();
+                super::snapshot::load_snapshot(&copy.vs, &weights)?
+            }
         }
         Ok(copy)
     }

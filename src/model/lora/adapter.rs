@@ -10,7 +10,7 @@ use super::config::target_matches;
 use super::delta::{DropoutStream, LoraDelta};
 use super::{LoraConfig, TargetModules};
 use crate::model::layers::{Linear, LinearAdapter};
-use crate::model::weights::{load_into, write_safetensors};
+use crate::model::weights::{check_finite_to_write, load_into, write_json, write_safetensors};
 use crate::model::{CausalLm, ModelError};
 use crate::util::SplitMix64;
 
@@ -208,9 +208,8 @@ impl LoraAdapter {
     }
 
     /// Removes the adapter from `lm`'s layers (unmerging first if merged).
-    pub fn detach(self, lm: &mut CausalLm) {
-        let mut me = self;
-        let _ = me.unmerge(lm);
+    pub fn detach(mut self, lm: &mut CausalLm) {
+        let _ = self.unmerge(lm);
         for (_, linear) in lm.linears_mut() {
             linear.adapter = None;
         }
@@ -245,22 +244,8 @@ impl LoraAdapter {
     /// The two files, into an existing folder (a checkpoint being written).
     pub fn write_files(&self, dir: &Path) -> Result<(), ModelError> {
         let vars = self.vs.variables();
-        for (name, t) in &vars {
-            if !crate::model::all_finite(t)? {
-                return Err(ModelError::NonFinite {
-                    name: name.clone(),
-                    place: "to be written".into(),
-                });
-            }
-        }
-        let path = dir.join(ADAPTER_CONFIG);
-        let text = serde_json::to_string_pretty(&self.config.to_peft_json(&self.base_model)).map_err(|e| {
-            ModelError::Json {
-                path: path.clone(),
-                message: e.to_string(),
-            }
-        })?;
-        std::fs::write(&path, text + "\n").map_err(|e| ModelError::io(&path, e))?;
+        check_finite_to_write(&vars)?;
+        write_json(&dir.join(ADAPTER_CONFIG), &self.config.to_peft_json(&self.base_model))?;
         write_safetensors(&dir.join(ADAPTER_WEIGHTS), &vars, Kind::Float)
     }
 
