@@ -1,6 +1,10 @@
 //! The `treetrain` binary, run as a user would.
 
+mod common;
+
 use std::process::Command;
+
+use common::score_lines;
 
 fn treetrain(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
@@ -61,19 +65,6 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!ok && err.contains("/nonexistent.txt"), "{err}");
 }
 
-fn scores(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprobs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn score_flat_and_tree_packing_equal_separate_rows() {
     let dir = std::env::temp_dir().join(format!("treetrain-cli-score-{}", std::process::id()));
@@ -98,7 +89,7 @@ fn score_flat_and_tree_packing_equal_separate_rows() {
         args.extend_from_slice(extra);
         let (ok, out, err) = treetrain(&args);
         assert!(ok, "{err}");
-        scores(&out)
+        score_lines(&out)
     };
     let none = run("none", &[]);
     assert_eq!(none.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 0, 6]);
@@ -133,7 +124,7 @@ fn score_text_rows_use_the_tokenizer_and_errors_name_the_line() {
     assert!(ok, "{err}");
     let tok = treetrain::tokenizer::Tokenizer::from_dir(&model).unwrap();
     assert_eq!(
-        scores(&out)[0].len(),
+        score_lines(&out)[0].len(),
         tok.encode("What is 2 + 3?", true).unwrap().len() - 1
     );
     std::fs::write(&input, "{\"input_ids\": [1, 2]}\n{\"ids\": [1]}\n").unwrap();

@@ -2,13 +2,14 @@
 //! and flat packing give the same update, stale samples are dropped and counted, reward
 //! failures zero the advantage.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tch::Tensor;
 use treetrain::grpo::{
-    BuiltinReward, GrpoConfig, GrpoObjective, GrpoTrainer, RewardFn, RewardSpec, RolloutMode, accumulate_gradients,
-    pack_rollouts,
+    BuiltinReward, GrpoConfig, GrpoObjective, GrpoTrainer, RewardFn, RolloutMode, accumulate_gradients, pack_rollouts,
 };
 use treetrain::model::{LoadOptions, Model};
 use treetrain::pack::Packing;
@@ -24,32 +25,7 @@ fn sft_model() -> PathBuf {
 
 /// The shipped recipe (datasets/grpo.toml) at test size.
 fn config() -> GrpoConfig {
-    GrpoConfig {
-        train: TrainConfig {
-            model: sft_model().display().to_string(),
-            dataset: root().join("datasets/grpo/train.parquet"),
-            learning_rate: 1e-3,
-            lr_scheduler: treetrain::train::ScheduleKind::Linear,
-            seed: 7,
-            ..Default::default()
-        },
-        rewards: vec![
-            RewardSpec {
-                name: BuiltinReward::ExactAnswer,
-                weight: 1.0,
-            },
-            RewardSpec {
-                name: BuiltinReward::AnswerFormat,
-                weight: 0.5,
-            },
-        ],
-        num_generations: 8,
-        prompts_per_step: 16,
-        max_completion_length: 16,
-        token_budget: 2048,
-        max_steps: 40,
-        ..Default::default()
-    }
+    common::shipped_grpo()
 }
 
 /// [`config`] writing checkpoints and the log to `dir`.

@@ -3,8 +3,11 @@
 //! treetrain saves and agrees (the venv of scripts/setup-peft.sh), merging keeps the outputs,
 //! and only adapter tensors train.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{row_logits, score_lines};
 use tch::{Device, Kind, Tensor};
 use treetrain::model::lora::{LoraConfig, TargetModules};
 use treetrain::model::{AttentionLayout, LoadOptions, Model, ModelError};
@@ -50,19 +53,6 @@ fn expected(case: &str) -> Expected {
         rows: serde_json::from_value(v["rows"].clone()).unwrap(),
         logits: logits_of(&v["logits"]),
     }
-}
-
-fn row_logits(model: &Model, row: &[i64]) -> Tensor {
-    let n = row.len() as i64;
-    let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
-    tch::no_grad(|| {
-        model
-            .lm
-            .forward(&ids, &pos, &AttentionLayout::Causal)
-            .unwrap()
-            .squeeze_dim(0)
-    })
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -426,19 +416,6 @@ fn treetrain(args: &[&str]) -> String {
     run_ok(std::process::Command::new(env!("CARGO_BIN_EXE_treetrain")).args(args))
 }
 
-fn cli_scores(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprobs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect()
-        })
-        .collect()
-}
-
 /// `score --adapter` gives PEFT's log-probs, `convert --adapter` writes a merged checkpoint that
 /// scores the same without it, and greedy `generate --adapter` (merged) gives the tokens the
 /// unmerged adapter gives.
@@ -462,7 +439,7 @@ fn the_cli_applies_and_merges_adapters() {
         input.to_str().unwrap(),
         adapter.to_str().unwrap(),
     );
-    let scored = cli_scores(&treetrain(&[
+    let scored = score_lines(&treetrain(&[
         "score",
         "--model",
         base_s,
@@ -489,7 +466,7 @@ fn the_cli_applies_and_merges_adapters() {
         merged.to_str().unwrap(),
     ]);
     assert!(!merged.join("adapter_config.json").exists() && merged.join("model.safetensors").exists());
-    let plain = cli_scores(&treetrain(&[
+    let plain = score_lines(&treetrain(&[
         "score",
         "--model",
         merged.to_str().unwrap(),

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use tch::Tensor;
-use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec, RolloutMode};
+use treetrain::grpo::{GrpoConfig, GrpoTrainer, RolloutMode};
 use treetrain::model::lora::{LoraConfig, TargetModules};
 use treetrain::model::{LoadOptions, Model};
 use treetrain::sft::{SftConfig, SftTrainer};
@@ -149,34 +149,12 @@ fn lora_checkpoints_hold_the_adapter_alone_and_resume_exactly() {
 }
 
 fn grpo(lora: Option<LoraConfig>, mode: RolloutMode) -> GrpoConfig {
-    GrpoConfig {
-        train: TrainConfig {
-            model: root().join("datasets/tiny-qwen3-sft").display().to_string(),
-            dataset: root().join("datasets/grpo/train.parquet"),
-            learning_rate: 1e-2,
-            seed: 7,
-            lora,
-            ..Default::default()
-        },
-        rewards: vec![
-            RewardSpec {
-                name: BuiltinReward::ExactAnswer,
-                weight: 1.0,
-            },
-            RewardSpec {
-                name: BuiltinReward::AnswerFormat,
-                weight: 0.5,
-            },
-        ],
-        num_generations: 8,
-        prompts_per_step: 16,
-        max_completion_length: 16,
-        token_budget: 2048,
-        max_steps: 40,
-        beta: 0.02,
-        mode,
-        ..Default::default()
-    }
+    let mut cfg = common::shipped_grpo();
+    cfg.train.learning_rate = 1e-2;
+    cfg.train.lora = lora;
+    cfg.beta = 0.02;
+    cfg.mode = mode;
+    cfg
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! The decoder against transformers' outputs on tiny random checkpoints
 //! (tests/fixtures/models, made by scripts/fixtures/make_model_fixtures.py).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::row_logits;
 use tch::{Device, Kind, Tensor};
 use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs};
 
@@ -50,17 +53,6 @@ fn load_f32(name: &str) -> Model {
         },
     )
     .unwrap()
-}
-
-fn row_logits(model: &Model, row: &[i64]) -> Tensor {
-    let n = row.len() as i64;
-    let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
-    model
-        .lm
-        .forward(&ids, &pos, &AttentionLayout::Causal)
-        .unwrap()
-        .squeeze_dim(0)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {

@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use tch::{Device, Kind, Tensor};
+use treetrain::grpo::{BuiltinReward, GrpoConfig, RewardSpec};
+use treetrain::model::{AttentionLayout, Model};
 use treetrain::sft::{PackingStrategy, SftConfig, TokenizeOptions};
 use treetrain::train::TrainConfig;
 
@@ -33,4 +36,67 @@ pub fn shipped_sft(out: Option<PathBuf>, steps: u64) -> SftConfig {
         max_steps: Some(steps),
         ..Default::default()
     }
+}
+
+/// The shipped GRPO recipe (datasets/grpo.toml) at test size: the shipped SFT model on the
+/// shipped prompts, exact-answer and format rewards, 16 prompts x 8 completions of at most 16
+/// tokens a step, lr 1e-3, 40 steps.
+#[allow(dead_code)]
+pub fn shipped_grpo() -> GrpoConfig {
+    GrpoConfig {
+        train: TrainConfig {
+            model: root().join("datasets/tiny-qwen3-sft").display().to_string(),
+            dataset: root().join("datasets/grpo/train.parquet"),
+            learning_rate: 1e-3,
+            lr_scheduler: treetrain::train::ScheduleKind::Linear,
+            seed: 7,
+            ..Default::default()
+        },
+        rewards: vec![
+            RewardSpec {
+                name: BuiltinReward::ExactAnswer,
+                weight: 1.0,
+            },
+            RewardSpec {
+                name: BuiltinReward::AnswerFormat,
+                weight: 0.5,
+            },
+        ],
+        num_generations: 8,
+        prompts_per_step: 16,
+        max_completion_length: 16,
+        token_budget: 2048,
+        max_steps: 40,
+        ..Default::default()
+    }
+}
+
+/// Logits `[len, vocab]` of one row forwarded alone (causal, no gradient).
+#[allow(dead_code)]
+pub fn row_logits(model: &Model, row: &[i64]) -> Tensor {
+    let n = row.len() as i64;
+    let ids = Tensor::from_slice(row).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    tch::no_grad(|| {
+        model
+            .lm
+            .forward(&ids, &pos, &AttentionLayout::Causal)
+            .unwrap()
+            .squeeze_dim(0)
+    })
+}
+
+/// The `logprobs` of each JSON line `treetrain score` printed.
+#[allow(dead_code)]
+pub fn score_lines(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
 }
