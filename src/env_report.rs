@@ -182,7 +182,7 @@ impl EnvReport {
         vec![
             ("platform", p.to_string()),
             ("tch device", format!("{:?}", self.accelerators.tch_device())),
-            ("preferred dtype", format!("{:?}", p.preferred_kind())),
+            ("preferred dtype", p.preferred_dtype().to_string()),
             (
                 "pad_to_multiple_of=auto",
                 PadTo::Auto

@@ -120,7 +120,7 @@ fn trn2_groups_eight_physical_cores_into_four_logical() {
     assert_eq!(acc.tch_device(), tch::Device::Cpu);
     assert!(acc.notes()[0].contains("cannot address"));
     assert_eq!(PadTo::Auto.resolve(acc.platform()), Some(128));
-    assert_eq!(acc.platform().preferred_kind(), tch::Kind::BFloat16);
+    assert_eq!(acc.platform().preferred_dtype(), treetrain::model::Dtype::Bf16);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use treetrain::train::Trainer;
 
 fn config(dtype: Dtype, mixed: bool, steps: u64, out: Option<PathBuf>) -> SftConfig {
     let mut cfg = common::shipped_sft(out, steps);
-    cfg.train.dtype = dtype;
+    cfg.train.dtype = dtype.into();
     cfg.train.mixed_precision = mixed;
     cfg.eval_fraction = 0.0;
     cfg

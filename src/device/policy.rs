@@ -23,12 +23,24 @@ pub enum Platform {
 crate::util::serde_via_str!(Platform, PadTo, DeviceSpec);
 
 impl Platform {
-    /// The dtype a run should default to here. Neuron: bf16 (static-cache generation needs it and
-    /// float64 runs as float32 anyway); CUDA: bf16; CPU and MPS: f32 for exactness.
-    pub fn preferred_kind(self) -> tch::Kind {
+    /// The platform of a tch device (tch has no PrivateUse1 device: Neuron never comes back).
+    pub fn of(device: tch::Device) -> Platform {
+        match device {
+            tch::Device::Cuda(_) => Platform::Cuda,
+            tch::Device::Mps => Platform::Mps,
+            tch::Device::Cpu | tch::Device::Vulkan => Platform::Cpu,
+        }
+    }
+
+    /// The dtype a run should default to here (`dtype = "auto"`). Neuron: bf16 (static-cache
+    /// generation needs it and float64 runs as float32 anyway); CUDA: bf16, what transformers
+    /// users get from `bf16=True`; CPU and MPS: fp32, for exactness and because CPU bf16
+    /// matmuls are not faster than fp32 ones on most hosts.
+    pub fn preferred_dtype(self) -> crate::model::Dtype {
+        use crate::model::Dtype;
         match self {
-            Platform::Neuron | Platform::Cuda => tch::Kind::BFloat16,
-            Platform::Cpu | Platform::Mps => tch::Kind::Float,
+            Platform::Neuron | Platform::Cuda => Dtype::Bf16,
+            Platform::Cpu | Platform::Mps => Dtype::Fp32,
         }
     }
 
@@ -240,8 +252,10 @@ mod tests {
 
     #[test]
     fn preferred_dtypes() {
-        assert_eq!(Platform::Neuron.preferred_kind(), tch::Kind::BFloat16);
-        assert_eq!(Platform::Cpu.preferred_kind(), tch::Kind::Float);
+        assert_eq!(Platform::Neuron.preferred_dtype(), crate::model::Dtype::Bf16);
+        assert_eq!(Platform::Cpu.preferred_dtype(), crate::model::Dtype::Fp32);
+        assert_eq!(Platform::of(tch::Device::Cuda(1)), Platform::Cuda);
+        assert_eq!(Platform::of(tch::Device::Cpu), Platform::Cpu);
     }
 
     #[test]

@@ -62,6 +62,61 @@ impl FromStr for Dtype {
     }
 }
 
+/// A run's `dtype` setting: `auto` (the default) takes the device's preferred dtype when the run
+/// starts ([`crate::device::Platform::preferred_dtype`]: bf16 on CUDA and Neuron, fp32 on CPU
+/// and MPS), any [`Dtype`] name fixes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DtypeSetting {
+    /// The device's preferred dtype.
+    #[default]
+    Auto,
+    /// This dtype on every device.
+    Fixed(Dtype),
+}
+
+crate::util::serde_via_str!(DtypeSetting);
+
+impl DtypeSetting {
+    /// The dtype a run on `device` computes in.
+    pub fn resolve(self, device: tch::Device) -> Dtype {
+        match self {
+            DtypeSetting::Auto => crate::device::Platform::of(device).preferred_dtype(),
+            DtypeSetting::Fixed(d) => d,
+        }
+    }
+}
+
+impl From<Dtype> for DtypeSetting {
+    fn from(d: Dtype) -> Self {
+        DtypeSetting::Fixed(d)
+    }
+}
+
+impl fmt::Display for DtypeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DtypeSetting::Auto => f.pad("auto"),
+            DtypeSetting::Fixed(d) => d.fmt(f),
+        }
+    }
+}
+
+impl FromStr for DtypeSetting {
+    type Err = ModelError;
+    fn from_str(name: &str) -> Result<Self, ModelError> {
+        if name.trim().eq_ignore_ascii_case("auto") {
+            return Ok(DtypeSetting::Auto);
+        }
+        name.parse::<Dtype>().map(DtypeSetting::Fixed).map_err(|_| {
+            ModelError::unsupported(
+                "dtype",
+                format!("{:?}", name.trim()),
+                "expected auto, float32, bfloat16 or float16",
+            )
+        })
+    }
+}
+
 /// The tch kind a dtype name denotes (see [`Dtype`]).
 pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
     name.parse::<Dtype>().map(Dtype::kind)
@@ -70,6 +125,20 @@ pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_auto_setting_follows_the_device_and_a_fixed_one_does_not() {
+        let auto: DtypeSetting = "auto".parse().unwrap();
+        assert_eq!(auto, DtypeSetting::default());
+        assert_eq!(auto.resolve(tch::Device::Cpu), Dtype::Fp32);
+        assert_eq!(auto.resolve(tch::Device::Cuda(0)), Dtype::Bf16);
+        let fixed: DtypeSetting = "torch.float16".parse().unwrap();
+        assert_eq!(fixed.resolve(tch::Device::Cuda(0)), Dtype::Fp16);
+        assert_eq!(fixed.to_string(), "fp16");
+        assert_eq!(DtypeSetting::Auto.to_string(), "auto");
+        let err = "int4".parse::<DtypeSetting>().unwrap_err().to_string();
+        assert!(err.contains("auto") && err.contains("int4"), "{err}");
+    }
 
     #[test]
     fn names_round_trip_and_errors_list_the_choices() {

@@ -33,7 +33,7 @@ pub use cache::{DynamicCache, KvCache, StaticCache};
 pub use checkpoint::Activations;
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
-pub use dtype::{Dtype, parse_kind};
+pub use dtype::{Dtype, DtypeSetting, parse_kind};
 pub use error::ModelError;
 pub use layers::{Linear, LinearAdapter, Mlp, RmsNorm};
 pub use layout::{

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{AdamWConfig, ScheduleKind, TrainError};
 use crate::device::DeviceSpec;
-use crate::model::Dtype;
+use crate::model::DtypeSetting;
 use crate::model::lora::LoraConfig;
 
 /// What to do when a step's loss or gradient norm is NaN or infinite.
@@ -49,8 +49,10 @@ pub struct TrainConfig {
     pub max_grad_norm: Option<f64>,
     /// Seed of the data order, the held-out split and sampling.
     pub seed: u64,
-    /// Parameter dtype: what the forward and backward compute in.
-    pub dtype: Dtype,
+    /// Parameter dtype: what the forward and backward compute in. `auto` (default): the
+    /// device's policy, bf16 on CUDA and Neuron (mixed, with the default `mixed_precision`),
+    /// fp32 on CPU and MPS; `fp32`, `bf16` or `fp16` fix it.
+    pub dtype: DtypeSetting,
     /// With a half `dtype` (bf16, fp16): the optimizer keeps fp32 master weights beside its
     /// fp32 moments, updates them, and the parameters get their rounded values (mixed
     /// precision, what `bf16=True` means to a transformers user). `false`: pure half precision,
@@ -97,7 +99,7 @@ impl Default for TrainConfig {
             adamw: AdamWConfig::default(),
             max_grad_norm: Some(1.0),
             seed: 42,
-            dtype: Dtype::Fp32,
+            dtype: DtypeSetting::Auto,
             mixed_precision: true,
             device: DeviceSpec::Cpu,
             on_nan: NanPolicy::Skip,

@@ -56,9 +56,10 @@ impl TrainCore {
             check_writable(out)?;
         }
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
+        let device = rank_device(config.device, &world).resolve()?;
         let load_options = LoadOptions {
-            dtype: Some(config.dtype.kind()),
-            device: rank_device(config.device, &world).resolve()?,
+            dtype: Some(config.dtype.resolve(device).kind()),
+            device,
         };
         let model = load_policy(config, &model_dir, checkpoint, load_options)?;
         // Every trained variable, by name (the same order on every rank).
