@@ -2,13 +2,13 @@
 //! gradient all-reduce and waiting for the slower rank, the bytes all-reduced per step, against
 //! one process on the same global batch, interleaved (1 rank, 2 ranks, 1 rank, ...).
 //!
-//! cargo bench --bench distributed -- [--steps 10] [--rounds 3]
+//! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--config config.json | --model DIR]
 //!
 //! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
 //! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
 //! measured on several accelerators (scripts/gpu-check.sh). Gradients are all-reduced after
 //! backward, in 4 MiB buckets; communication does not overlap backward (not implemented).
-//! The shipped tiny model, shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
+//! The shipped tiny model (or a random model of a published config), shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
 //! Under `cargo test` a 2-step smoke run of one round.
 
 mod common;
@@ -21,6 +21,8 @@ use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
 use treetrain::train::{TrainConfig, Trainer};
 
 const WORKER: &str = "TREETRAIN_BENCH_DIST_WORKER";
+/// The model folder the parent hands its workers.
+const WORKER_MODEL: &str = "TREETRAIN_BENCH_DIST_MODEL";
 
 /// What rank 0 of a run measured, per step (medians over the measured steps).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -38,18 +40,21 @@ fn main() {
     }
     let args = common::Args::from_env();
     let steps = args.steps(10, 2);
+    let root = &common::root();
+    let model = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
     let rounds: usize = match args.full {
         true => args.get("--rounds").map_or(3, |s| s.parse().expect("--rounds N")),
         false => 1,
     };
     let (mut ones, mut twos) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        ones.push(run(1, steps));
-        twos.push(run(2, steps));
+        ones.push(run(1, steps, &model));
+        twos.push(run(2, steps, &model));
     }
     let ratios: Vec<f64> = ones.iter().zip(&twos).map(|(a, b)| b.step_s / a.step_s).collect();
     println!(
-        "SFT step, tiny Qwen3 fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds"
+        "SFT step, {} fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds",
+        model.display()
     );
     println!(
         "{:<30}{:>10}{:>12}{:>12}{:>12}{:>14}",
@@ -72,14 +77,14 @@ fn main() {
     args.write_result(
         "distributed",
         &serde_json::json!({
-            "steps": steps, "rounds": rounds, "one_process": ones, "two_ranks": twos,
+            "steps": steps, "rounds": rounds, "model": model.display().to_string(), "one_process": ones, "two_ranks": twos,
             "pairwise_step_ratios": ratios, "median_step_ratio": ratio,
         }),
     );
 }
 
 /// One run of `ranks` worker processes (rank 0 hosting the store on loopback); rank 0's numbers.
-fn run(ranks: usize, steps: u64) -> Measured {
+fn run(ranks: usize, steps: u64, model: &Path) -> Measured {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -90,6 +95,7 @@ fn run(ranks: usize, steps: u64) -> Measured {
         .map(|rank| {
             let mut c = Command::new(&exe);
             c.env(WORKER, steps.to_string())
+                .env(WORKER_MODEL, model)
                 .env("OMP_NUM_THREADS", (cores / ranks).max(1).to_string())
                 .stdout(Stdio::piped());
             if ranks > 1 {
@@ -116,10 +122,10 @@ fn run(ranks: usize, steps: u64) -> Measured {
 fn worker() {
     let steps: u64 = std::env::var(WORKER).expect("steps").parse().expect("steps");
     let world: usize = std::env::var("WORLD_SIZE").map_or(1, |w| w.parse().expect("WORLD_SIZE"));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &common::root();
     let cfg = SftConfig {
         train: TrainConfig {
-            model: root.join("datasets/tiny-qwen3-sft").display().to_string(),
+            model: std::env::var(WORKER_MODEL).expect("model folder"),
             dataset: root.join("datasets/sft/train.parquet"),
             learning_rate: 2e-3,
             distributed_timeout_s: 120.0,

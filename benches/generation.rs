@@ -3,14 +3,15 @@
 //! `generate` on the same checkpoint (when a Python with transformers is available).
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
-//!     [--config config.json] [--pairs 3]
+//!     [--config config.json | --model DIR] [--pairs 3] [--device cpu|cuda] [--dtype fp32|bf16]
+//!     [--static-only]
 //!
-//! Greedy, fp32, CPU, the shipped tiny Qwen3, or with `--config` a random model of a published
-//! config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
+//! Greedy, fp32, CPU (or `--device`, `--dtype`), the shipped tiny Qwen3, or with `--config` a
+//! random model of a published config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
 //! transformers' run interleaved (`--pairs` times: ours, theirs, ours, ...) and the median of
 //! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
 //! weight read once per step, at this machine's read bandwidth measured in the same run).
-//! Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
+//! `--static-only` skips the other modes (growing cache, no cache, groups). Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
 
 mod common;
@@ -19,7 +20,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 use treetrain::generate::{GenerationConfig, Generator};
 use treetrain::model::{AttentionLayout, CausalLm, LoadOptions, Model};
 use treetrain::util::SplitMix64;
@@ -65,17 +66,11 @@ fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
             pos.extend(std::iter::repeat_n(0i64, pad).chain(0..r.len() as i64));
         }
         let t = longest as i64;
+        let on_device = |v: &[i64]| Tensor::from_slice(v).view([b, t]).to_device(lm.device());
         let layout = AttentionLayout::Padded {
-            attention_mask: Tensor::from_slice(&mask).view([b, t]),
+            attention_mask: on_device(&mask),
         };
-        let h = tch::no_grad(|| {
-            lm.forward_hidden(
-                &Tensor::from_slice(&ids).view([b, t]),
-                &Tensor::from_slice(&pos).view([b, t]),
-                &layout,
-            )
-        })
-        .expect("forward");
+        let h = tch::no_grad(|| lm.forward_hidden(&on_device(&ids), &on_device(&pos), &layout)).expect("forward");
         let next = lm.logits(&h.select(1, t - 1)).argmax(-1, false);
         let next = Vec::<i64>::try_from(&next).expect("ids");
         for (r, n) in rows.iter_mut().zip(next) {
@@ -96,15 +91,13 @@ fn main() {
     } else {
         (2, 4, 1)
     };
-    let dir = match args.get("--config").filter(|_| full) {
-        Some(config) => common::random_model_dir(Path::new(&config)),
-        None => treetrain::shipped::tiny_model_dir().expect("tiny model"),
-    };
+    let dir = args.model_dir(treetrain::shipped::tiny_model_dir().expect("tiny model"));
+    let (device, kind) = (args.device(), args.kind());
     let model = Model::load(
         &dir,
         LoadOptions {
-            dtype: Some(Kind::Float),
-            device: Device::Cpu,
+            dtype: Some(kind),
+            device,
         },
     )
     .expect("model");
@@ -117,54 +110,26 @@ fn main() {
     };
     let total = (n_prompts * new) as f64;
     println!(
-        "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, {} ({:.1} M parameters) fp32, {} threads, median of {repeats}",
+        "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, {} ({:.1} M parameters) {} on {device:?}, {} threads, median of {repeats}",
         dir.file_name().map_or("?".into(), |f| f.to_string_lossy().into_owned()),
         lm.config.num_parameters() as f64 / 1e6,
+        treetrain::model::kind_name(kind),
         tch::get_num_threads()
     );
     let mut g = Generator::new();
     let static_s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
-    let dynamic_s = median_s(|| drop(g.generate_dynamic(lm, &ps, &cfg).expect("generate")), repeats);
-    let none_s = median_s(|| no_cache(lm, &ps, new), repeats);
+    // (Each generate call ends by reading its tokens back to the host: a device sync.)
     println!("{:<36}{:>12}", "mode", "tokens/s");
-    for (name, s) in [
-        ("static cache", static_s),
-        ("dynamic cache", dynamic_s),
-        ("no cache (recompute)", none_s),
-    ] {
-        println!("{name:<36}{:>12.1}", total / s);
-    }
-    // GRPO-style groups: 4 prompts x G completions.
-    let group = if full { 8 } else { 2 };
-    let gp = prompts(4, 1700, 12);
-    let gcfg = GenerationConfig {
-        max_new_tokens: new,
-        prefill_chunk_size: 32,
-        ..Default::default()
-    };
-    let shared_s = median_s(
-        || drop(g.generate_groups(lm, &gp, group, &gcfg).expect("groups")),
-        repeats,
-    );
-    let repeated: Vec<Vec<i64>> = gp.iter().flat_map(|p| std::iter::repeat_n(p.clone(), group)).collect();
-    let separate_s = median_s(|| drop(g.generate(lm, &repeated, &gcfg).expect("generate")), repeats);
-    let gtotal = (4 * group * new) as f64;
-    println!(
-        "{:<36}{:>12.1}",
-        format!("groups 4x{group}, prefix shared"),
-        gtotal / shared_s
-    );
-    println!(
-        "{:<36}{:>12.1}",
-        format!("groups 4x{group}, each member prefilled"),
-        gtotal / separate_s
-    );
+    println!("{:<36}{:>12.1}", "static cache", total / static_s);
     let mut results = serde_json::json!({
         "prompts": n_prompts, "new_tokens": new, "threads": tch::get_num_threads(),
-        "static_tokens_per_s": total / static_s, "dynamic_tokens_per_s": total / dynamic_s,
-        "no_cache_tokens_per_s": total / none_s, "group": group,
-        "group_shared_tokens_per_s": gtotal / shared_s, "group_separate_tokens_per_s": gtotal / separate_s,
+        "model": dir.display().to_string(), "device": format!("{device:?}"), "dtype": treetrain::model::kind_name(kind),
+        "static_tokens_per_s": total / static_s,
     });
+    // `--static-only`: at real sizes the recomputing baseline alone takes many minutes.
+    if !(full && args.flag("--static-only")) {
+        other_modes(lm, &mut g, &ps, &cfg, (full, repeats), &mut results);
+    }
     // The bound: a decode step reads every weight once.
     let weight_bytes: f64 = model
         .vs
@@ -172,7 +137,7 @@ fn main() {
         .values()
         .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
         .sum();
-    let bandwidth = common::read_bandwidth_gbs();
+    let bandwidth = common::device_read_bandwidth_gbs(device);
     let bound = n_prompts as f64 * bandwidth * 1e9 / weight_bytes;
     println!(
         "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {bandwidth:.1} GB/s read; treetrain static at {:.2} of it)",
@@ -196,7 +161,7 @@ fn main() {
                 let (mut ratios, mut theirs, mut mine, mut same) = (Vec::new(), Vec::new(), Vec::new(), true);
                 for _ in 0..pairs {
                     let s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
-                    let Some((tf, outputs)) = transformers_static(&py, &dir, &tmp, new) else {
+                    let Some((tf, outputs)) = transformers_static(&py, &dir, &tmp, new, device, kind) else {
                         break;
                     };
                     same &= outputs
@@ -226,16 +191,75 @@ fn main() {
     args.write_result("generation", &results);
 }
 
+/// The other decode modes on the same prompts, added to `results`: growing (dynamic) cache, no
+/// cache (the padded batch recomputed every step), and GRPO-style groups (4 prompts x G
+/// completions) with the prefix shared vs every member prefilled.
+fn other_modes(
+    lm: &CausalLm,
+    g: &mut Generator,
+    ps: &[Vec<i64>],
+    cfg: &GenerationConfig,
+    (full, repeats): (bool, usize),
+    results: &mut serde_json::Value,
+) {
+    let (total, new) = ((ps.len() * cfg.max_new_tokens) as f64, cfg.max_new_tokens);
+    let dynamic_s = median_s(|| drop(g.generate_dynamic(lm, ps, cfg).expect("generate")), repeats);
+    let none_s = median_s(|| no_cache(lm, ps, new), repeats);
+    for (name, s) in [("dynamic cache", dynamic_s), ("no cache (recompute)", none_s)] {
+        println!("{name:<36}{:>12.1}", total / s);
+    }
+    let group = if full { 8 } else { 2 };
+    let gp = prompts(4, 1700, 12);
+    let shared_s = median_s(
+        || drop(g.generate_groups(lm, &gp, group, cfg).expect("groups")),
+        repeats,
+    );
+    let repeated: Vec<Vec<i64>> = gp.iter().flat_map(|p| std::iter::repeat_n(p.clone(), group)).collect();
+    let separate_s = median_s(|| drop(g.generate(lm, &repeated, cfg).expect("generate")), repeats);
+    let gtotal = (4 * group * new) as f64;
+    println!(
+        "{:<36}{:>12.1}",
+        format!("groups 4x{group}, prefix shared"),
+        gtotal / shared_s
+    );
+    println!(
+        "{:<36}{:>12.1}",
+        format!("groups 4x{group}, each member prefilled"),
+        gtotal / separate_s
+    );
+    for (key, value) in [
+        ("dynamic_tokens_per_s", total / dynamic_s),
+        ("no_cache_tokens_per_s", total / none_s),
+        ("group_shared_tokens_per_s", gtotal / shared_s),
+        ("group_separate_tokens_per_s", gtotal / separate_s),
+    ] {
+        results[key] = value.into();
+    }
+    results["group"] = group.into();
+}
+
 /// transformers' static-cache greedy `generate` on `dir` for the prompts in `prompts_file`:
 /// tokens/s (its median of 3) and the generated ids; `None` (said) when Python fails.
-fn transformers_static(py: &str, dir: &Path, prompts_file: &Path, new: usize) -> Option<(f64, Vec<serde_json::Value>)> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/transformers_generate.py");
+fn transformers_static(
+    py: &str,
+    dir: &Path,
+    prompts_file: &Path,
+    new: usize,
+    device: tch::Device,
+    kind: tch::Kind,
+) -> Option<(f64, Vec<serde_json::Value>)> {
+    let script = common::root().join("scripts/bench/transformers_generate.py");
     let out = Command::new(py)
         .arg(&script)
         .arg(dir)
         .arg(prompts_file)
         .arg(new.to_string())
         .arg("static")
+        .arg(match device {
+            tch::Device::Cuda(i) => format!("cuda:{i}"),
+            _ => "cpu".into(),
+        })
+        .arg(treetrain::model::kind_name(kind))
         .output()
         .expect("run python");
     let line = String::from_utf8_lossy(&out.stdout);

@@ -1,16 +1,15 @@
 //! A GRPO step's time split (generation, rewards, packing, forward/backward, optimizer) on the
 //! shipped recipe, and tree vs flat packing of the update on the same real rollouts.
 //!
-//! cargo bench --bench grpo -- [--steps 20]
+//! cargo bench --bench grpo -- [--steps 20] [--prompts 16] [--config config.json | --model DIR]
 //!
-//! The shipped SFT model and prompts, 16 prompts x 8 completions a step, completions of at most
-//! 16 tokens, sync rollouts, fp32, CPU. After every trainer step (tree-packed), the step's
+//! The shipped SFT model (or a random model of a published config, with the shipped tokenizer)
+//! and prompts, 16 prompts x 8 completions a step, completions of at most 16 tokens, sync
+//! rollouts, fp32, CPU. After every trainer step (tree-packed), the step's
 //! rollouts are packed both ways and one forward + backward of each is timed on the trainer's
 //! policy (`GrpoTrainer::measure_update`, gradients cleared after), alternating which goes first. Under `cargo test` a 2-step smoke run.
 
 mod common;
-
-use std::path::Path;
 
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
 use treetrain::pack::Packing;
@@ -23,8 +22,9 @@ fn mean(v: &[f64]) -> f64 {
 fn main() {
     let args = common::Args::from_env();
     let steps = args.steps(20, 2);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let model_dir = root.join("datasets/tiny-qwen3-sft");
+    let root = &common::root();
+    let model_dir = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
+    let prompts: usize = args.get("--prompts").map_or(16, |v| v.parse().expect("--prompts N"));
     let cfg = GrpoConfig {
         train: TrainConfig {
             model: model_dir.display().to_string(),
@@ -38,7 +38,7 @@ fn main() {
             .zip([1.0, 0.5])
             .map(|(name, weight)| RewardSpec { name, weight })
             .collect(),
-        prompts_per_step: 16,
+        prompts_per_step: prompts,
         num_generations: 8,
         max_completion_length: 16,
         token_budget: 2048,
@@ -78,7 +78,9 @@ fn main() {
     ];
     let step_s = col(|m| m.step_s);
     println!(
-        "GRPO, shipped SFT model fp32, 16 prompts x 8 completions (<= 16 tokens), sync, {} threads, {steps} steps",
+        "GRPO, {} ({:.1} M parameters) fp32, {prompts} prompts x 8 completions (<= 16 tokens), sync, {} threads, {steps} steps",
+        model_dir.display(),
+        t.model().lm.config.num_parameters() as f64 / 1e6,
         tch::get_num_threads()
     );
     println!("{:<22}{:>10}{:>8}", "phase", "s/step", "share");
@@ -95,6 +97,8 @@ fn main() {
     );
     let result = serde_json::json!({
         "steps": steps,
+        "model": model_dir.display().to_string(),
+        "prompts_per_step": prompts,
         "threads": tch::get_num_threads(),
         "split_s": split.iter().map(|(n, s)| (n.to_string(), serde_json::json!(s))).collect::<serde_json::Map<_, _>>(),
         "step_s": step_s,

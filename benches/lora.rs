@@ -14,7 +14,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -25,11 +24,10 @@ use treetrain::util::SplitMix64;
 
 fn main() {
     let args = common::Args::from_env();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &common::root();
     let (config, tokens, repeats) = match args.full {
         true => (
-            args.get("--config")
-                .map_or(root.join("benches/configs/smollm2-135m.json"), Into::into),
+            args.config_file(root.join("benches/configs/smollm2-135m.json")),
             args.get("--tokens").map_or(1024, |s| s.parse().expect("--tokens N")),
             args.get("--repeats").map_or(5, |s| s.parse().expect("--repeats N")),
         ),

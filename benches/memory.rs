@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -50,11 +49,10 @@ const VARIANTS: [Variant; 3] = [
 
 fn main() {
     let args = common::Args::from_env();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &common::root();
     let (config, tokens) = match args.full {
         true => (
-            args.get("--config")
-                .map_or(root.join("benches/configs/smollm2-135m.json"), Into::into),
+            args.config_file(root.join("benches/configs/smollm2-135m.json")),
             args.get("--tokens").map_or(4096, |s| s.parse().expect("--tokens N")),
         ),
         false => (root.join("datasets/tiny-qwen3/config.json"), 64),

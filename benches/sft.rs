@@ -3,7 +3,7 @@
 //! (treetrain, TRL, treetrain, TRL, ...: the median of the pairwise ratios is reported), with
 //! the achieved GFLOP/s against this machine's matmul rate measured in the same run.
 //!
-//! cargo bench --bench sft -- [--steps 20] [--pairs 2] [--config config.json] [--python PATH]
+//! cargo bench --bench sft -- [--steps 20] [--pairs 2] [--config config.json | --model DIR] [--python PATH]
 //!
 //! The shipped SFT data, the shipped SFT model (or with `--config` a random model of a
 //! published config, e.g. `benches/configs/smollm2-135m.json`, with the shipped tokenizer), bfd
@@ -22,11 +22,8 @@ use treetrain::train::{TrainConfig, Trainer};
 fn main() {
     let args = common::Args::from_env();
     let (full, steps) = (args.full, args.steps(20, 2));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let model_dir = match args.get("--config").filter(|_| full) {
-        Some(config) => common::random_model_dir(Path::new(&config)),
-        None => root.join("datasets/tiny-qwen3-sft"),
-    };
+    let root = &common::root();
+    let model_dir = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
     let data = root.join("datasets/sft/train.parquet");
     let pairs: usize = args.get("--pairs").map_or(2, |v| v.parse().expect("--pairs N"));
     let python = full
@@ -114,7 +111,7 @@ fn treetrain_rate(model_dir: &Path, data: &Path, steps: u64) -> (f64, ModelConfi
 /// Tokens/s of TRL's SFTTrainer on the same model, data and settings (`None`, said, when it
 /// fails).
 fn trl_rate(py: &str, model_dir: &Path, data: &Path, steps: u64) -> Option<f64> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/trl_sft.py");
+    let script = common::root().join("scripts/bench/trl_sft.py");
     let out = Command::new(py)
         .arg(script)
         .arg(model_dir)

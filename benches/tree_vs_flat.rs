@@ -1,9 +1,9 @@
 //! Tree vs flat packing, forward + backward of the GRPO loss, on TRL v1.16's release scenarios
 //! (4 rollouts of L tokens; shared fraction f; no sharing, shared prompt, nested fork).
 //!
-//! cargo bench --bench tree_vs_flat -- [--config config.json] [--len 2048] [--repeats 5]
-//!     [--warmup 2] [--device cpu|cuda] [--dtype fp32|bf16] [--json out.json] [--only NAME]
-//!     [--checkpointing]
+//! cargo bench --bench tree_vs_flat -- [--config config.json | --model DIR] [--len 2048]
+//!     [--repeats 5] [--warmup 2] [--device cpu|cuda[:N]] [--dtype fp32|bf16] [--json out.json]
+//!     [--only NAME] [--checkpointing] [--peak-only flat|tree]
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
@@ -14,6 +14,10 @@
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
 //! `--checkpointing` recomputes layer activations in backward (`gradient_checkpointing`) in
 //! both packings: the peak-memory columns then show what checkpointing leaves.
+//! `--peak-only SIDE` skips the timing and measures one step of that packing per scenario: on
+//! CUDA the memory in use after the step above what the loaded model used (libtorch's caching
+//! allocator keeps what it reserved, so run each side, and one scenario (`--only`), in a
+//! process of its own, as scripts/gpu-check.sh does); on the CPU the resident peak as always.
 
 mod common;
 
@@ -37,10 +41,18 @@ struct Args {
     only: Option<String>,
     smoke: bool,
     activations: Activations,
+    peak_only: Option<Side>,
+}
+
+/// One packing of the same rollouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Flat,
+    Tree,
 }
 
 fn parse_args() -> Args {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &common::root();
     let mut a = Args {
         config: root.join("datasets/tiny-qwen3/config.json"),
         len: 2048,
@@ -52,6 +64,7 @@ fn parse_args() -> Args {
         only: None,
         smoke: false,
         activations: Activations::Kept,
+        peak_only: None,
     };
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it (and
     // with test-harness flags): then a seconds-long smoke run checks the bench still works.
@@ -69,10 +82,18 @@ fn parse_args() -> Args {
         let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--config" => a.config = PathBuf::from(val()),
+            "--model" => a.config = Path::new(&val()).join("config.json"),
+            "--peak-only" => {
+                a.peak_only = Some(match val().as_str() {
+                    "flat" => Side::Flat,
+                    "tree" => Side::Tree,
+                    other => panic!("--peak-only flat|tree, not {other}"),
+                })
+            }
             "--len" => a.len = val().parse().expect("--len N"),
             "--repeats" => a.repeats = val().parse().expect("--repeats N"),
             "--warmup" => a.warmup = val().parse().expect("--warmup N"),
-            "--device" => a.device = if val() == "cuda" { Device::Cuda(0) } else { Device::Cpu },
+            "--device" => a.device = treetrain::device::parse_device(&val()).expect("--device cpu|cuda|cuda:N"),
             "--dtype" => a.dtype = treetrain::model::parse_kind(&val()).expect("--dtype fp32|bf16"),
             "--json" => a.json = PathBuf::from(val()),
             "--only" => a.only = Some(val()),
@@ -185,8 +206,17 @@ fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) ->
     (common::median(&f), common::median(&t), common::median(&ratios))
 }
 
-/// The resident-memory peak of one more step above what was resident before it (MiB; CPU only).
+/// The memory peak of one more step above what was in use before it (MiB): resident memory on
+/// the CPU; on CUDA the device memory in use after the step (the caching allocator's reserved
+/// peak, see `--peak-only`).
 fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
+    // On CUDA only in a process of its own (`--peak-only`): after timing, the allocator already
+    // holds the larger side's peak.
+    if let (Device::Cuda(_), Some(_)) = (args.device, args.peak_only) {
+        let before = common::cuda_used_mib().unwrap_or(f64::NAN);
+        step_ms(model, row, args);
+        return common::cuda_used_mib().unwrap_or(f64::NAN) - before;
+    }
     if args.device != Device::Cpu {
         return f64::NAN;
     }
@@ -294,6 +324,16 @@ fn main() {
         }
         let flat = pack_flat(&rs).expect("valid");
         let tree = tree_row(&rs);
+        if let Some(side) = args.peak_only {
+            let row = if side == Side::Flat { &flat } else { &tree };
+            let mib = peak_mib(&model, row, &args);
+            println!("{name:<24}{side:?} only: one step's peak {mib:.0} MiB above the loaded model");
+            results.push(
+                serde_json::json!({"scenario": name, "side": format!("{side:?}"), "peak_mib": mib,
+                "tokens": row.len()}),
+            );
+            continue;
+        }
         let (flat_ms, tree_ms, speedup) = time_pairs(&model, &flat, &tree, &args);
         let (flat_mib, tree_mib) = (peak_mib(&model, &flat, &args), peak_mib(&model, &tree, &args));
         let ideal = work(&cfg, &flat) / work(&cfg, &tree);

@@ -10,23 +10,32 @@
 # checks, each bounded in time:
 #   1. `treetrain env`: CUDA found, the device named.
 #   2. Parity with the CPU on the shipped SFT model: `score` log-probs (fp32, 1e-4), greedy
-#      `generate` tokens (fp32), one SFT step's loss (fp32, 1e-4 relative); one GRPO step runs.
+#      `generate` tokens (fp32), one SFT step's loss (fp32, 1e-4 relative); one GRPO step runs
+#      with `dtype = "auto"` (bf16 mixed precision there, the CUDA policy).
 #   3. Tree vs flat, TRL's release case: a random Qwen3-1.7B (benches/configs/qwen3-1.7b.json),
 #      4 rollouts of L = 32768 tokens, bf16, forward + backward of the GRPO loss, activations
-#      recomputed (gradient checkpointing).
-# Not in it yet: peak CUDA memory (tch exposes no allocator statistics; the C++ shim will), and
-# decode speed against transformers' static cache on the GPU (the generation bench runs on CPU).
+#      recomputed (gradient checkpointing), timed interleaved on the shared-prompt and
+#      nested-fork scenarios.
+#   4. Peak CUDA memory of one step of that case, one process per side (the caching allocator
+#      keeps what it reserved): flat and tree with checkpointing, tree without.
+#   5. Greedy decode, static cache, bf16, 8 prompts x 64 new tokens on the same random
+#      Qwen3-1.7B: treetrain vs transformers' static cache (the transformers there), interleaved,
+#      and against the bandwidth bound (weight bytes a step / a measured read rate there).
+# Each step's status and seconds go into OUT/gpu-check.json, the benches' own JSON beside it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=$root/target/gpu-check
 
 prepare() {
     cd "$root"
-    cargo build --release --bin treetrain --bench tree_vs_flat
+    cargo build --release --bin treetrain --bench tree_vs_flat --bench generation
     mkdir -p "$bin"
     cp target/release/treetrain "$bin/"
-    cp "$(ls -t target/release/deps/tree_vs_flat-* | grep -v '\.d$' | head -1)" "$bin/tree_vs_flat"
-    strip "$bin/treetrain" "$bin/tree_vs_flat" 2>/dev/null || true
+    for b in tree_vs_flat generation; do
+        cp "$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)" "$bin/$b"
+        strip "$bin/$b" 2>/dev/null || true
+    done
+    strip "$bin/treetrain" 2>/dev/null || true
     du -sh "$bin"
 }
 
@@ -53,6 +62,8 @@ run() {
     torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
     export TREETRAIN_TORCH_CUDA=$torch_lib
     export LD_LIBRARY_PATH=$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # The bench binaries were built elsewhere: their data, scripts and target/bench are here.
+    export TREETRAIN_BENCH_ROOT=$root TREETRAIN_DATASETS=$root/datasets
     local tt=$bin/treetrain model=$root/datasets/tiny-qwen3-sft work=$out/work
     mkdir -p "$work"
     check env 60 "$tt" env --json
@@ -69,6 +80,7 @@ model = "$model"
 dataset = "$root/datasets/sft/train.parquet"
 output_dir = "$work/sft_$device"
 device = "$device"
+dtype = "fp32"
 packing = "bfd"
 batch_size = 8
 max_steps = 1
@@ -99,6 +111,7 @@ model = "$model"
 dataset = "$root/datasets/grpo/train.parquet"
 output_dir = "$work/grpo"
 device = "cuda"
+dtype = "auto"
 num_generations = 8
 prompts_per_step = 16
 max_completion_length = 16
@@ -110,9 +123,21 @@ weight = 1.0
 TOML
     check grpo_step_cuda 300 "$tt" grpo --config "$work/grpo.toml"
     # 3. TRL's release case on the GPU.
-    check tree_vs_flat_qwen3_1.7b_l32768 360 "$bin/tree_vs_flat" --bench \
-        --config "$root/benches/configs/qwen3-1.7b.json" --len 32768 --device cuda --dtype bf16 \
-        --repeats 3 --warmup 1 --checkpointing --json "$out/tree_vs_flat.json"
+    local qwen=$root/benches/configs/qwen3-1.7b.json release="shared prompt f=0.75"
+    local case=(--config "$qwen" --len 32768 --device cuda --dtype bf16)
+    check tree_vs_flat_qwen3_1.7b_l32768 240 "$bin/tree_vs_flat" --bench "${case[@]}" \
+        --repeats 2 --warmup 1 --checkpointing --only "f=0.75" --json "$out/tree_vs_flat.json"
+    # 4. Peak CUDA memory, one process per side.
+    check peak_flat_checkpointing 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
+        --checkpointing --peak-only flat --json "$out/peak_flat_checkpointing.json"
+    check peak_tree_checkpointing 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
+        --checkpointing --peak-only tree --json "$out/peak_tree_checkpointing.json"
+    check peak_tree_kept 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
+        --peak-only tree --json "$out/peak_tree_kept.json"
+    # 5. Decode vs transformers' static cache (a random Qwen3-1.7B checkpoint made once, fp32).
+    check decode_qwen3_1.7b_bf16 240 "$bin/generation" --bench --config "$qwen" --device cuda \
+        --dtype bf16 --prompts 8 --new 64 --pairs 2 --python python3
+    cp "$root/target/bench/generation.json" "$out/generation.json" 2>/dev/null || true
     {
         echo "{"
         local IFS=,

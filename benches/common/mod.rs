@@ -25,6 +25,13 @@ pub fn python(arg: Option<String>, modules: &str) -> Option<String> {
     })
 }
 
+/// The checkout the benches read data and scripts from and write `target/bench/` into:
+/// `$TREETRAIN_BENCH_ROOT` when set (a bench binary carried to another machine, as
+/// scripts/gpu-check.sh does), else the checkout it was built in.
+pub fn root() -> std::path::PathBuf {
+    std::env::var_os("TREETRAIN_BENCH_ROOT").map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}
+
 /// The bench binary's arguments: `--bench` (what `cargo bench` passes) means a full run; without
 /// it (`cargo test --all-targets`) a seconds-long smoke run.
 pub struct Args {
@@ -58,10 +65,51 @@ impl Args {
         } else {
             format!("{name}_smoke.json")
         };
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench").join(file);
+        let path = root().join("target/bench").join(file);
         let _ = std::fs::create_dir_all(path.parent().expect("parent"));
         std::fs::write(&path, serde_json::to_string_pretty(result).expect("json")).expect("write");
         println!("wrote {}", path.display());
+    }
+
+    /// Whether `flag` was given.
+    pub fn flag(&self, flag: &str) -> bool {
+        self.raw.iter().any(|a| a == flag)
+    }
+
+    /// The checkpoint a full run uses: `--model DIR` as it is, `--config config.json` as a
+    /// random model of that published config ([`random_model_dir`]); else `default` (and always
+    /// `default` in a smoke run).
+    pub fn model_dir(&self, default: std::path::PathBuf) -> std::path::PathBuf {
+        match (self.full, self.get("--model"), self.get("--config")) {
+            (true, Some(dir), _) => dir.into(),
+            (true, None, Some(config)) => random_model_dir(Path::new(&config)),
+            _ => default,
+        }
+    }
+
+    /// The `config.json` a full run builds its random model from: `--config FILE`, or the
+    /// `config.json` of `--model DIR`; else `default` (always in a smoke run).
+    pub fn config_file(&self, default: std::path::PathBuf) -> std::path::PathBuf {
+        match (self.full, self.get("--config"), self.get("--model")) {
+            (true, Some(config), _) => config.into(),
+            (true, None, Some(dir)) => Path::new(&dir).join("config.json"),
+            _ => default,
+        }
+    }
+
+    /// `--device cpu|cuda|cuda:N` (default CPU).
+    pub fn device(&self) -> tch::Device {
+        match self.get("--device").as_deref().map(treetrain::device::parse_device) {
+            None => tch::Device::Cpu,
+            Some(d) => d.expect("--device cpu|cuda|cuda:N"),
+        }
+    }
+
+    /// `--dtype fp32|bf16|fp16` (default fp32).
+    pub fn kind(&self) -> tch::Kind {
+        self.get("--dtype").map_or(tch::Kind::Float, |d| {
+            treetrain::model::parse_kind(&d).expect("--dtype fp32|bf16|fp16")
+        })
     }
 
     /// `--steps N` in a full run (default `full`), `smoke` otherwise.
@@ -127,9 +175,7 @@ pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
     let name = config
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/bench/models")
-        .join(name);
+    let dir = root().join("target/bench/models").join(name);
     if dir.join("model.safetensors").exists() {
         return dir;
     }
@@ -166,6 +212,62 @@ pub fn read_bandwidth_gbs() -> f64 {
             bytes / s.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
+}
+
+/// Read bandwidth of `device` in GB/s: [`read_bandwidth_gbs`] on the CPU; on a GPU the best of
+/// 5 sums over a 4 GiB tensor there (synchronized).
+#[allow(dead_code)]
+pub fn device_read_bandwidth_gbs(device: tch::Device) -> f64 {
+    if device == tch::Device::Cpu {
+        return read_bandwidth_gbs();
+    }
+    let t = tch::Tensor::ones([1 << 30], (tch::Kind::Float, device));
+    let bytes = (t.numel() * 4) as f64;
+    (0..5)
+        .map(|_| {
+            sync(device);
+            let s = std::time::Instant::now();
+            let _ = t.sum(tch::Kind::Float).double_value(&[]);
+            bytes / s.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Waits for `device`'s queued work (nothing to wait for on the CPU).
+#[allow(dead_code)]
+pub fn sync(device: tch::Device) {
+    if let tch::Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// MiB of GPU memory in use on the current CUDA device (`cudaMemGetInfo`: total - free, the
+/// CUDA context and everything libtorch's caching allocator holds), read through the CUDA
+/// runtime libtorch has loaded. The caching allocator keeps what it reserved, so after a step
+/// this is the process's reserved peak: measure one side per process. `None` without CUDA.
+#[allow(dead_code)]
+pub fn cuda_used_mib() -> Option<f64> {
+    type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> i32;
+    for name in [c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so"] {
+        // SAFETY: dlopen with RTLD_NOLOAD only finds an already loaded library; the symbol has
+        // cudaMemGetInfo's C signature (size_t* free, size_t* total) -> cudaError_t.
+        unsafe {
+            let lib = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if lib.is_null() {
+                continue;
+            }
+            let sym = libc::dlsym(lib, c"cudaMemGetInfo".as_ptr());
+            if sym.is_null() {
+                continue;
+            }
+            let f: MemGetInfo = std::mem::transmute(sym);
+            let (mut free, mut total) = (0usize, 0usize);
+            if f(&mut free, &mut total) == 0 {
+                return Some((total - free) as f64 / (1024.0 * 1024.0));
+            }
+        }
+    }
+    None
 }
 
 /// This machine's f32 matmul rate in GFLOP/s: the best of 5 products of 2048 x 2048 matrices.

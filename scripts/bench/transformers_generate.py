@@ -1,6 +1,7 @@
-"""transformers' greedy generate on CPU, for benches/generation.rs to compare against.
+"""transformers' greedy generate, for benches/generation.rs to compare against.
 
-    python scripts/bench/transformers_generate.py MODEL_DIR PROMPTS.json MAX_NEW_TOKENS [static|dynamic]
+    python scripts/bench/transformers_generate.py MODEL_DIR PROMPTS.json MAX_NEW_TOKENS \
+        [static|dynamic] [DEVICE (cpu, cuda:0)] [DTYPE (float32, bfloat16)]
 
 Prompts: a JSON list of token-id lists (left-padded here as transformers does). Prints one JSON
 line: tokens/s (median of 3 after a warm-up), the cache used, and the generated ids.
@@ -15,12 +16,14 @@ from transformers import AutoModelForCausalLM
 
 model_dir, prompts_file, max_new = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cache = sys.argv[4] if len(sys.argv) > 4 else "static"
+device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+dtype = getattr(torch, sys.argv[6] if len(sys.argv) > 6 else "float32")
 prompts = json.load(open(prompts_file))
 torch.set_num_threads(torch.get_num_threads())
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 longest = max(map(len, prompts))
-ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
-mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device)
 kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
               pad_token_id=0, eos_token_id=None)
 if cache == "static":
@@ -29,10 +32,14 @@ times = []
 with torch.no_grad():
     out = model.generate(**kwargs)
     for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t = time.perf_counter()
         out = model.generate(**kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t)
 new = out[:, longest:]
 tok_s = new.numel() / statistics.median(times)
 print(json.dumps({"tokens_per_s": tok_s, "cache": cache, "threads": torch.get_num_threads(),
-                  "torch": torch.__version__, "outputs": new.tolist()}))
+                  "torch": torch.__version__, "device": str(device), "dtype": str(dtype), "outputs": new.tolist()}))
