@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 use treetrain::display::Rich;
-use treetrain::generate::{FinishReason, GenerateError, GenerationConfig, Generator, SamplingConfig};
+use treetrain::generate::{FinishReason, GenerateError, GenerationConfig, Generator, SamplingConfig, choose};
 use treetrain::model::{AttentionLayout, KvCache, LoadOptions, Model, StaticCache};
 
 fn load(name: &str, kind: Kind) -> Model {
@@ -198,6 +198,67 @@ fn dynamic_cache_and_group_generation_agree_with_static() {
     let separate = g.generate(&m.lm, &repeated, &sample).unwrap();
     let strip = |v: &[treetrain::generate::Completion]| v.iter().map(|c| c.output_ids.clone()).collect::<Vec<_>>();
     assert_eq!(strip(&a), strip(&separate));
+}
+
+/// Row `row`'s sampled completion replayed with the host sampler: the whole sequence recomputed
+/// every step (no cache), the row's own random stream, the tokens seen so far.
+fn sampled_by_recomputation(m: &Model, prompt: &[i64], row: usize, cfg: &GenerationConfig) -> Vec<i64> {
+    let mut rng = cfg.sampling.row_stream(row);
+    let mut ids = prompt.to_vec();
+    for _ in 0..cfg.max_new_tokens {
+        let n = ids.len() as i64;
+        let logits = tch::no_grad(|| {
+            m.lm.forward(
+                &Tensor::from_slice(&ids).view([1, n]),
+                &Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]),
+                &AttentionLayout::Causal,
+            )
+        })
+        .unwrap()
+        .get(0)
+        .get(n - 1)
+        .to_kind(Kind::Float);
+        let logits = Vec::<f32>::try_from(&logits).unwrap();
+        let c = choose(&logits, &ids, &cfg.sampling, &mut rng);
+        ids.push(c.token);
+        if cfg.eos_token_ids.contains(&c.token) {
+            break;
+        }
+    }
+    ids[prompt.len()..].to_vec()
+}
+
+#[test]
+fn sampling_on_the_device_draws_what_the_host_sampler_draws() {
+    let m = load("qwen3", Kind::Float);
+    let mut g = Generator::new();
+    for sampling in [
+        SamplingConfig {
+            do_sample: true,
+            temperature: 0.9,
+            top_k: Some(40),
+            top_p: Some(0.9),
+            seed: 11,
+            ..Default::default()
+        },
+        SamplingConfig {
+            do_sample: true,
+            min_p: Some(0.05),
+            repetition_penalty: 1.3,
+            seed: 12,
+            ..Default::default()
+        },
+    ] {
+        let c = GenerationConfig {
+            sampling,
+            ..cfg(12, m.lm.config.eos_token_ids.clone(), 4)
+        };
+        let batch = g.generate(&m.lm, &prompts(), &c).unwrap();
+        for (row, comp) in batch.iter().enumerate() {
+            let replay = sampled_by_recomputation(&m, &prompts()[row], row, &c);
+            assert_eq!(comp.output_ids, replay, "row {row} of {:?}", c.sampling);
+        }
+    }
 }
 
 #[test]

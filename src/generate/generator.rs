@@ -2,7 +2,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::sampling::{SamplingConfig, choose};
+use super::device_sampling::{choose_rows, seen_mask};
+use super::sampling::SamplingConfig;
 use crate::model::{CausalLm, DynamicCache, KvCache, ModelError, StaticCache};
 use crate::shapes::ShapeLedger;
 use crate::util::SplitMix64;
@@ -109,8 +110,9 @@ struct Decoding<C: KvCache> {
     next_pos: Vec<i64>,
     /// Logits `[batch, vocab]` that choose each row's next token.
     logits: Tensor,
-    /// Prompt + completion tokens per row (for the repetition penalty and stop sequences).
-    seen: Vec<Vec<i64>>,
+    /// `[batch, vocab]` bool: the tokens each row has seen (prompt and completion so far), for
+    /// the repetition penalty; only when one is set.
+    seen: Option<Tensor>,
 }
 
 /// Generates with any model it is handed; records every forward's input shape in `ledger`.
@@ -229,7 +231,10 @@ impl Generator {
             valid,
             next_pos: prompts.iter().map(|p| p.len() as i64).collect(),
             logits: model.logits(&last).to_kind(Kind::Float),
-            seen: prompts.to_vec(),
+            seen: match cfg.sampling.repetition_penalty != 1.0 {
+                true => Some(seen_mask(prompts, model.config.vocab_size, device)?),
+                false => None,
+            },
         })
     }
 
@@ -397,7 +402,7 @@ impl Generator {
             valid: st.valid.index_select(0, &index),
             next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
             logits: st.logits.index_select(0, &index),
-            seen: rows.iter().map(|&r| st.seen[r as usize].clone()).collect(),
+            seen: st.seen.as_ref().map(|s| s.index_select(0, &index)),
         };
         let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
         tch::no_grad(|| self.decode(model, forked, &prompt_index, cfg))
@@ -459,8 +464,9 @@ pub fn available_host_bytes() -> Option<u128> {
     Some(kib * 1024)
 }
 
-/// Chooses the next token of every unfinished row from `st.logits` and records it in `out`;
-/// a row ends on an EOS id or a stop sequence. Finished rows get the pad id.
+/// Chooses the next token of every unfinished row from `st.logits` (on their device: only the
+/// ids and log-probs come back) and records it in `out`; a row ends on an EOS id or a stop
+/// sequence. Finished rows get the pad id.
 fn choose_next<C: KvCache>(
     st: &mut Decoding<C>,
     out: &mut [Completion],
@@ -468,27 +474,26 @@ fn choose_next<C: KvCache>(
     cfg: &GenerationConfig,
     rngs: &mut [SplitMix64],
 ) -> Result<Vec<i64>, GenerateError> {
-    let b = done.len();
-    let logits = Vec::<f32>::try_from(&st.logits.to_device(Device::Cpu).contiguous().view([-1]))?;
-    let vocab = logits.len() / b;
-    let mut next = vec![cfg.pad_token_id; b];
-    for r in 0..b {
+    let sampling = &cfg.sampling;
+    // One uniform per unfinished sampling row and step, as the host sampler draws.
+    let uniforms: Vec<f64> = rngs
+        .iter_mut()
+        .zip(done.iter())
+        .map(|(rng, &d)| if sampling.do_sample && !d { rng.next_f64() } else { 0.0 })
+        .collect();
+    let chosen = choose_rows(&st.logits, st.seen.as_ref(), sampling, &uniforms)?;
+    let mut next = vec![cfg.pad_token_id; done.len()];
+    for r in 0..done.len() {
         if done[r] {
             continue;
         }
-        let c = choose(
-            &logits[r * vocab..(r + 1) * vocab],
-            &st.seen[r],
-            &cfg.sampling,
-            &mut rngs[r],
-        );
-        next[r] = c.token;
-        st.seen[r].push(c.token);
+        let token = chosen.tokens[r];
+        next[r] = token;
         let o = &mut out[r];
-        o.output_ids.push(c.token);
-        o.logprobs.push(c.logprob);
-        o.untruncated_logprobs.push(c.untruncated_logprob);
-        if cfg.eos_token_ids.contains(&c.token) {
+        o.output_ids.push(token);
+        o.logprobs.push(chosen.logprobs[r]);
+        o.untruncated_logprobs.push(chosen.untruncated_logprobs[r]);
+        if cfg.eos_token_ids.contains(&token) {
             done[r] = true;
             o.finish_reason = FinishReason::Eos;
         } else if cfg
@@ -499,6 +504,11 @@ fn choose_next<C: KvCache>(
             done[r] = true;
             o.finish_reason = FinishReason::Stop;
         }
+    }
+    if let Some(seen) = &st.seen {
+        let ids = Tensor::from_slice(&next).view([-1, 1]).to_device(seen.device());
+        // (A finished row's pad id is marked too: it never samples again.)
+        let _ = seen.shallow_clone().f_scatter_value_(1, &ids, 1)?;
     }
     Ok(next)
 }

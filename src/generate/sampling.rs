@@ -131,11 +131,14 @@ pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut Spli
 }
 
 /// transformers' repetition penalty: a seen token's positive score divided by `penalty`, a
-/// negative one multiplied.
+/// negative one multiplied, once per distinct token (however often it was seen).
 fn penalise_repetitions(mut scores: Vec<f64>, seen: &[i64], penalty: f64) -> Vec<f64> {
     if penalty != 1.0 {
-        for &t in seen {
-            if let Some(s) = scores.get_mut(t as usize) {
+        let mut distinct = seen.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        for t in distinct {
+            if let Some(s) = usize::try_from(t).ok().and_then(|t| scores.get_mut(t)) {
                 *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
             }
         }
@@ -297,5 +300,13 @@ mod tests {
         };
         let c = choose(&[1.0, 2.0, 1.5], &[1], &cfg, &mut SplitMix64::new(0));
         assert_eq!(c.token, 2);
+        // Once per distinct token, as transformers applies it: 3.0 / 1.4 = 2.14 still beats
+        // 2.0 (twice would give 1.53).
+        let once = SamplingConfig {
+            repetition_penalty: 1.4,
+            ..Default::default()
+        };
+        let c = choose(&[3.0, 2.0], &[0, 0, 0], &once, &mut SplitMix64::new(0));
+        assert_eq!(c.token, 0);
     }
 }
