@@ -36,6 +36,46 @@ fn rollout_sets() -> impl Strategy<Value = Vec<Rollout>> {
     })
 }
 
+/// Rollout sets with wide nodes: many groups side by side at the root and, inside a group,
+/// completions forking into up to 30 branches at one position (the trie then indexes a node's
+/// children in its edge map instead of walking their list).
+fn wide_rollout_sets() -> impl Strategy<Value = Vec<Rollout>> {
+    let group = (
+        prop::collection::vec(0i64..40, 1..4),
+        prop::collection::vec(prop::collection::vec(0i64..40, 1..4), 1..30),
+    );
+    prop::collection::vec(group, 1..14).prop_map(|groups| {
+        let mut out = Vec::new();
+        for (g, (prompt, completions)) in groups.into_iter().enumerate() {
+            for completion in completions {
+                let n = prompt.len() + completion.len();
+                let mut mask = vec![0u8; prompt.len()];
+                mask.extend(std::iter::repeat_n(1u8, completion.len()));
+                out.push(Rollout {
+                    input_ids: [prompt.as_slice(), completion.as_slice()].concat(),
+                    completion_mask: mask,
+                    old_log_probs: vec![-1.0; n],
+                    advantage: 0.5,
+                    group_id: format!("g{g}"),
+                });
+            }
+        }
+        out
+    })
+}
+
+/// The tokens a tree must forward, counted without a trie: one per distinct (prefix, next
+/// token) over every rollout's positions (a rollout's last token is keyed on its end).
+fn distinct_keys(rollouts: &[Rollout]) -> usize {
+    let mut keys = std::collections::HashSet::new();
+    for r in rollouts {
+        for p in 0..r.input_ids.len() {
+            keys.insert((r.input_ids[..=p].to_vec(), r.input_ids.get(p + 1).copied()));
+        }
+    }
+    keys.len()
+}
+
 fn pack_tree(rollouts: &[Rollout]) -> PackedRow {
     let mut t = PrefixTree::new();
     for (i, r) in rollouts.iter().enumerate() {
@@ -86,6 +126,17 @@ proptest! {
         prop_assert!(tree.len() <= flat.len());
         prop_assert_eq!(flat.len(), rollouts.iter().map(|r| r.input_ids.len()).sum::<usize>());
         prop_assert_eq!(tree.tree_cu_seqlens_q.last().copied(), Some(tree.len() as i32));
+        prop_assert_eq!(tree.len(), distinct_keys(&rollouts));
+    }
+
+    #[test]
+    fn wide_forks_share_exactly_what_they_have_in_common(rollouts in wide_rollout_sets()) {
+        let tree = pack_tree(&rollouts);
+        check_visibility(&tree, &rollouts);
+        prop_assert_eq!(tree.check(), Ok(()));
+        prop_assert_eq!(tree.len(), distinct_keys(&rollouts));
+        let flat = pack_flat(&rollouts).unwrap();
+        prop_assert_eq!(tree.targets(), flat.targets());
     }
 
     #[test]

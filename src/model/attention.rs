@@ -5,6 +5,7 @@ use tch::{Tensor, nn};
 use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
+use super::fused::FusedLinear;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
 use super::rope;
@@ -44,6 +45,8 @@ pub struct Attention {
     pub q_norm: Option<RmsNorm>,
     /// Per-head RMSNorm on keys (Qwen3).
     pub k_norm: Option<RmsNorm>,
+    /// q, k and v as one product where no graph is built ([`Attention::tie_fused`]).
+    qkv: Option<FusedLinear>,
     num_heads: i64,
     num_kv_heads: i64,
     head_dim: i64,
@@ -61,6 +64,7 @@ impl Attention {
             o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
             q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
             k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
+            qkv: None,
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -76,10 +80,18 @@ impl Attention {
             o_proj: self.o_proj.base_view(),
             q_norm: self.q_norm.as_ref().map(RmsNorm::base_view),
             k_norm: self.k_norm.as_ref().map(RmsNorm::base_view),
+            qkv: self.qkv.as_ref().map(FusedLinear::shallow_clone),
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
         }
+    }
+
+    /// Puts q, k and v's weights into one buffer ([`FusedLinear`]), after the parameters have
+    /// their final dtype and device.
+    pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
+        self.qkv = FusedLinear::tie(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
+        Ok(())
     }
 
     /// The linear layers by name within `self_attn`.
@@ -96,10 +108,16 @@ impl Attention {
     /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`.
     pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let split = |y: Tensor, heads: i64| y.view([b, t, heads, self.head_dim]);
-        let mut q = split(self.q_proj.forward(x), self.num_heads);
-        let mut k = split(self.k_proj.forward(x), self.num_kv_heads);
-        let v = split(self.v_proj.forward(x), self.num_kv_heads).transpose(1, 2);
+        let linears = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let [q, k, v]: [Tensor; 3] = match &self.qkv {
+            Some(fused) => fused.forward(x, &linears).try_into().expect("three outputs"),
+            None => linears.map(|l| l.forward(x)),
+        };
+        // (Slices of the fused product along its last dimension: reshape is still a view.)
+        let split = |y: Tensor, heads: i64| y.reshape([b, t, heads, self.head_dim]);
+        let mut q = split(q, self.num_heads);
+        let mut k = split(k, self.num_kv_heads);
+        let v = split(v, self.num_kv_heads).transpose(1, 2);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(&q);
             k = kn.forward(&k);

@@ -106,6 +106,16 @@ impl CausalLm {
         }
     }
 
+    /// Ties every layer's q/k/v and gate/up weights into shared buffers (see
+    /// `model::fused`): called once the parameters have their final dtype and device.
+    pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
+        for layer in &mut self.layers {
+            layer.self_attn.tie_fused()?;
+            layer.mlp.tie_fused()?;
+        }
+        Ok(())
+    }
+
     /// The LM head matrix `[vocab, hidden]` (the embedding when tied; a `modules_to_save`
     /// copy when an adapter trains it).
     pub fn lm_head_weight(&self) -> &Tensor {

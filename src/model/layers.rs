@@ -2,7 +2,9 @@
 
 use tch::{Kind, Tensor, nn};
 
+use super::ModelError;
 use super::config::ModelConfig;
+use super::fused::FusedLinear;
 use super::lora::LoraDelta;
 
 /// What an adapter puts on a linear layer.
@@ -120,6 +122,8 @@ pub struct Mlp {
     pub up_proj: Linear,
     /// `[hidden, intermediate]`.
     pub down_proj: Linear,
+    /// gate and up as one product where no graph is built ([`Mlp::tie_fused`]).
+    gate_up: Option<FusedLinear>,
 }
 
 impl Mlp {
@@ -130,6 +134,7 @@ impl Mlp {
             gate_proj: Linear::new(&path / "gate_proj", h, i, b),
             up_proj: Linear::new(&path / "up_proj", h, i, b),
             down_proj: Linear::new(&path / "down_proj", i, h, b),
+            gate_up: None,
         }
     }
 
@@ -139,7 +144,15 @@ impl Mlp {
             gate_proj: self.gate_proj.base_view(),
             up_proj: self.up_proj.base_view(),
             down_proj: self.down_proj.base_view(),
+            gate_up: self.gate_up.as_ref().map(FusedLinear::shallow_clone),
         }
+    }
+
+    /// Puts gate and up's weights into one buffer ([`FusedLinear`]), after the parameters
+    /// have their final dtype and device.
+    pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
+        self.gate_up = FusedLinear::tie(&mut [&mut self.gate_proj, &mut self.up_proj])?;
+        Ok(())
     }
 
     /// The linear layers by name within the MLP.
@@ -153,7 +166,11 @@ impl Mlp {
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.down_proj
-            .forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+        let linears = [&self.gate_proj, &self.up_proj];
+        let [gate, up]: [Tensor; 2] = match &self.gate_up {
+            Some(fused) => fused.forward(x, &linears).try_into().expect("two outputs"),
+            None => linears.map(|l| l.forward(x)),
+        };
+        self.down_proj.forward(&(gate.silu() * up))
     }
 }

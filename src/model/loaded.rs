@@ -191,11 +191,13 @@ impl Model {
                 .unwrap_or(Kind::Float),
         };
         let mut vs = nn::VarStore::new(opts.device);
-        let lm = CausalLm::new(&vs, config);
+        let mut lm = CausalLm::new(&vs, config);
         if kind != Kind::Float {
             // set_data in place: the layers' tensor handles see the converted values.
             vs.set_kind(kind);
         }
+        // After the dtype is final: a later set_kind would give each weight storage of its own.
+        lm.tie_fused()?;
         Ok(Model {
             vs,
             lm,

@@ -19,6 +19,7 @@ mod config;
 mod decoder;
 mod dtype;
 mod error;
+mod fused;
 mod layers;
 mod layout;
 mod loaded;

@@ -9,6 +9,23 @@ type EdgeKey = (u32, i64, i64);
 const END: i64 = i64::MIN;
 const ROOT: u32 = 0;
 const NONE: u32 = u32::MAX;
+/// A node's children are found by walking its child list up to this many; past it (the root
+/// under many groups, a wide fork) they are also indexed in the edge map.
+const LISTED_CHILDREN: u32 = 8;
+
+/// One trie node: its token and the next one (its key), its children as an intrusive linked
+/// list in insertion order, and how many rollouts pass through it. One cache line a node, so
+/// walking a shared chain (consecutive ids) reads memory in order.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    token: i64,
+    next: i64,
+    first_child: u32,
+    last_child: u32,
+    next_sibling: u32,
+    child_count: u32,
+    visits: u32,
+}
 
 /// Rollouts of one micro-batch row folded into a prefix trie, so a token shared by several
 /// rollouts is forwarded once.
@@ -19,20 +36,17 @@ const NONE: u32 = u32::MAX;
 /// which nobody extends, so every rollout ends on its own leaf. Any common prefix is shared,
 /// across groups too.
 ///
-/// Building is linear in tokens: one hash lookup per token in a single edge map, and children
-/// kept as intrusive linked lists in insertion order (no allocation per node).
+/// Building is linear in tokens: a token is found among its parent's few children in their
+/// list (a wide node's in one edge map), and children are intrusive linked lists in insertion
+/// order (no allocation per node).
 #[derive(Debug, Clone, Default)]
 pub struct PrefixTree {
     rollouts: Vec<Rollout>,
     sources: Vec<usize>,
     rollout_nodes: Vec<Vec<u32>>,
+    /// Children of nodes with more than [`LISTED_CHILDREN`] of them.
     edges: FxHashMap<EdgeKey, u32>,
-    token: Vec<i64>,
-    first_child: Vec<u32>,
-    last_child: Vec<u32>,
-    next_sibling: Vec<u32>,
-    child_count: Vec<u32>,
-    visits: Vec<u32>,
+    nodes: Vec<Node>,
     groups: HashSet<String>,
     trained: usize,
     raw_tokens: usize,
@@ -43,19 +57,66 @@ impl PrefixTree {
     /// An empty tree.
     pub fn new() -> Self {
         let mut t = PrefixTree::default();
-        t.push_node(-1);
+        t.push_node(-1, END);
         t
     }
 
-    fn push_node(&mut self, token: i64) -> u32 {
-        let id = self.token.len() as u32;
-        self.token.push(token);
-        self.first_child.push(NONE);
-        self.last_child.push(NONE);
-        self.next_sibling.push(NONE);
-        self.child_count.push(0);
-        self.visits.push(0);
+    fn push_node(&mut self, token: i64, next: i64) -> u32 {
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            token,
+            next,
+            first_child: NONE,
+            last_child: NONE,
+            next_sibling: NONE,
+            child_count: 0,
+            visits: 0,
+        });
         id
+    }
+
+    /// The child of `node` keyed `(token, next)`, if any.
+    fn child(&self, node: u32, token: i64, next: i64) -> Option<u32> {
+        let n = &self.nodes[node as usize];
+        if n.child_count > LISTED_CHILDREN {
+            return self.edges.get(&(node, token, next)).copied();
+        }
+        let mut c = n.first_child;
+        while c != NONE {
+            let child = &self.nodes[c as usize];
+            if child.token == token && child.next == next {
+                return Some(c);
+            }
+            c = child.next_sibling;
+        }
+        None
+    }
+
+    /// A new child of `node` keyed `(token, next)`, last in its list; a node that grows past
+    /// [`LISTED_CHILDREN`] gets all its children indexed.
+    fn add_child(&mut self, node: u32, token: i64, next: i64) -> u32 {
+        let c = self.push_node(token, next);
+        let parent = &mut self.nodes[node as usize];
+        let last = parent.last_child;
+        parent.last_child = c;
+        parent.child_count += 1;
+        let count = parent.child_count;
+        if last == NONE {
+            parent.first_child = c;
+        } else {
+            self.nodes[last as usize].next_sibling = c;
+        }
+        if count == LISTED_CHILDREN + 1 {
+            let mut k = self.nodes[node as usize].first_child;
+            while k != NONE {
+                let n = self.nodes[k as usize];
+                self.edges.insert((node, n.token, n.next), k);
+                k = n.next_sibling;
+            }
+        } else if count > LISTED_CHILDREN {
+            self.edges.insert((node, token, next), c);
+        }
+        c
     }
 
     fn keys(ids: &[i64]) -> impl Iterator<Item = (i64, i64)> + '_ {
@@ -66,7 +127,7 @@ impl PrefixTree {
 
     /// Unique tokens forwarded so far.
     pub fn unique_tokens(&self) -> usize {
-        self.token.len() - 1
+        self.nodes.len() - 1
     }
 
     /// Loss terms so far.
@@ -100,8 +161,8 @@ impl PrefixTree {
         let mut node = ROOT;
         let mut shared = 0;
         for (t, next) in Self::keys(&rollout.input_ids) {
-            match self.edges.get(&(node, t, next)) {
-                Some(&child) => {
+            match self.child(node, t, next) {
+                Some(child) => {
                     node = child;
                     shared += 1;
                 }
@@ -123,24 +184,14 @@ impl PrefixTree {
         let mut nodes = Vec::with_capacity(rollout.input_ids.len());
         let mut node = ROOT;
         for (depth, (t, next)) in Self::keys(&rollout.input_ids).enumerate() {
-            let child = match self.edges.get(&(node, t, next)) {
-                Some(&c) => c,
+            let child = match self.child(node, t, next) {
+                Some(c) => c,
                 None => {
-                    let c = self.push_node(t);
-                    self.edges.insert((node, t, next), c);
-                    let last = self.last_child[node as usize];
-                    if last == NONE {
-                        self.first_child[node as usize] = c;
-                    } else {
-                        self.next_sibling[last as usize] = c;
-                    }
-                    self.last_child[node as usize] = c;
-                    self.child_count[node as usize] += 1;
                     self.load += depth as u64 + 1;
-                    c
+                    self.add_child(node, t, next)
                 }
             };
-            self.visits[child as usize] += 1;
+            self.nodes[child as usize].visits += 1;
             nodes.push(child);
             node = child;
         }
@@ -156,7 +207,7 @@ impl PrefixTree {
     /// Lays the tree out in DFS pre-order (roots and children in insertion order), chains of
     /// single-child nodes merged into segments, and selects the loss terms. See [`PackedRow`].
     pub fn pack(&self) -> PackedRow {
-        let n_nodes = self.token.len();
+        let n_nodes = self.nodes.len();
         let mut packed = vec![0u32; n_nodes];
         let mut input_ids = Vec::with_capacity(n_nodes - 1);
         let mut position_ids = Vec::with_capacity(n_nodes - 1);
@@ -169,10 +220,10 @@ impl PrefixTree {
         let mut stack: Vec<(u32, Option<usize>, i64)> = Vec::new();
         let push_children = |stack: &mut Vec<(u32, Option<usize>, i64)>, node: u32, seg: Option<usize>, depth: i64| {
             let start = stack.len();
-            let mut c = self.first_child[node as usize];
+            let mut c = self.nodes[node as usize].first_child;
             while c != NONE {
                 stack.push((c, seg, depth));
-                c = self.next_sibling[c as usize];
+                c = self.nodes[c as usize].next_sibling;
             }
             stack[start..].reverse();
         };
@@ -181,14 +232,15 @@ impl PrefixTree {
             let start = input_ids.len();
             let mut node = first;
             loop {
+                let n = &self.nodes[node as usize];
                 packed[node as usize] = input_ids.len() as u32;
-                input_ids.push(self.token[node as usize]);
+                input_ids.push(n.token);
                 position_ids.push(depth);
                 depth += 1;
-                if self.child_count[node as usize] != 1 {
+                if n.child_count != 1 {
                     break;
                 }
-                node = self.first_child[node as usize];
+                node = n.first_child;
             }
             let end = input_ids.len();
             let seg = segments.len();
@@ -202,7 +254,7 @@ impl PrefixTree {
                 len: end - start,
                 parent,
                 path_len: parent_path.len() + end - start,
-                rollouts: self.visits[first as usize] as usize,
+                rollouts: self.nodes[first as usize].visits as usize,
             });
             push_children(&mut stack, node, Some(seg), depth);
         }
