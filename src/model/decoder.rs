@@ -275,7 +275,7 @@ impl CausalLm {
     /// Logits `[..., vocab]` of hidden states `[..., hidden]` (full vocabulary: prefer
     /// [`super::logprobs::target_logprobs`] for long inputs).
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.linear::<Tensor>(self.lm_head_weight(), None)
+        super::layers::linear(hidden, self.lm_head_weight(), None)
     }
 
     /// Logits `[batch, seq, vocab]` for a forward under `layout`.

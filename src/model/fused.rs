@@ -74,8 +74,7 @@ impl FusedLinear {
         if linears.iter().any(|l| l.adapter.is_some()) || builds_graph(x, linears) {
             return linears.iter().map(|l| l.forward(x)).collect();
         }
-        x.linear(&self.weight, self.bias.as_ref())
-            .split_with_sizes(self.sizes.as_slice(), -1)
+        super::layers::linear(x, &self.weight, self.bias.as_ref()).split_with_sizes(self.sizes.as_slice(), -1)
     }
 
     /// The same buffer (shared, not copied).
