@@ -117,14 +117,17 @@ fn main() {
         tch::get_num_threads()
     );
     let mut g = Generator::new();
-    let static_s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
-    // (Each generate call ends by reading its tokens back to the host: a device sync.)
+    let ours = rates(&mut g, lm, &ps, &cfg, repeats);
+    let static_s = total / ours.end_to_end;
     println!("{:<36}{:>12}", "mode", "tokens/s");
-    println!("{:<36}{:>12.1}", "static cache", total / static_s);
+    println!(
+        "{:<36}{:>12.1}   (decode steps alone: {:.1} tokens/s)",
+        "static cache", ours.end_to_end, ours.decode
+    );
     let mut results = serde_json::json!({
         "prompts": n_prompts, "new_tokens": new, "threads": tch::get_num_threads(),
         "model": dir.display().to_string(), "device": format!("{device:?}"), "dtype": treetrain::model::kind_name(kind),
-        "static_tokens_per_s": total / static_s,
+        "static_tokens_per_s": ours.end_to_end, "static_decode_tokens_per_s": ours.decode,
     });
     // `--static-only`: at real sizes the recomputing baseline alone takes many minutes.
     if !(full && args.flag("--static-only")) {
@@ -140,14 +143,15 @@ fn main() {
     let bandwidth = common::device_read_bandwidth_gbs(device);
     let bound = n_prompts as f64 * bandwidth * 1e9 / weight_bytes;
     println!(
-        "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {bandwidth:.1} GB/s read; treetrain static at {:.2} of it)",
+        "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {bandwidth:.1} GB/s read; treetrain's decode steps at {:.2} of it)",
         "memory-bandwidth bound",
         weight_bytes / 1e6,
-        (total / static_s) / bound
+        ours.decode / bound
     );
     results["bandwidth_bound_tokens_per_s"] = bound.into();
     results["read_bandwidth_gbs"] = bandwidth.into();
     results["static_over_bound"] = ((total / static_s) / bound).into();
+    results["decode_over_bound"] = (ours.decode / bound).into();
     if full {
         match common::python(args.get("--python"), "transformers, torch") {
             None => {
@@ -158,9 +162,10 @@ fn main() {
                 std::fs::write(&tmp, serde_json::to_string(&ps).expect("json")).expect("write prompts");
                 let pairs: usize = args.get("--pairs").map_or(3, |v| v.parse().expect("--pairs N"));
                 let ours = g.generate(lm, &ps, &cfg).expect("generate");
-                let (mut ratios, mut theirs, mut mine, mut same) = (Vec::new(), Vec::new(), Vec::new(), true);
+                let (mut ratios, mut decode_ratios, mut theirs, mut mine, mut same) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
                 for _ in 0..pairs {
-                    let s = median_s(|| drop(g.generate(lm, &ps, &cfg).expect("generate")), repeats);
+                    let r = rates(&mut g, lm, &ps, &cfg, repeats);
                     let Some((tf, outputs)) = transformers_static(&py, &dir, &tmp, new, device, kind) else {
                         break;
                     };
@@ -168,27 +173,59 @@ fn main() {
                         .iter()
                         .zip(&ours)
                         .all(|(r, c)| serde_json::json!(c.output_ids) == *r);
-                    mine.push(total / s);
+                    ratios.push(r.end_to_end / tf.end_to_end);
+                    decode_ratios.push(r.decode / tf.decode);
+                    mine.push(r);
                     theirs.push(tf);
-                    ratios.push((total / s) / tf);
                 }
                 if !ratios.is_empty() {
-                    let (tf, ratio) = (common::median(&theirs), common::median(&ratios));
+                    let median_of =
+                        |v: &[Rates], f: fn(&Rates) -> f64| common::median(&v.iter().map(f).collect::<Vec<_>>());
+                    let (tf, ratio) = (median_of(&theirs, |r| r.end_to_end), common::median(&ratios));
+                    let (tf_decode, decode_ratio) = (median_of(&theirs, |r| r.decode), common::median(&decode_ratios));
                     println!(
-                        "{:<36}{tf:>12.1}   treetrain static is {ratio:.2}x (median of {} interleaved pairs; treetrain {:.1}); same tokens: {same}",
+                        "{:<36}{tf:>12.1}   treetrain static is {ratio:.2}x end to end, {decode_ratio:.2}x in decode steps ({tf_decode:.1} tokens/s there); median of {} interleaved pairs (treetrain {:.1}, decode {:.1}); same tokens: {same}",
                         "transformers static cache",
                         ratios.len(),
-                        common::median(&mine)
+                        median_of(&mine, |r| r.end_to_end),
+                        median_of(&mine, |r| r.decode),
                     );
                     results["transformers_static_tokens_per_s"] = tf.into();
+                    results["transformers_decode_tokens_per_s"] = tf_decode.into();
                     results["speedup_vs_transformers"] = ratio.into();
+                    results["decode_speedup_vs_transformers"] = decode_ratio.into();
                     results["pairwise_ratios"] = serde_json::json!(ratios);
+                    results["pairwise_decode_ratios"] = serde_json::json!(decode_ratios);
                     results["same_tokens_as_transformers"] = same.into();
                 }
             }
         }
     }
     args.write_result("generation", &results);
+}
+
+/// Tokens/s of a generate call end to end (prefill included) and of its decode steps alone.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    end_to_end: f64,
+    decode: f64,
+}
+
+/// Static-cache [`Rates`]: medians of `repeats` calls with `cfg`'s new tokens and of calls with
+/// one new token (prefill and the first choice); decode = the rest of the tokens over the rest
+/// of the time.
+fn rates(g: &mut Generator, lm: &CausalLm, ps: &[Vec<i64>], cfg: &GenerationConfig, repeats: usize) -> Rates {
+    let one = GenerationConfig {
+        max_new_tokens: 1,
+        ..cfg.clone()
+    };
+    let full_s = median_s(|| drop(g.generate(lm, ps, cfg).expect("generate")), repeats);
+    let first_s = median_s(|| drop(g.generate(lm, ps, &one).expect("generate")), repeats);
+    let b = ps.len() as f64;
+    Rates {
+        end_to_end: b * cfg.max_new_tokens as f64 / full_s,
+        decode: b * (cfg.max_new_tokens as f64 - 1.0) / (full_s - first_s).max(1e-9),
+    }
 }
 
 /// The other decode modes on the same prompts, added to `results`: growing (dynamic) cache, no
@@ -247,7 +284,7 @@ fn transformers_static(
     new: usize,
     device: tch::Device,
     kind: tch::Kind,
-) -> Option<(f64, Vec<serde_json::Value>)> {
+) -> Option<(Rates, Vec<serde_json::Value>)> {
     let script = common::root().join("scripts/bench/transformers_generate.py");
     let out = Command::new(py)
         .arg(&script)
@@ -265,7 +302,10 @@ fn transformers_static(
     let line = String::from_utf8_lossy(&out.stdout);
     match serde_json::from_str::<serde_json::Value>(line.trim()) {
         Ok(v) => Some((
-            v["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            Rates {
+                end_to_end: v["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+                decode: v["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            },
             v["outputs"].as_array().cloned().unwrap_or_default(),
         )),
         Err(_) => {

@@ -3,14 +3,15 @@
 //!
 //! cargo bench --bench tree_vs_flat -- [--config config.json | --model DIR] [--len 2048]
 //!     [--repeats 5] [--warmup 2] [--device cpu|cuda[:N]] [--dtype fp32|bf16] [--json out.json]
-//!     [--only NAME] [--checkpointing] [--peak-only flat|tree]
+//!     [--only NAME] [--checkpointing] [--peak-only flat|tree] [--packer-only]
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
 //! Prints, per scenario, median ms for both packings (timed interleaved: flat, tree, flat, ...),
 //! the speedup (median of the pairwise ratios), the packing ratio, the ideal
 //! speedup from the config (linear work per token plus causal attention pairs), measured / ideal,
-//! and peak memory; then the packer's own throughput. Writes everything as JSON. `pairs` is the
+//! and peak memory; then the packer's own throughput (`--packer-only`: that alone), against
+//! TRL's TreeRow on the same workload when a Python with trl is present (scripts/bench/trl_pack.py). Writes everything as JSON. `pairs` is the
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
 //! `--checkpointing` recomputes layer activations in backward (`gradient_checkpointing`) in
 //! both packings: the peak-memory columns then show what checkpointing leaves.
@@ -42,6 +43,7 @@ struct Args {
     smoke: bool,
     activations: Activations,
     peak_only: Option<Side>,
+    packer_only: bool,
 }
 
 /// One packing of the same rollouts.
@@ -65,6 +67,7 @@ fn parse_args() -> Args {
         smoke: false,
         activations: Activations::Kept,
         peak_only: None,
+        packer_only: false,
     };
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it (and
     // with test-harness flags): then a seconds-long smoke run checks the bench still works.
@@ -98,6 +101,7 @@ fn parse_args() -> Args {
             "--json" => a.json = PathBuf::from(val()),
             "--only" => a.only = Some(val()),
             "--checkpointing" => a.activations = Activations::Recomputed,
+            "--packer-only" => a.packer_only = true,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -240,9 +244,10 @@ fn tree_row(rs: &[Rollout]) -> PackedRow {
     t.pack()
 }
 
-fn packer_throughput(groups: usize) -> serde_json::Value {
+/// The packer workload: `groups` x 8 rollouts of 4096 tokens, 3/4 shared (64 groups: 2.1 M
+/// raw tokens), as `scripts/bench/trl_pack.py` builds it for TRL's TreeRow.
+fn packer_workload(groups: usize) -> Vec<Rollout> {
     let mut rng = SplitMix64::new(7);
-    // `groups` x 8 rollouts of 4096 tokens, 3/4 shared (64 groups: 2.1 M raw tokens).
     let mut rs = Vec::new();
     for _ in 0..groups {
         let prefix = tokens(3072, 150_000, &mut rng);
@@ -251,30 +256,96 @@ fn packer_throughput(groups: usize) -> serde_json::Value {
             rs.push(rollout(ids, 3072, &mut rng));
         }
     }
-    let raw: usize = rs.iter().map(|r| r.input_ids.len()).sum();
-    let t = Instant::now();
-    let mut tree = PrefixTree::new();
-    for (i, r) in rs.iter().enumerate() {
-        tree.add(r.clone(), i).expect("valid");
+    rs
+}
+
+/// Best of 3 seconds of `f` run on a fresh copy of `rs` (the copy made outside the clock, as
+/// TRL's script makes its tensors beforehand).
+fn best_of_3<T>(rs: &[Rollout], mut f: impl FnMut(Vec<Rollout>) -> T) -> (f64, T) {
+    let mut best = (f64::INFINITY, None);
+    for _ in 0..3 {
+        let input = rs.to_vec();
+        let t = Instant::now();
+        let out = f(input);
+        let s = t.elapsed().as_secs_f64();
+        if s < best.0 {
+            best = (s, Some(out));
+        }
     }
-    let row = tree.pack();
-    let tree_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let flat = pack_flat(&rs).expect("valid");
-    let flat_s = t.elapsed().as_secs_f64();
-    println!(
-        "\npacker: {raw} raw tokens -> {} unique (ratio {:.2}); tree build + pack {:.0} ms = {:.1} M tokens/s; flat pack {:.0} ms = {:.1} M tokens/s",
-        row.len(),
-        row.packing_ratio(),
-        tree_s * 1e3,
-        raw as f64 / tree_s / 1e6,
-        flat_s * 1e3,
-        raw as f64 / flat_s / 1e6
-    );
+    (best.0, best.1.expect("three runs"))
+}
+
+/// TRL's TreeRow on the same workload: milliseconds (`None`, said, without a Python with trl).
+fn trl_tree_ms(python: Option<&str>, groups: usize) -> Option<f64> {
+    let script = common::root().join("scripts/bench/trl_pack.py");
+    let out = std::process::Command::new(python?)
+        .arg(script)
+        .args([groups.to_string(), "8".into(), "3072".into(), "1024".into()])
+        .output()
+        .ok()?;
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = match serde_json::from_str(line.trim()) {
+        Ok(v) => v,
+        Err(_) => {
+            println!(
+                "TRL TreeRow: failed: {}",
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            );
+            return None;
+        }
+    };
+    v["tree_ms"].as_f64()
+}
+
+/// The packer's throughput: tree build + pack and flat packing of the workload, and TRL's
+/// TreeRow on the same shape when a Python with trl is present, interleaved over `pairs`
+/// (ours, TRL's, ours, ...), the speedup the median of the pairwise ratios.
+fn packer_throughput(groups: usize, pairs: usize, python: Option<&str>) -> serde_json::Value {
+    let rs = packer_workload(groups);
+    let raw: usize = rs.iter().map(|r| r.input_ids.len()).sum();
+    let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unique = 0;
+    for _ in 0..pairs {
+        let (tree_s, row) = best_of_3(&rs, |input| {
+            let mut tree = PrefixTree::new();
+            for (i, r) in input.into_iter().enumerate() {
+                tree.add(r, i).expect("valid");
+            }
+            tree.pack()
+        });
+        unique = row.len();
+        ours.push(tree_s * 1e3);
+        if let Some(trl_ms) = trl_tree_ms(python, groups) {
+            theirs.push(trl_ms);
+            ratios.push(trl_ms / (tree_s * 1e3));
+        }
+    }
+    let (flat_s, flat) = best_of_3(&rs, |input| pack_flat(&input).expect("valid"));
     assert_eq!(flat.len(), raw);
-    serde_json::json!({"raw_tokens": raw, "unique_tokens": row.len(), "tree_ms": tree_s * 1e3,
-        "tree_mtokens_per_s": raw as f64 / tree_s / 1e6, "flat_ms": flat_s * 1e3,
-        "flat_mtokens_per_s": raw as f64 / flat_s / 1e6})
+    let tree_ms = common::median(&ours);
+    let rate = |ms: f64| raw as f64 / ms / 1e3;
+    println!(
+        "\npacker: {raw} raw tokens -> {unique} unique (ratio {:.2}); tree build + pack {tree_ms:.0} ms = {:.1} M tokens/s; flat pack {:.0} ms = {:.1} M tokens/s",
+        raw as f64 / unique as f64,
+        rate(tree_ms),
+        flat_s * 1e3,
+        rate(flat_s * 1e3)
+    );
+    let mut out = serde_json::json!({"raw_tokens": raw, "unique_tokens": unique, "tree_ms": tree_ms,
+        "tree_mtokens_per_s": rate(tree_ms), "flat_ms": flat_s * 1e3, "flat_mtokens_per_s": rate(flat_s * 1e3)});
+    if !ratios.is_empty() {
+        let (trl_ms, speedup) = (common::median(&theirs), common::median(&ratios));
+        println!(
+            "TRL TreeRow on the same shape: {trl_ms:.0} ms = {:.2} M tokens/s; treetrain {speedup:.1}x (median of {} interleaved pairs)",
+            rate(trl_ms),
+            ratios.len()
+        );
+        out["trl_tree_ms"] = trl_ms.into();
+        out["trl_mtokens_per_s"] = rate(trl_ms).into();
+        out["speedup_vs_trl"] = speedup.into();
+        out["pairwise_ratios"] = serde_json::json!(ratios);
+    }
+    out
 }
 
 fn main() {
@@ -319,7 +390,7 @@ fn main() {
     );
     let mut results = Vec::new();
     for (name, f, rs) in scenarios(args.len, cfg.vocab_size) {
-        if args.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+        if args.packer_only || args.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
         }
         let flat = pack_flat(&rs).expect("valid");
@@ -352,7 +423,13 @@ fn main() {
             "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
         }));
     }
-    let packer = packer_throughput(if args.smoke { 2 } else { 64 });
+    let packer = match args.peak_only {
+        Some(_) => serde_json::Value::Null,
+        None => {
+            let python = (!args.smoke).then(|| common::python(None, "trl")).flatten();
+            packer_throughput(if args.smoke { 2 } else { 64 }, 3, python.as_deref())
+        }
+    };
     let out = serde_json::json!({
         "config": args.config.display().to_string(), "parameters": cfg.num_parameters(), "len": args.len,
         "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),

@@ -1,6 +1,6 @@
 """TRL's SFTTrainer on CPU for benches/sft.rs: the same tiny model, data and packing.
 
-    python scripts/bench/trl_sft.py MODEL_DIR DATA.parquet STEPS
+    python scripts/bench/trl_sft.py MODEL_DIR DATA.parquet STEPS [kept|checkpointing]
 
 bfd packing into 256-token rows, 8 rows a step, assistant-only loss, AdamW lr 2e-3, fp32, CPU.
 Prints one JSON line: trained-on tokens per second over the steps after 2 warm-up steps.
@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 model_dir, data, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+checkpointing = len(sys.argv) > 4 and sys.argv[4] == "checkpointing"
 
 
 class Clock(TrainerCallback):
@@ -31,7 +32,8 @@ ds = load_dataset("parquet", data_files=data, split="train")
 cfg = SFTConfig(output_dir="/tmp/trl-sft-bench", max_length=256, packing=True, packing_strategy="bfd",
                 per_device_train_batch_size=8, max_steps=steps + 2, learning_rate=2e-3, lr_scheduler_type="cosine",
                 warmup_steps=1, assistant_only_loss=True, report_to=[], use_cpu=True, save_strategy="no",
-                logging_steps=1000, dataloader_num_workers=0, seed=42, bf16=False)
+                logging_steps=1000, dataloader_num_workers=0, seed=42, bf16=False,
+                gradient_checkpointing=checkpointing)
 clock = Clock()
 trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[clock])
 lengths = [len(x) for x in trainer.train_dataset["input_ids"]]
