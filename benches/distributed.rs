@@ -67,7 +67,7 @@ fn main() {
             m.step_s, m.compute_s, m.all_reduce_s, m.wait_s, m.bytes_per_step
         );
     }
-    let ratio = median(ratios.clone());
+    let ratio = common::median(&ratios);
     println!("2-rank step / 1-process step: {ratio:.2} (median of pairwise ratios {ratios:.2?})");
     let two = median_of(&twos);
     println!(
@@ -167,13 +167,8 @@ fn worker() {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn median_of(runs: &[Measured]) -> Measured {
-    let field = |f: fn(&Measured) -> f64| median(runs.iter().map(f).collect());
+    let field = |f: fn(&Measured) -> f64| common::median(&runs.iter().map(f).collect::<Vec<_>>());
     Measured {
         step_s: field(|m| m.step_s),
         all_reduce_s: field(|m| m.all_reduce_s),

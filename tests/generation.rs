@@ -33,24 +33,30 @@ fn prompts() -> Vec<Vec<i64>> {
     PROMPTS.iter().map(|p| p.to_vec()).collect()
 }
 
+/// The logits `[vocab]` (f32) after the last of `ids`, from a forward of the whole sequence
+/// (no cache).
+fn last_logits(m: &Model, ids: &[i64]) -> Tensor {
+    let n = ids.len() as i64;
+    tch::no_grad(|| {
+        m.lm.forward(
+            &Tensor::from_slice(ids).view([1, n]),
+            &Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]),
+            &AttentionLayout::Causal,
+        )
+    })
+    .unwrap()
+    .get(0)
+    .get(n - 1)
+    .to_kind(Kind::Float)
+}
+
 /// Greedy decoding by recomputing the whole sequence every step, no cache, one prompt at a time:
 /// tokens, the log-prob of each, and the margin between the two best logits at each step.
 fn greedy_by_recomputation(m: &Model, prompt: &[i64], max_new: usize, eos: &[i64]) -> (Vec<i64>, Vec<f32>, Vec<f64>) {
     let mut ids = prompt.to_vec();
     let (mut out, mut lps, mut margins) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..max_new {
-        let n = ids.len() as i64;
-        let logits = tch::no_grad(|| {
-            m.lm.forward(
-                &Tensor::from_slice(&ids).view([1, n]),
-                &Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]),
-                &AttentionLayout::Causal,
-            )
-        })
-        .unwrap()
-        .get(0)
-        .get(n - 1)
-        .to_kind(Kind::Float);
+        let logits = last_logits(m, &ids);
         let t = logits.argmax(0, false).int64_value(&[]);
         let (top, _) = logits.topk(2, 0, true, true);
         margins.push(top.double_value(&[0]) - top.double_value(&[1]));
@@ -206,19 +212,7 @@ fn sampled_by_recomputation(m: &Model, prompt: &[i64], row: usize, cfg: &Generat
     let mut rng = cfg.sampling.row_stream(row);
     let mut ids = prompt.to_vec();
     for _ in 0..cfg.max_new_tokens {
-        let n = ids.len() as i64;
-        let logits = tch::no_grad(|| {
-            m.lm.forward(
-                &Tensor::from_slice(&ids).view([1, n]),
-                &Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]),
-                &AttentionLayout::Causal,
-            )
-        })
-        .unwrap()
-        .get(0)
-        .get(n - 1)
-        .to_kind(Kind::Float);
-        let logits = Vec::<f32>::try_from(&logits).unwrap();
+        let logits = Vec::<f32>::try_from(&last_logits(m, &ids)).unwrap();
         let c = choose(&logits, &ids, &cfg.sampling, &mut rng);
         ids.push(c.token);
         if cfg.eos_token_ids.contains(&c.token) {

@@ -196,7 +196,13 @@ pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+    let n = s.len();
+    match n {
+        0 => f64::NAN,
+        // An even count: the mean of the middle two (two pairs are not "the larger one").
+        _ if n.is_multiple_of(2) => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+        _ => s[n / 2],
+    }
 }
 
 /// Read bandwidth of this machine in GB/s: the best of 5 sums over a 1 GiB f32 tensor (one
