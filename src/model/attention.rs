@@ -108,11 +108,7 @@ impl Attention {
     /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`.
     pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let linears = [&self.q_proj, &self.k_proj, &self.v_proj];
-        let [q, k, v]: [Tensor; 3] = match &self.qkv {
-            Some(fused) => fused.forward(x, &linears).try_into().expect("three outputs"),
-            None => linears.map(|l| l.forward(x)),
-        };
+        let [q, k, v] = FusedLinear::outputs(self.qkv.as_ref(), x, [&self.q_proj, &self.k_proj, &self.v_proj]);
         // (Slices of the fused product along its last dimension: reshape is still a view.)
         let split = |y: Tensor, heads: i64| y.reshape([b, t, heads, self.head_dim]);
         let mut q = split(q, self.num_heads);

@@ -77,6 +77,13 @@ impl FusedLinear {
         super::layers::linear(x, &self.weight, self.bias.as_ref()).split_with_sizes(self.sizes.as_slice(), -1)
     }
 
+    /// The outputs of `linears` for `x`: through `fused` when the maps were tied
+    /// ([`FusedLinear::forward`]), else one product per map.
+    pub fn outputs<const N: usize>(fused: Option<&FusedLinear>, x: &Tensor, linears: [&Linear; N]) -> [Tensor; N] {
+        let mut parts = fused.map(|f| f.forward(x, &linears)).unwrap_or_default().into_iter();
+        std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
+    }
+
     /// The same buffer (shared, not copied).
     pub fn shallow_clone(&self) -> FusedLinear {
         FusedLinear {

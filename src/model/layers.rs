@@ -191,11 +191,7 @@ impl Mlp {
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let linears = [&self.gate_proj, &self.up_proj];
-        let [gate, up]: [Tensor; 2] = match &self.gate_up {
-            Some(fused) => fused.forward(x, &linears).try_into().expect("two outputs"),
-            None => linears.map(|l| l.forward(x)),
-        };
+        let [gate, up] = FusedLinear::outputs(self.gate_up.as_ref(), x, [&self.gate_proj, &self.up_proj]);
         self.down_proj.forward(&(gate.silu() * up))
     }
 }
