@@ -3,7 +3,8 @@
 //! tch's own rpath only covers tch's targets.
 //!
 //! Also compiles the C++ shim that reaches c10d (process groups) against the same libtorch
-//! headers, with Gloo's headers when setup-libtorch.sh unpacked them.
+//! headers, with Gloo's headers when setup-libtorch.sh unpacked them, and the one that reaches
+//! PyTorch's PrivateUse1 device slot (TorchNeuron's `neuron`).
 
 use std::path::PathBuf;
 
@@ -38,13 +39,13 @@ fn main() {
     println!("cargo:rustc-link-arg=-ltorch");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
     compile_c10d_shim(&libtorch);
+    compile_privateuse1_shim(&libtorch);
 }
 
-/// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.
-fn compile_c10d_shim(libtorch: &std::path::Path) {
-    let source = "src/train/distributed/c10d_shim.cpp";
+/// A C++ build against libtorch's headers, as torch-sys builds its own wrapper.
+fn torch_build(libtorch: &std::path::Path, source: &str) -> cc::Build {
     println!("cargo:rerun-if-changed={source}");
-    println!("cargo:rerun-if-env-changed=TREETRAIN_GLOO_INCLUDE");
+    println!("cargo:rerun-if-changed=src/shim/guarded.hpp");
     let include = libtorch.join("include");
     let mut build = cc::Build::new();
     build
@@ -55,6 +56,19 @@ fn compile_c10d_shim(libtorch: &std::path::Path) {
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .warnings(false);
+    build
+}
+
+/// The PrivateUse1 shim: loading backend libraries and placing tensors on their devices.
+fn compile_privateuse1_shim(libtorch: &std::path::Path) {
+    torch_build(libtorch, "src/device/privateuse1_shim.cpp").compile("treetrain_privateuse1");
+    println!("cargo:rustc-link-lib=dylib=dl");
+}
+
+/// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.
+fn compile_c10d_shim(libtorch: &std::path::Path) {
+    println!("cargo:rerun-if-env-changed=TREETRAIN_GLOO_INCLUDE");
+    let mut build = torch_build(libtorch, "src/train/distributed/c10d_shim.cpp");
     let gloo = std::env::var_os("TREETRAIN_GLOO_INCLUDE").map(PathBuf::from);
     match gloo.filter(|g| g.join("gloo/algorithm.h").exists()) {
         Some(g) => {

@@ -20,7 +20,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use tch::Tensor;
 use treetrain::generate::{GenerationConfig, Generator};
 use treetrain::model::{AttentionLayout, CausalLm, LoadOptions, Model};
 use treetrain::util::SplitMix64;
@@ -66,7 +65,7 @@ fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
             pos.extend(std::iter::repeat_n(0i64, pad).chain(0..r.len() as i64));
         }
         let t = longest as i64;
-        let on_device = |v: &[i64]| Tensor::from_slice(v).view([b, t]).to_device(lm.device());
+        let on_device = |v: &[i64]| lm.device().from_slice(v).expect("on the device").view([b, t]);
         let layout = AttentionLayout::Padded {
             attention_mask: on_device(&mask),
         };
@@ -282,7 +281,7 @@ fn transformers_static(
     dir: &Path,
     prompts_file: &Path,
     new: usize,
-    device: tch::Device,
+    device: treetrain::device::Device,
     kind: tch::Kind,
 ) -> Option<(Rates, Vec<serde_json::Value>)> {
     let script = common::root().join("scripts/bench/transformers_generate.py");
@@ -293,7 +292,7 @@ fn transformers_static(
         .arg(new.to_string())
         .arg("static")
         .arg(match device {
-            tch::Device::Cuda(i) => format!("cuda:{i}"),
+            treetrain::device::Device::Cuda(i) => format!("cuda:{i}"),
             _ => "cpu".into(),
         })
         .arg(treetrain::model::kind_name(kind))

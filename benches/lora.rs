@@ -16,7 +16,8 @@ mod common;
 
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::model::lora::{LoraConfig, TargetModules};
 use treetrain::model::{AttentionLayout, HfConfig, LoadOptions, LogprobChunks, Model, target_logprobs};
 use treetrain::train::{AdamW, AdamWConfig};
@@ -146,7 +147,7 @@ impl<'a> Side<'a> {
     fn step(&mut self, ids: &[i64]) {
         let n = ids.len() as i64;
         let input = Tensor::from_slice(ids).view([1, n]);
-        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
         let lm = &self.model.lm;
         let hidden = lm
             .forward_hidden(&input, &pos, &AttentionLayout::Causal)

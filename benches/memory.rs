@@ -14,7 +14,8 @@ mod common;
 
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::model::{
     Activations, AttentionLayout, HfConfig, LoadOptions, LogprobChunks, Model, nll_backward_chunked, target_logprobs,
 };
@@ -98,7 +99,7 @@ fn main() {
 fn step(model: &Model, ids: &[i64], lengths: &[i64], v: Variant) -> f64 {
     let n = ids.len() as i64;
     let input = Tensor::from_slice(ids).view([1, n]);
-    let (layout, pos) = AttentionLayout::packed_row(lengths, Device::Cpu);
+    let (layout, pos) = AttentionLayout::packed_row(lengths, Device::Cpu).expect("layout");
     let targets = Tensor::from_slice(&ids[1..]);
     let head = model.lm.lm_head_weight();
     let loss = model

@@ -25,7 +25,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tch::{Device, Kind};
+use tch::Kind;
+use treetrain::device::Device;
 use treetrain::grpo::{GrpoObjective, TermWeights, grpo_loss_backward};
 use treetrain::model::{Activations, HfConfig, LoadOptions, Model, ModelConfig};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};

@@ -1,5 +1,6 @@
 //! `treetrain env`: what this process runs on, in the spirit of `trl env`.
 
+use crate::device::privateuse1::{self, Backend};
 use crate::device::{Accelerators, HostProbe, PadTo, Platform};
 use crate::display::{self, Rich, escape};
 use crate::train::distributed::{GlooDevice, LaunchEnv, built_with_gloo};
@@ -26,6 +27,9 @@ pub struct EnvReport {
     pub world: Result<Option<LaunchEnv>, String>,
     /// Whether this build can create Gloo process groups.
     pub gloo: bool,
+    /// The PrivateUse1 backend registered in this process (TorchNeuron's `neuron`, loaded from
+    /// `TREETRAIN_PRIVATEUSE1_LIB`), or why its library failed to load.
+    pub privateuse1: Result<Option<Backend>, String>,
 }
 
 /// tch's version, pinned in Cargo.toml.
@@ -34,7 +38,12 @@ pub const TCH_VERSION: &str = "0.24.0";
 impl EnvReport {
     /// Collects the report for this process.
     pub fn collect() -> Self {
-        Self::from_parts(&HostProbe::system(), Accelerators::detect())
+        let loaded = privateuse1::load_from_env().map_err(|e| e.to_string());
+        let mut report = Self::from_parts(&HostProbe::system(), Accelerators::detect());
+        if !matches!(loaded, Ok(None)) {
+            report.privateuse1 = loaded;
+        }
+        report
     }
 
     /// The report for given accelerators, reading OS facts through `probe`.
@@ -62,12 +71,24 @@ impl EnvReport {
             accelerators,
             world: LaunchEnv::from_lookup(|k| probe.var(k).map(str::to_string)).map_err(|e| e.to_string()),
             gloo: built_with_gloo(),
+            privateuse1: privateuse1::registered().map_err(|e| e.to_string()),
         }
     }
 
-    /// The platform runs here plan for.
+    /// The platform runs here plan for: Neuron's when a PrivateUse1 backend is loaded.
     pub fn platform(&self) -> Platform {
-        self.accelerators.platform()
+        match self.privateuse1 {
+            Ok(Some(_)) => Platform::Neuron,
+            _ => self.accelerators.platform(),
+        }
+    }
+
+    /// Where `device = "auto"` places a run (CUDA first, then a loaded PrivateUse1 backend).
+    fn auto_device(&self) -> String {
+        match (&self.privateuse1, self.accelerators.cuda.available) {
+            (Ok(Some(b)), false) if b.device_count > 0 => format!("{}:0", b.name),
+            _ => crate::device::Device::from(self.accelerators.tch_device()).to_string(),
+        }
     }
 
     fn version_rows(&self) -> Vec<(&'static str, String)> {
@@ -145,6 +166,12 @@ impl EnvReport {
             ),
         };
         rows.push(("Neuron", neuron));
+        let backend = match &self.privateuse1 {
+            Err(e) => format!("failed to load: {e}"),
+            Ok(None) => format!("none loaded ({} names a backend library)", privateuse1::LIBRARY_ENV),
+            Ok(Some(b)) => format!("{:?}, {} device(s), from {}", b.name, b.device_count, b.library_list()),
+        };
+        rows.push(("PrivateUse1", backend));
         rows
     }
 
@@ -181,7 +208,7 @@ impl EnvReport {
         let p = self.platform();
         vec![
             ("platform", p.to_string()),
-            ("tch device", format!("{:?}", self.accelerators.tch_device())),
+            ("device auto", self.auto_device()),
             ("preferred dtype", p.preferred_dtype().to_string()),
             (
                 "pad_to_multiple_of=auto",

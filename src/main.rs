@@ -58,7 +58,15 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    // Before any tensor exists, as `import torch_neuronx` does in Python: the backend library
+    // TREETRAIN_PRIVATEUSE1_LIB names registers its device now. `env` reports a failure; every
+    // other command stops on it.
+    let backend = treetrain::device::privateuse1::load_from_env();
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Env { .. }) {
+        backend?;
+    }
+    match command {
         Command::Env { json } => cli::env(json),
         Command::Score(args) => cli::score::run(&args),
         Command::Convert(args) => cli::convert::run(&args),

@@ -141,6 +141,12 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Sampling, "num_generations", "at least 1 (`generate`)", None),
     rule(
         Scope::Start,
+        "device",
+        "one this process can use: a CUDA index libtorch sees; `neuron[:N]` only with a PrivateUse1 backend loaded (`TREETRAIN_PRIVATEUSE1_LIB`, a loadable library that registers one) and N below its device count",
+        None,
+    ),
+    rule(
+        Scope::Start,
         "output_dir",
         "writable (created and probed before step 1, by rank 0)",
         None,

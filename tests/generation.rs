@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::display::Rich;
 use treetrain::generate::{FinishReason, GenerateError, GenerationConfig, Generator, SamplingConfig, choose};
 use treetrain::model::{AttentionLayout, KvCache, LoadOptions, Model, StaticCache};
@@ -40,7 +41,7 @@ fn last_logits(m: &Model, ids: &[i64]) -> Tensor {
     tch::no_grad(|| {
         m.lm.forward(
             &Tensor::from_slice(ids).view([1, n]),
-            &Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]),
+            &Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]),
             &AttentionLayout::Causal,
         )
     })
@@ -292,10 +293,10 @@ fn stop_sequences_and_errors() {
 #[test]
 fn static_cache_overflow_snapshot_and_rollback() {
     let m = load("qwen3", Kind::Float);
-    let mut cache = StaticCache::new(&m.lm.config, 1, 4, Kind::Float, Device::Cpu);
+    let mut cache = StaticCache::new(&m.lm.config, 1, 4, Kind::Float, Device::Cpu).unwrap();
     let ids = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
-    let pos = Tensor::arange(3, (Kind::Int64, Device::Cpu)).view([1, 3]);
-    let mask = Tensor::ones([4, 4], (Kind::Bool, Device::Cpu))
+    let pos = Tensor::arange(3, (Kind::Int64, tch::Device::Cpu)).view([1, 3]);
+    let mask = Tensor::ones([4, 4], (Kind::Bool, tch::Device::Cpu))
         .tril(0)
         .narrow(0, 0, 3)
         .view([1, 1, 3, 4]);

@@ -8,7 +8,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{row_logits, score_lines};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::model::lora::{LoraConfig, TargetModules};
 use treetrain::model::{AttentionLayout, LoadOptions, Model, ModelError};
 use treetrain::train::{AdamW, AdamWConfig};
@@ -84,7 +85,7 @@ fn adapters_made_by_peft_give_peft_logits_and_merge_to_the_same() {
         let view = model.base_view().unwrap();
         let n = exp.rows[0].len() as i64;
         let ids = Tensor::from_slice(&exp.rows[0]).view([1, n]);
-        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
         let base = tch::no_grad(|| {
             view.forward(&ids, &pos, &AttentionLayout::Causal)
                 .unwrap()
@@ -180,7 +181,7 @@ fn a_new_adapter_starts_at_the_base_and_only_its_tensors_train() {
     let mut adamw = AdamW::new(model.trainable(), AdamWConfig::default());
     let n = row.len() as i64;
     let ids = Tensor::from_slice(&row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
     let base_before: Vec<(String, Tensor)> = model
         .vs
         .variables()

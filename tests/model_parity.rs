@@ -6,7 +6,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::row_logits;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs};
 
 const CASES: [&str; 5] = [
@@ -94,7 +95,7 @@ fn packed_and_padded_layouts_equal_separate_rows() {
         // One packed row, positions restarting per sequence.
         let lengths: Vec<i64> = exp.rows.iter().map(|r| r.len() as i64).collect();
         let flat: Vec<i64> = exp.rows.concat();
-        let (layout, pos) = AttentionLayout::packed_row(&lengths, Device::Cpu);
+        let (layout, pos) = AttentionLayout::packed_row(&lengths, Device::Cpu).unwrap();
         let packed = model
             .lm
             .forward(&Tensor::from_slice(&flat).view([1, -1]), &pos, &layout)
@@ -154,9 +155,11 @@ fn dense_mask_oracle_equals_causal() {
     let model = load_f32("qwen3");
     let row = &expected("qwen3").rows[1];
     let n = row.len() as i64;
-    let mask = Tensor::ones([n, n], (Kind::Bool, Device::Cpu)).tril(0).unsqueeze(0);
+    let mask = Tensor::ones([n, n], (Kind::Bool, tch::Device::Cpu))
+        .tril(0)
+        .unsqueeze(0);
     let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
     let dense = model
         .lm
         .forward(&ids, &pos, &AttentionLayout::Dense { mask })
@@ -171,7 +174,7 @@ fn chunked_logprobs_equal_full_log_softmax() {
     let row = &expected("qwen2").rows[1];
     let n = row.len() as i64;
     let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
     let hidden = model
         .lm
         .forward_hidden(&ids, &pos, &AttentionLayout::Causal)

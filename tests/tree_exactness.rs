@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
 use treetrain::grpo::{GrpoObjective, grpo_loss};
 use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
@@ -68,7 +69,7 @@ fn reference_logprobs(m: &Model, rs: &[Rollout]) -> Tensor {
     for x in rs {
         let n = x.input_ids.len() as i64;
         let ids = Tensor::from_slice(&x.input_ids).view([1, n]);
-        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
         let logits =
             m.lm.forward(&ids, &pos, &AttentionLayout::Causal)
                 .unwrap()
@@ -108,7 +109,7 @@ fn tree_flat_and_dense_oracle_logprobs_equal_separate_forwards() {
         max_diff(&flat_lp, &reference)
     );
     // The segment layout and the dense ancestor mask (the oracle) give the same hidden states.
-    let (ids, pos, layout) = tree.layout(Device::Cpu);
+    let (ids, pos, layout) = tree.layout(Device::Cpu).unwrap();
     let seg = tch::no_grad(|| m.lm.forward_hidden(&ids, &pos, &layout)).unwrap();
     let dense = AttentionLayout::Dense {
         mask: tree.dense_mask().unsqueeze(0),
@@ -249,7 +250,7 @@ fn batched_short_segments_and_long_ones_mix_exactly() {
     reference_loss(&a, &rs, 0.2, 0.2).backward();
     let (e_ref, h_ref) = grads(&a);
     for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {
-        let (_, _, layout) = row.layout(Device::Cpu);
+        let (_, _, layout) = row.layout(Device::Cpu).unwrap();
         let AttentionLayout::Segments(l) = &layout else {
             panic!("segments layout expected")
         };

@@ -98,9 +98,9 @@ impl Args {
     }
 
     /// `--device cpu|cuda|cuda:N` (default CPU).
-    pub fn device(&self) -> tch::Device {
+    pub fn device(&self) -> treetrain::device::Device {
         match self.get("--device").as_deref().map(treetrain::device::parse_device) {
-            None => tch::Device::Cpu,
+            None => treetrain::device::Device::Cpu,
             Some(d) => d.expect("--device cpu|cuda|cuda:N"),
         }
     }
@@ -182,7 +182,7 @@ pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
     let hf = treetrain::model::HfConfig::from_file(config).expect("config.json");
     let opts = treetrain::model::LoadOptions {
         dtype: Some(tch::Kind::Float),
-        device: tch::Device::Cpu,
+        device: treetrain::device::Device::Cpu,
     };
     let model = treetrain::model::Model::seeded(hf, opts, 1, 0.02).expect("random model");
     let tokenizer = treetrain::shipped::tiny_model_dir().expect("tiny model");
@@ -223,11 +223,11 @@ pub fn read_bandwidth_gbs() -> f64 {
 /// Read bandwidth of `device` in GB/s: [`read_bandwidth_gbs`] on the CPU; on a GPU the best of
 /// 5 sums over a 4 GiB tensor there (synchronized).
 #[allow(dead_code)]
-pub fn device_read_bandwidth_gbs(device: tch::Device) -> f64 {
-    if device == tch::Device::Cpu {
+pub fn device_read_bandwidth_gbs(device: treetrain::device::Device) -> f64 {
+    if device == treetrain::device::Device::Cpu {
         return read_bandwidth_gbs();
     }
-    let t = tch::Tensor::ones([1 << 30], (tch::Kind::Float, device));
+    let t = device.ones(&[1 << 30], tch::Kind::Float).expect("4 GiB on the device");
     let bytes = (t.numel() * 4) as f64;
     (0..5)
         .map(|_| {
@@ -241,8 +241,8 @@ pub fn device_read_bandwidth_gbs(device: tch::Device) -> f64 {
 
 /// Waits for `device`'s queued work (nothing to wait for on the CPU).
 #[allow(dead_code)]
-pub fn sync(device: tch::Device) {
-    if let tch::Device::Cuda(i) = device {
+pub fn sync(device: treetrain::device::Device) {
+    if let treetrain::device::Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
     }
 }

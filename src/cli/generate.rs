@@ -17,7 +17,8 @@ pub struct GenerateArgs {
     /// model, applied (merged into the weights for speed).
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Where the model runs: cpu, cuda, cuda:N, mps or auto.
+    /// Where the model runs: cpu, cuda, cuda:N, mps, neuron, neuron:N (a PrivateUse1 backend
+    /// loaded from TREETRAIN_PRIVATEUSE1_LIB) or auto.
     #[arg(long, default_value = "cpu")]
     device: treetrain::device::DeviceSpec,
     /// JSONL: `{"input_ids": [...]}`, `{"prompt": "..."}` or `{"messages": [...]}` per line.

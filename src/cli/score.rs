@@ -27,7 +27,8 @@ pub struct ScoreArgs {
     /// model, applied (computed beside the base weights, as PEFT does).
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Where the model runs: cpu, cuda, cuda:N, mps or auto.
+    /// Where the model runs: cpu, cuda, cuda:N, mps, neuron, neuron:N (a PrivateUse1 backend
+    /// loaded from TREETRAIN_PRIVATEUSE1_LIB) or auto.
     #[arg(long, default_value = "cpu")]
     device: treetrain::device::DeviceSpec,
     /// JSONL input: `{"input_ids": [...]}` or `{"text": "..."}` per line (`-` for stdin).

@@ -16,6 +16,9 @@ pub struct SftArgs {
     /// The config file.
     #[arg(long)]
     config: PathBuf,
+    /// Override `device` (cpu, cuda[:N], mps, neuron[:N], auto).
+    #[arg(long)]
+    device: Option<treetrain::device::DeviceSpec>,
     /// Resume from this checkpoint folder.
     #[arg(long)]
     resume_from: Option<PathBuf>,
@@ -27,6 +30,9 @@ pub struct GrpoArgs {
     /// The config file.
     #[arg(long)]
     config: PathBuf,
+    /// Override `device` (cpu, cuda[:N], mps, neuron[:N], auto).
+    #[arg(long)]
+    device: Option<treetrain::device::DeviceSpec>,
     /// Override `max_steps`.
     #[arg(long)]
     max_steps: Option<u64>,
@@ -43,13 +49,15 @@ pub struct GrpoArgs {
 
 /// Runs `sft`.
 pub fn sft(args: &SftArgs) -> Result<()> {
-    let cfg = SftConfig::from_toml_file(&args.config)?;
+    let mut cfg = SftConfig::from_toml_file(&args.config)?;
+    cfg.train.device = args.device.unwrap_or(cfg.train.device);
     run(SftTrainer::from_config(cfg, args.resume_from.as_deref())?)
 }
 
 /// Runs `grpo`.
 pub fn grpo(args: &GrpoArgs) -> Result<()> {
     let mut cfg = GrpoConfig::from_toml_file(&args.config)?;
+    cfg.train.device = args.device.unwrap_or(cfg.train.device);
     cfg.max_steps = args.max_steps.unwrap_or(cfg.max_steps);
     cfg.mode = args.mode.unwrap_or(cfg.mode);
     cfg.packing = args.packing.unwrap_or(cfg.packing);

@@ -131,7 +131,7 @@ impl Accelerators {
         }
     }
 
-    /// The tch device tensors go to. Neuron maps to CPU: tch cannot address TorchNeuron's
+    /// The tch device tensors go to without a PrivateUse1 backend loaded. Neuron maps to CPU: tch cannot name TorchNeuron's
     /// PrivateUse1 device.
     pub fn tch_device(&self) -> tch::Device {
         match self.platform() {
@@ -146,9 +146,10 @@ impl Accelerators {
         let mut notes = Vec::new();
         if let Some(n) = &self.neuron {
             notes.push(
-                "Neuron found, but tch/libtorch cannot address it (TorchNeuron registers Trainium as PyTorch's \
-                 PrivateUse1 device 'neuron', which tch does not expose): tensors run on CPU here, while the Neuron \
-                 policies (pad_to_multiple_of 128, bf16, shape ledger) still apply to planning."
+                "Neuron found. treetrain computes there through PyTorch's PrivateUse1 device once TorchNeuron's \
+                 library is loaded (TREETRAIN_PRIVATEUSE1_LIB; see the README: not yet tried on Trainium). Until \
+                 then tensors run on CPU, while the Neuron policies (pad_to_multiple_of 128, bf16, shape ledger) \
+                 still apply to planning."
                     .to_string(),
             );
             notes.extend(n.warnings.iter().cloned());

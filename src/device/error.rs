@@ -27,6 +27,18 @@ pub enum DeviceError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// The device's backend has no kernel for an operator treetrain ran there.
+    #[error(
+        "{device} has no kernel for {op} (PrivateUse1 backend from {library}); register one or a CPU fallback in the backend"
+    )]
+    MissingOp {
+        /// The operator, as libtorch names it (`aten::cat.out`).
+        op: String,
+        /// The device it ran on (`neuron:0`).
+        device: String,
+        /// The backend's library file(s).
+        library: String,
+    },
     /// A shared library could not be loaded.
     #[error("could not load {path}: {reason}")]
     Load {

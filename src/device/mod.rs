@@ -4,23 +4,26 @@
 //! so every rule is testable against a fake root. libtorch queries (CUDA device count, MPS) are
 //! passed in as [`TorchFacts`] for the same reason.
 //!
-//! | platform | tch device | `PadTo::Auto` | preferred dtype |
+//! | platform | [`Device`] | `PadTo::Auto` | preferred dtype |
 //! |----------|------------|---------------|-----------------|
 //! | CPU      | `Cpu`      | none          | f32             |
 //! | CUDA     | `Cuda(i)`  | none          | bf16            |
 //! | MPS      | `Mps`      | none          | f32             |
-//! | Neuron   | `Cpu` (tch cannot address PrivateUse1) | 128 | bf16 |
+//! | Neuron   | `PrivateUse1 {name: neuron}` (through the shim: [`privateuse1`]) | 128 | bf16 |
 
 mod accelerators;
 mod cuda;
 mod error;
 mod neuron;
+mod place;
 mod policy;
+pub mod privateuse1;
 mod probe;
 
 pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
 pub use cuda::{CudaDevice, CudaInfo, load_torch_cuda};
 pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};
+pub use place::{BackendName, Device};
 pub use policy::{DeviceSpec, PadTo, Platform, parse_device, round_up};
 pub use probe::HostProbe;

@@ -1,10 +1,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::DeviceError;
+use super::{BackendName, Device, DeviceError, privateuse1};
 
 /// The kind of machine a run targets; policies depend on it, not on the tch device, because
-/// Neuron runs are planned here while tch itself cannot address Neuron.
+/// Neuron runs are planned on any machine (a PrivateUse1 device runs them for real).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum Platform {
     /// Host CPU.
@@ -23,13 +23,9 @@ pub enum Platform {
 crate::util::serde_via_str!(Platform, PadTo, DeviceSpec);
 
 impl Platform {
-    /// The platform of a tch device (tch has no PrivateUse1 device: Neuron never comes back).
-    pub fn of(device: tch::Device) -> Platform {
-        match device {
-            tch::Device::Cuda(_) => Platform::Cuda,
-            tch::Device::Mps => Platform::Mps,
-            tch::Device::Cpu | tch::Device::Vulkan => Platform::Cpu,
-        }
+    /// The platform of a device ([`Device::platform`]).
+    pub fn of(device: Device) -> Platform {
+        device.platform()
     }
 
     /// The dtype a run should default to here (`dtype = "auto"`). Neuron: bf16 (static-cache
@@ -142,9 +138,11 @@ impl FromStr for PadTo {
     }
 }
 
-/// Where a run's parameters live: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, `mps`, or `auto` (the
-/// first CUDA device when libtorch sees one, else CPU). Parsing checks the spelling; whether the
-/// device exists is checked by [`DeviceSpec::resolve`], when the run starts.
+/// Where a run's parameters live: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, `mps`, `neuron`
+/// (= `neuron:0`), `neuron:N` or the registered name of another PrivateUse1 backend (with
+/// `:N`), or `auto` (the first CUDA device when libtorch sees one, else device 0 of a loaded
+/// PrivateUse1 backend, else CPU). Parsing checks the spelling; whether the device exists is
+/// checked by [`DeviceSpec::resolve`], when the run starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceSpec {
     /// Host CPU.
@@ -154,22 +152,30 @@ pub enum DeviceSpec {
     Cuda(usize),
     /// Apple GPU.
     Mps,
-    /// CUDA device 0 when libtorch sees one, else CPU.
+    /// Device `N` of the PrivateUse1 backend (TorchNeuron's `neuron`, or whichever is loaded).
+    PrivateUse1(usize),
+    /// CUDA device 0 when libtorch sees one, else PrivateUse1 device 0 when a backend is
+    /// loaded, else CPU.
     Auto,
 }
 
 impl DeviceSpec {
-    /// The tch device, or an error when libtorch cannot see the CUDA device named (rather than
-    /// a silent CPU run).
-    pub fn resolve(self) -> Result<tch::Device, DeviceError> {
+    /// The device, or an error when this process cannot use the one named (rather than a
+    /// silent CPU run): a CUDA index libtorch does not see, a PrivateUse1 device with no backend
+    /// loaded ([`privateuse1::LIBRARY_ENV`]) or past its device count.
+    pub fn resolve(self) -> Result<Device, DeviceError> {
         match self {
-            DeviceSpec::Cpu => Ok(tch::Device::Cpu),
-            DeviceSpec::Mps => Ok(tch::Device::Mps),
-            DeviceSpec::Auto => Ok(tch::Device::cuda_if_available()),
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Mps => Ok(Device::Mps),
+            DeviceSpec::Auto if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
+            DeviceSpec::Auto => match privateuse1::load_from_env()?.or(privateuse1::registered()?) {
+                Some(b) if b.device_count > 0 => DeviceSpec::PrivateUse1(0).resolve(),
+                _ => Ok(Device::Cpu),
+            },
             DeviceSpec::Cuda(i) => {
                 let n = tch::Cuda::device_count().max(0) as usize;
                 if i < n {
-                    Ok(tch::Device::Cuda(i))
+                    Ok(Device::Cuda(i))
                 } else {
                     Err(DeviceError::UnknownDevice {
                         name: self.to_string(),
@@ -177,8 +183,40 @@ impl DeviceSpec {
                     })
                 }
             }
+            DeviceSpec::PrivateUse1(index) => resolve_privateuse1(index),
         }
     }
+}
+
+/// PrivateUse1 device `index` of the backend loaded from [`privateuse1::LIBRARY_ENV`] (or
+/// already registered), checked against its device count.
+fn resolve_privateuse1(index: usize) -> Result<Device, DeviceError> {
+    let loaded = privateuse1::load_from_env()?;
+    let Some(backend) = loaded.or(privateuse1::registered()?) else {
+        return Err(DeviceError::UnknownDevice {
+            name: format!("neuron:{index}"),
+            reason: format!(
+                "no PrivateUse1 backend is loaded: set {} to the backend's library (TorchNeuron: \
+                 libtorchneuron.so from the torch-neuronx package)",
+                privateuse1::LIBRARY_ENV
+            ),
+        });
+    };
+    if index >= backend.device_count {
+        return Err(DeviceError::UnknownDevice {
+            name: format!("{}:{index}", backend.name),
+            reason: format!(
+                "backend {:?} (from {}) has {} device(s)",
+                backend.name,
+                backend.library_list(),
+                backend.device_count
+            ),
+        });
+    }
+    Ok(Device::PrivateUse1 {
+        name: BackendName::new(&backend.name),
+        index,
+    })
 }
 
 impl fmt::Display for DeviceSpec {
@@ -187,6 +225,7 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Cpu => f.write_str("cpu"),
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
             DeviceSpec::Mps => f.write_str("mps"),
+            DeviceSpec::PrivateUse1(i) => write!(f, "neuron:{i}"),
             DeviceSpec::Auto => f.write_str("auto"),
         }
     }
@@ -195,24 +234,43 @@ impl fmt::Display for DeviceSpec {
 impl FromStr for DeviceSpec {
     type Err = DeviceError;
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "mps" => Ok(DeviceSpec::Mps),
-            "auto" => Ok(DeviceSpec::Auto),
-            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
-            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
-                _ => Err(DeviceError::UnknownDevice {
-                    name: name.to_string(),
-                    reason: "expected cpu, cuda, cuda:N, mps or auto".into(),
-                }),
+        let lower = name.trim().to_ascii_lowercase();
+        let (base, index) = match lower.split_once(':') {
+            Some((base, i)) => match i.parse::<usize>() {
+                Ok(i) => (base, Some(i)),
+                Err(_) => return Err(unknown_device(name)),
             },
+            None => (lower.as_str(), None),
+        };
+        match (base, index) {
+            ("cpu", None) => Ok(DeviceSpec::Cpu),
+            ("mps", None) => Ok(DeviceSpec::Mps),
+            ("auto", None) => Ok(DeviceSpec::Auto),
+            ("cuda" | "gpu", i) => Ok(DeviceSpec::Cuda(i.unwrap_or(0))),
+            ("neuron" | "privateuseone", i) => Ok(DeviceSpec::PrivateUse1(i.unwrap_or(0))),
+            (other, i) if is_registered_backend(other) => Ok(DeviceSpec::PrivateUse1(i.unwrap_or(0))),
+            _ => Err(unknown_device(name)),
         }
     }
 }
 
-/// The tch device a `device` setting names ([`DeviceSpec`] parsed, then resolved).
-pub fn parse_device(name: &str) -> Result<tch::Device, DeviceError> {
+/// Whether `name` is the registered PrivateUse1 backend's (loading [`privateuse1::LIBRARY_ENV`]
+/// first, so a backend under another name than `neuron` is known by it).
+fn is_registered_backend(name: &str) -> bool {
+    let _ = privateuse1::load_from_env();
+    matches!(privateuse1::registered(), Ok(Some(b)) if b.name == name)
+}
+
+fn unknown_device(name: &str) -> DeviceError {
+    DeviceError::UnknownDevice {
+        name: name.to_string(),
+        reason: "expected cpu, cuda, cuda:N, mps, neuron, neuron:N (or a loaded PrivateUse1 backend's name) or auto"
+            .into(),
+    }
+}
+
+/// The device a `device` setting names ([`DeviceSpec`] parsed, then resolved).
+pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     name.parse::<DeviceSpec>()?.resolve()
 }
 
@@ -254,16 +312,19 @@ mod tests {
     fn preferred_dtypes() {
         assert_eq!(Platform::Neuron.preferred_dtype(), crate::model::Dtype::Bf16);
         assert_eq!(Platform::Cpu.preferred_dtype(), crate::model::Dtype::Fp32);
-        assert_eq!(Platform::of(tch::Device::Cuda(1)), Platform::Cuda);
-        assert_eq!(Platform::of(tch::Device::Cpu), Platform::Cpu);
+        assert_eq!(Platform::of(Device::Cuda(1)), Platform::Cuda);
+        assert_eq!(Platform::of(Device::Cpu), Platform::Cpu);
     }
 
     #[test]
     fn device_names_parse_or_say_why_not() {
-        assert_eq!(parse_device("cpu").unwrap(), tch::Device::Cpu);
-        assert_eq!(parse_device(" MPS ").unwrap(), tch::Device::Mps);
+        assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
+        assert_eq!(parse_device(" MPS ").unwrap(), Device::Mps);
         let auto = parse_device("auto").unwrap();
-        assert_eq!(auto, tch::Device::cuda_if_available());
+        assert_eq!(auto, Device::from(tch::Device::cuda_if_available()));
+        assert_eq!("neuron:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::PrivateUse1(1));
+        assert_eq!("Neuron".parse::<DeviceSpec>().unwrap(), DeviceSpec::PrivateUse1(0));
+        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
         let n = tch::Cuda::device_count() as usize;
         let err = parse_device(&format!("cuda:{n}")).unwrap_err().to_string();
         assert!(err.contains(&format!("sees {n} CUDA device")), "{err}");
@@ -273,6 +334,8 @@ mod tests {
                 .to_string()
                 .contains("expected cpu, cuda")
         );
+        assert!(parse_device("neuron:x").is_err());
+        assert!(parse_device("cpu:1").is_err());
         assert!(parse_device("cuda:x").is_err());
     }
 

@@ -13,6 +13,7 @@
 use tch::{Kind, Tensor};
 
 use super::sampling::SamplingConfig;
+use crate::device::Device;
 
 /// The chosen token of every row of a batch and its log-probabilities (see
 /// [`super::Choice`] for what each means).
@@ -31,11 +32,11 @@ pub struct BatchChoice {
 ///
 /// # Shapes
 /// `rows[r]` are row `r`'s tokens; the mask is `[rows.len(), vocab]` bool on `device`.
-pub fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: tch::Device) -> Result<Tensor, tch::TchError> {
-    let mask = Tensor::f_zeros([rows.len() as i64, vocab], (Kind::Bool, device))?;
+pub fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: Device) -> Result<Tensor, tch::TchError> {
+    let mask = device.zeros(&[rows.len() as i64, vocab], Kind::Bool)?;
     for (r, ids) in rows.iter().enumerate() {
         if !ids.is_empty() {
-            let index = Tensor::from_slice(ids).to_device(device);
+            let index = device.from_slice(ids)?;
             let _ = mask.f_get(r as i64)?.f_index_fill_(0, &index, 1)?;
         }
     }
@@ -81,7 +82,7 @@ pub fn choose_rows(
     let untruncated = raw.f_gather(-1, &token, false)?.f_sub(&log_z)?;
     // 4. One transfer back: [batch, 3] of (token, logprob, untruncated logprob).
     let packed = Tensor::f_cat(&[token.f_to_kind(Kind::Double)?, logprob, untruncated], 1)?;
-    let host = Vec::<f64>::try_from(packed.f_to_device(tch::Device::Cpu)?.f_contiguous()?.f_view([-1])?)?;
+    let host = Vec::<f64>::try_from(Device::to_host(&packed)?.f_contiguous()?.f_view([-1])?)?;
     let column = |c: usize| host.iter().skip(c).step_by(3).copied();
     Ok(BatchChoice {
         tokens: column(0).map(|t| t as i64).collect(),
@@ -104,13 +105,14 @@ fn penalised(raw: &Tensor, seen: &Tensor, penalty: f64) -> Result<Tensor, tch::T
 /// always stays), then min-p: the host sampler's rules, `[batch, vocab]` bool.
 fn truncation_mask(lp: &Tensor, cfg: &SamplingConfig) -> Result<Tensor, tch::TchError> {
     let (batch, vocab) = lp.size2()?;
-    let mut keep = Tensor::f_ones([batch, vocab], (Kind::Bool, lp.device()))?;
+    let device = Device::of(lp);
+    let mut keep = device.ones(&[batch, vocab], Kind::Bool)?;
     let top_k = cfg.top_k.filter(|&k| k > 0);
     let top_p = cfg.top_p.filter(|&p| p < 1.0);
     if top_k.is_some() || top_p.is_some() {
         let (sorted, order) = lp.f_sort(-1, true)?;
-        let rank = Tensor::f_arange(vocab, (Kind::Int64, lp.device()))?.f_view([1, vocab])?;
-        let mut kept = Tensor::f_ones([batch, vocab], (Kind::Bool, lp.device()))?;
+        let rank = device.arange(vocab, Kind::Int64)?.f_view([1, vocab])?;
+        let mut kept = device.ones(&[batch, vocab], Kind::Bool)?;
         if let Some(k) = top_k {
             kept = kept.f_logical_and(&rank.f_lt(k as i64)?)?;
         }
@@ -135,17 +137,17 @@ fn truncation_mask(lp: &Tensor, cfg: &SamplingConfig) -> Result<Tensor, tch::Tch
 /// `renorm`, `keep`: `[batch, vocab]`; returns `[batch, 1]` int64.
 fn inverse_cdf(renorm: &Tensor, keep: &Tensor, uniforms: &[f64]) -> Result<Tensor, tch::TchError> {
     let (batch, vocab) = renorm.size2()?;
-    let device = renorm.device();
+    let device = Device::of(renorm);
     let mut u = uniforms.to_vec();
     u.resize(batch as usize, 0.0);
-    let u = Tensor::from_slice(&u).to_device(device).f_view([batch, 1])?;
+    let u = device.from_slice(&u)?.f_view([batch, 1])?;
     let cdf = renorm.f_exp()?.f_cumsum(-1, Kind::Double)?;
     let below = cdf
         .f_le_tensor(&u)?
         .f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Int64)?;
-    let index = Tensor::f_arange(vocab, (Kind::Int64, device))?.f_view([1, vocab])?;
+    let index = device.arange(vocab, Kind::Int64)?.f_view([1, vocab])?;
     let last_kept = index
-        .f_where_self(keep, &Tensor::from(-1i64).to_device(device))?
+        .f_where_self(keep, &device.put(&Tensor::from(-1i64))?)?
         .f_amax([-1], true)?;
     below.f_minimum(&last_kept)
 }
@@ -165,7 +167,7 @@ mod tests {
     fn check_equal(cfg: &SamplingConfig, seen: &[Vec<i64>], rows: usize, vocab: usize) {
         let flat = logits(rows, vocab, cfg.seed + 17);
         let t = Tensor::from_slice(&flat).view([rows as i64, vocab as i64]);
-        let mask = seen_mask(seen, vocab as i64, tch::Device::Cpu).unwrap();
+        let mask = seen_mask(seen, vocab as i64, Device::Cpu).unwrap();
         let mut streams: Vec<SplitMix64> = (0..rows).map(|r| cfg.row_stream(r)).collect();
         let host: Vec<_> = (0..rows)
             .map(|r| choose(&flat[r * vocab..(r + 1) * vocab], &seen[r], cfg, &mut streams[r]))

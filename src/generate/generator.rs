@@ -1,6 +1,8 @@
 //! Batched generation with a static KV cache: chunked prefill and one decode shape.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+
+use crate::device::{Device, privateuse1};
 
 use super::device_sampling::{choose_rows, seen_mask};
 use super::sampling::SamplingConfig;
@@ -28,6 +30,12 @@ pub enum GenerateError {
     /// libtorch failed.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+}
+
+impl From<crate::device::DeviceError> for GenerateError {
+    fn from(e: crate::device::DeviceError) -> Self {
+        GenerateError::Model(ModelError::Device(e))
+    }
 }
 
 /// How long and how to generate.
@@ -182,17 +190,16 @@ impl Generator {
 
     /// Mask `[batch, 1, t, slots]`: query `i` (slot `start + i`) sees valid slots up to its own,
     /// and always itself (so padding rows stay finite).
-    fn mask(valid: &Tensor, start: i64, t: i64, slots: i64) -> Tensor {
-        let device = valid.device();
-        let slot = Tensor::arange(slots, (Kind::Int64, device)).view([1, slots]);
-        let query = (Tensor::arange(t, (Kind::Int64, device)) + start).view([t, 1]);
+    fn mask(valid: &Tensor, start: i64, t: i64, slots: i64, device: Device) -> Result<Tensor, tch::TchError> {
+        let slot = device.arange(slots, Kind::Int64)?.view([1, slots]);
+        let query = (device.arange(t, Kind::Int64)? + start).view([t, 1]);
         let causal = slot.le_tensor(&query);
         let own = slot.eq_tensor(&query);
         let valid = valid.narrow(1, 0, slots).unsqueeze(1);
-        valid
+        Ok(valid
             .logical_and(&causal.unsqueeze(0))
             .logical_or(&own.unsqueeze(0))
-            .unsqueeze(1)
+            .unsqueeze(1))
     }
 
     fn prefill<C: KvCache>(
@@ -206,17 +213,17 @@ impl Generator {
         let device = model.device();
         let b = prompts.len() as i64;
         let (padded, ids, real, pos) = self.pad(prompts, cfg);
-        let ids = Tensor::from_slice(&ids).view([b, padded]).to_device(device);
-        let pos = Tensor::from_slice(&pos).view([b, padded]).to_device(device);
-        let real_t = Tensor::from_slice(&real).view([b, padded]).to_device(device);
-        let valid = Tensor::zeros([b, slots_total], (Kind::Bool, device));
+        let ids = device.from_slice(&ids)?.f_view([b, padded])?;
+        let pos = device.from_slice(&pos)?.f_view([b, padded])?;
+        let real_t = device.from_slice(&real)?.f_view([b, padded])?;
+        let valid = device.zeros(&[b, slots_total], Kind::Bool)?;
         valid.narrow(1, 0, padded).copy_(&real_t);
         let chunk = cfg.prefill_chunk_size;
         let mut last = None;
         for start in (0..padded).step_by(chunk as usize) {
             self.ledger.record("prefill", &[b, chunk]);
             let slots = cache.slots_after(chunk);
-            let mask = Self::mask(&valid, start, chunk, slots);
+            let mask = Self::mask(&valid, start, chunk, slots, device)?;
             let h = model.forward_cached(
                 &ids.narrow(1, start, chunk),
                 &pos.narrow(1, start, chunk),
@@ -283,10 +290,7 @@ impl Generator {
         let slots = st.cache.slots_after(1);
         if slots > st.valid.size()[1] {
             st.valid = Tensor::cat(
-                &[
-                    &st.valid,
-                    &Tensor::zeros([b, slots - st.valid.size()[1]], (Kind::Bool, device)),
-                ],
+                &[&st.valid, &device.zeros(&[b, slots - st.valid.size()[1]], Kind::Bool)?],
                 1,
             );
         }
@@ -297,8 +301,8 @@ impl Generator {
                 *p += 1;
             }
         }
-        let ids = Tensor::from_slice(next).view([b, 1]).to_device(device);
-        let pos = Tensor::from_slice(&pos).view([b, 1]).to_device(device);
+        let ids = device.from_slice(next)?.f_view([b, 1])?;
+        let pos = device.from_slice(&pos)?.f_view([b, 1])?;
         // Slots past this one are not valid yet, so the valid slots are exactly what the new
         // token may see: no causal term needed (fewer ops on the hot path).
         let mask = st.valid.narrow(1, 0, slots).view([b, 1, 1, slots]);
@@ -344,7 +348,7 @@ impl Generator {
             max_len,
             model.kind(),
             model.device(),
-        ))
+        )?)
     }
 
     /// One completion per prompt, with a static cache: two shapes per call (`prefill`
@@ -356,9 +360,11 @@ impl Generator {
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
         self.check(model, prompts, cfg)?;
-        let cache = self.static_cache(model, prompts.len() as i64, prompts.len(), prompts, cfg)?;
-        let slots = cache.max_len;
-        self.one_per_prompt(model, prompts, cfg, cache, slots)
+        privateuse1::checked(model.device(), || {
+            let cache = self.static_cache(model, prompts.len() as i64, prompts.len(), prompts, cfg)?;
+            let slots = cache.max_len;
+            self.one_per_prompt(model, prompts, cfg, cache, slots)
+        })
     }
 
     /// Prefill into `cache` (`slots` wide), then decode one completion per prompt.
@@ -388,6 +394,16 @@ impl Generator {
         if group == 0 {
             return Err(GenerateError::Config("num_generations must be at least 1".into()));
         }
+        privateuse1::checked(model.device(), || self.groups_here(model, prompts, group, cfg))
+    }
+
+    fn groups_here(
+        &mut self,
+        model: &CausalLm,
+        prompts: &[Vec<i64>],
+        group: usize,
+        cfg: &GenerationConfig,
+    ) -> Result<Vec<Completion>, GenerateError> {
         // The prompts' cache and its fork into every group row live at once.
         let total = prompts.len().saturating_mul(group.saturating_add(1));
         let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
@@ -396,9 +412,9 @@ impl Generator {
         let rows: Vec<i64> = (0..prompts.len() as i64)
             .flat_map(|p| std::iter::repeat_n(p, group))
             .collect();
-        let index = Tensor::from_slice(&rows).to_device(model.device());
+        let index = model.device().from_slice(&rows)?;
         let forked = Decoding {
-            cache: st.cache.fork(&rows),
+            cache: st.cache.fork(&rows)?,
             valid: st.valid.index_select(0, &index),
             next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
             logits: st.logits.index_select(0, &index),
@@ -419,7 +435,9 @@ impl Generator {
         self.check(model, prompts, cfg)?;
         let cache = DynamicCache::new(model.config.num_layers as usize);
         let (padded, ..) = self.pad(prompts, cfg);
-        self.one_per_prompt(model, prompts, cfg, cache, padded)
+        privateuse1::checked(model.device(), || {
+            self.one_per_prompt(model, prompts, cfg, cache, padded)
+        })
     }
 }
 
@@ -506,7 +524,7 @@ fn choose_next<C: KvCache>(
         }
     }
     if let Some(seen) = &st.seen {
-        let ids = Tensor::from_slice(&next).view([-1, 1]).to_device(seen.device());
+        let ids = Device::of(seen).from_slice(&next)?.f_view([-1, 1])?;
         // (A finished row's pad id is marked too: it never samples again.)
         let _ = seen.shallow_clone().f_scatter_value_(1, &ids, 1)?;
     }

@@ -175,9 +175,9 @@ pub fn grpo_loss_backward(
     reference: Option<&Tensor>,
 ) -> Result<GrpoLoss, ModelError> {
     let pairs = TermPairs::of(row)?;
-    let (ids, pos, layout) = row.layout(model.device());
+    let (ids, pos, layout) = row.layout(model.device())?;
     model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
-        let terms = pairs.select(hidden, cfg.temperature);
+        let terms = pairs.select(hidden, cfg.temperature)?;
         let out = loss_of_terms(model, row, &terms, cfg, weights, reference)?;
         Ok((Some(out.loss.shallow_clone()), out))
     })
@@ -195,8 +195,8 @@ fn loss_of_terms(
     let device = model.device();
     let m = row.token_index.len();
     let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
-    let old = Tensor::from_slice(&row.old_log_probs).to_device(device);
-    let adv = Tensor::from_slice(&row.advantages).to_device(device);
+    let old = device.from_slice(&row.old_log_probs)?;
+    let adv = device.from_slice(&row.advantages)?;
     let ratio = (&logprobs - &old).exp();
     let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
     let mut per_term = -(&ratio * &adv).minimum(&(&clipped * &adv));
@@ -208,7 +208,7 @@ fn loss_of_terms(
                 reference.size()
             )));
         }
-        let kl = k3(&logprobs, &reference.to_device(device).to_kind(Kind::Float));
+        let kl = k3(&logprobs, &device.put(reference)?.f_to_kind(Kind::Float)?);
         ref_kl_sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
         per_term += kl * cfg.beta;
     }
@@ -221,7 +221,7 @@ fn loss_of_terms(
                     w.len()
                 )));
             }
-            (per_term * Tensor::from_slice(w.as_slice()).to_device(device)).sum(Kind::Float)
+            (per_term * device.from_slice(w.as_slice())?).sum(Kind::Float)
         }
     };
     let (clip_fraction, approx_kl_sum) = if m == 0 {
@@ -244,7 +244,7 @@ fn loss_of_terms(
         model.lm_head_weight(),
         &terms.counts,
         cfg.chunks.tokens.min(256),
-    );
+    )?;
     Ok(GrpoLoss {
         loss,
         logprobs,

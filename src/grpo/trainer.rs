@@ -402,6 +402,10 @@ impl GrpoTrainer {
     /// One GRPO step: a batch of `prompts_per_step x num_generations` scored rollouts, one
     /// packed update, one optimizer step.
     pub fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
+        crate::device::privateuse1::checked(self.core.model.device(), || self.step_here())
+    }
+
+    fn step_here(&mut self) -> Result<GrpoStepMetrics, TrainError> {
         let start = Instant::now();
         let (batch, wait_s, dropped) = self.take_batch()?;
         let version = self.state.global_step;

@@ -1,7 +1,9 @@
 //! Key/value caches for incremental decoding: a static one of fixed shape (one compiled graph
 //! on Neuron, any dtype) and a growing one (the comparison baseline).
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+
+use crate::device::Device;
 
 use super::{ModelConfig, ModelError};
 
@@ -36,15 +38,17 @@ pub struct StaticCache {
 
 impl StaticCache {
     /// Zeroed buffers for `batch` rows of up to `max_len` tokens.
-    pub fn new(cfg: &ModelConfig, batch: i64, max_len: i64, kind: Kind, device: Device) -> Self {
+    pub fn new(cfg: &ModelConfig, batch: i64, max_len: i64, kind: Kind, device: Device) -> Result<Self, ModelError> {
         let shape = [batch, cfg.num_kv_heads, max_len, cfg.head_dim];
-        let layers = cfg.num_layers as usize;
-        StaticCache {
-            k: (0..layers).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
-            v: (0..layers).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
+        let buffers = || -> Result<Vec<Tensor>, tch::TchError> {
+            (0..cfg.num_layers).map(|_| device.zeros(&shape, kind)).collect()
+        };
+        Ok(StaticCache {
+            k: buffers()?,
+            v: buffers()?,
             len: 0,
             max_len,
-        }
+        })
     }
 
     /// Rows in the cache.
@@ -76,15 +80,18 @@ impl StaticCache {
 
     /// A new cache whose row `i` copies row `rows[i]` of this one: prefill a prompt once, then
     /// fork it into the slots of its G completions.
-    pub fn fork(&self, rows: &[i64]) -> Self {
-        let device = self.k.first().map_or(Device::Cpu, Tensor::device);
-        let index = Tensor::from_slice(rows).to_device(device);
-        StaticCache {
-            k: self.k.iter().map(|t| t.index_select(0, &index)).collect(),
-            v: self.v.iter().map(|t| t.index_select(0, &index)).collect(),
+    pub fn fork(&self, rows: &[i64]) -> Result<Self, ModelError> {
+        let device = self.k.first().map_or(Device::Cpu, Device::of);
+        let index = device.from_slice(rows)?;
+        let select = |buffers: &[Tensor]| -> Result<Vec<Tensor>, tch::TchError> {
+            buffers.iter().map(|t| t.f_index_select(0, &index)).collect()
+        };
+        Ok(StaticCache {
+            k: select(&self.k)?,
+            v: select(&self.v)?,
             len: self.len,
             max_len: self.max_len,
-        }
+        })
     }
 }
 

@@ -57,7 +57,7 @@ impl CausalLm {
         // 1. Inputs, RoPE and mask as the plain forward makes them.
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
         let mask = layout.sdpa_mask(batch, seq, self.device())?;
-        let (cos, sin) = self.rope(position_ids);
+        let (cos, sin) = self.rope(position_ids)?;
         let kv = || KeyValues::Layout {
             layout,
             mask: mask.as_ref(),

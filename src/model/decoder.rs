@@ -1,6 +1,8 @@
 //! The decoder stack and the causal-LM head.
 
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Kind, Tensor, nn};
+
+use crate::device::Device;
 
 use super::attention::{Attention, KeyValues};
 use super::cache::KvCache;
@@ -80,6 +82,7 @@ pub struct CausalLm {
     /// `lm_head` (None when tied to the embedding).
     pub lm_head: Option<Linear>,
     inv_freq: Tensor,
+    device: Device,
 }
 
 impl CausalLm {
@@ -103,7 +106,20 @@ impl CausalLm {
             norm,
             lm_head,
             inv_freq,
+            device: vs.device().into(),
         }
+    }
+
+    /// Moves every parameter of `vs` (this model's var store) and the RoPE table to `device`,
+    /// in place: the handles the layers hold see the moved tensors. Called before
+    /// [`CausalLm::tie_fused`], which ties buffers on the final device.
+    pub(crate) fn place(&mut self, vs: &nn::VarStore, device: Device) -> Result<(), ModelError> {
+        for (_, mut var) in vs.variables() {
+            device.move_parameter(&mut var)?;
+        }
+        self.inv_freq = device.put(&self.inv_freq)?;
+        self.device = device;
+        Ok(())
     }
 
     /// Ties every layer's q/k/v and gate/up weights into shared buffers (see
@@ -152,12 +168,13 @@ impl CausalLm {
             norm: self.norm.base_view(),
             lm_head: self.lm_head.as_ref().map(Linear::base_view),
             inv_freq: self.inv_freq.shallow_clone(),
+            device: self.device,
         }
     }
 
     /// The device the parameters live on.
     pub fn device(&self) -> Device {
-        self.embed_tokens.device()
+        self.device
     }
 
     /// The parameters' dtype.
@@ -204,7 +221,7 @@ impl CausalLm {
                 position_ids.size()
             )));
         }
-        let ids = input_ids.to_device(self.device()).to_kind(Kind::Int64);
+        let ids = self.device.put(input_ids)?.f_to_kind(Kind::Int64)?;
         let (lo, hi) = (ids.f_min()?.int64_value(&[]), ids.f_max()?.int64_value(&[]));
         if batch * seq > 0 && (lo < 0 || hi >= self.config.vocab_size) {
             return Err(ModelError::Input(format!(
@@ -217,8 +234,12 @@ impl CausalLm {
     }
 
     /// RoPE's `cos`, `sin` `[batch, seq, head_dim]` at `position_ids`.
-    pub(crate) fn rope(&self, position_ids: &Tensor) -> (Tensor, Tensor) {
-        rope::cos_sin(&self.inv_freq, &position_ids.to_device(self.device()), self.kind())
+    pub(crate) fn rope(&self, position_ids: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
+        Ok(rope::cos_sin(
+            &self.inv_freq,
+            &self.device.put(position_ids)?,
+            self.kind(),
+        ))
     }
 
     /// The token embeddings of `ids` `[batch, seq]` -> `[batch, seq, hidden]`.
@@ -229,7 +250,7 @@ impl CausalLm {
     /// The stack itself: embed `ids` (already validated, on the model's device), every layer
     /// over `kv`, the final norm.
     fn run_layers(&self, ids: &Tensor, position_ids: &Tensor, mut kv: KeyValues<'_>) -> Result<Tensor, ModelError> {
-        let (cos, sin) = self.rope(position_ids);
+        let (cos, sin) = self.rope(position_ids)?;
         let mut x = self.embed(ids);
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
@@ -259,7 +280,7 @@ impl CausalLm {
                 mask.size()
             )));
         }
-        let ids = input_ids.to_device(self.device()).to_kind(Kind::Int64);
+        let ids = self.device.put(input_ids)?.f_to_kind(Kind::Int64)?;
         let hidden = self.run_layers(
             &ids,
             position_ids,

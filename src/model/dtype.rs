@@ -78,7 +78,7 @@ crate::util::serde_via_str!(DtypeSetting);
 
 impl DtypeSetting {
     /// The dtype a run on `device` computes in.
-    pub fn resolve(self, device: tch::Device) -> Dtype {
+    pub fn resolve(self, device: crate::device::Device) -> Dtype {
         match self {
             DtypeSetting::Auto => crate::device::Platform::of(device).preferred_dtype(),
             DtypeSetting::Fixed(d) => d,
@@ -130,10 +130,10 @@ mod tests {
     fn the_auto_setting_follows_the_device_and_a_fixed_one_does_not() {
         let auto: DtypeSetting = "auto".parse().unwrap();
         assert_eq!(auto, DtypeSetting::default());
-        assert_eq!(auto.resolve(tch::Device::Cpu), Dtype::Fp32);
-        assert_eq!(auto.resolve(tch::Device::Cuda(0)), Dtype::Bf16);
+        assert_eq!(auto.resolve(crate::device::Device::Cpu), Dtype::Fp32);
+        assert_eq!(auto.resolve(crate::device::Device::Cuda(0)), Dtype::Bf16);
         let fixed: DtypeSetting = "torch.float16".parse().unwrap();
-        assert_eq!(fixed.resolve(tch::Device::Cuda(0)), Dtype::Fp16);
+        assert_eq!(fixed.resolve(crate::device::Device::Cuda(0)), Dtype::Fp16);
         assert_eq!(fixed.to_string(), "fp16");
         assert_eq!(DtypeSetting::Auto.to_string(), "auto");
         let err = "int4".parse::<DtypeSetting>().unwrap_err().to_string();

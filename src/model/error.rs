@@ -116,6 +116,9 @@ pub enum ModelError {
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// The device cannot run what was asked of it (a PrivateUse1 backend without a kernel).
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
 }
 
 impl ModelError {

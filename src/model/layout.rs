@@ -1,6 +1,8 @@
 //! How tokens of a forward see each other.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+
+use crate::device::Device;
 
 use super::ModelError;
 
@@ -132,7 +134,7 @@ impl AttentionLayout {
     /// A segments layout from `cu_q` (`S + 1` segment boundaries), `cu_k` (`S + 1` boundaries in
     /// `kv_index`) and `kv_index` (key positions of every segment, concatenated), the tensors of
     /// TRL's tree packing. Paths that are one contiguous run of positions are sliced, not gathered.
-    pub fn segments(cu_q: Vec<i64>, cu_k: Vec<i64>, kv_index: &[i64], device: Device) -> Self {
+    pub fn segments(cu_q: Vec<i64>, cu_k: Vec<i64>, kv_index: &[i64], device: Device) -> Result<Self, tch::TchError> {
         let mut segs = Vec::with_capacity(cu_q.len().saturating_sub(1));
         let mut short: Vec<(i64, i64, &[i64])> = Vec::new();
         for s in 0..cu_q.len().saturating_sub(1) {
@@ -142,14 +144,14 @@ impl AttentionLayout {
             if q_len >= 1 && k_len >= q_len && k_len <= BATCHED_MAX_KEYS {
                 short.push((q_start, q_len, path));
             } else {
-                segs.push(single(q_start, q_len, path, device));
+                segs.push(single(q_start, q_len, path, device)?);
             }
         }
         let tokens = segs.iter().map(|s| s.q_len).sum::<i64>() + short.iter().map(|s| s.1).sum::<i64>();
         if short.len() < 2 {
             // Nothing to batch: attend the odd short segment alone, in order.
             for (q_start, q_len, path) in short.drain(..) {
-                segs.push(single(q_start, q_len, path, device));
+                segs.push(single(q_start, q_len, path, device)?);
             }
             segs.sort_by_key(|s| s.q_start);
         }
@@ -170,7 +172,7 @@ impl AttentionLayout {
                 q_max = q;
                 end += 1;
             }
-            batches.push(segment_batch(&short[start..end], device));
+            batches.push(segment_batch(&short[start..end], device)?);
             start = end;
         }
         let order = if batches.is_empty() {
@@ -186,19 +188,19 @@ impl AttentionLayout {
             for (row, p) in ranges.flat_map(|(start, len)| start..start + len).enumerate() {
                 at_position[p as usize] = row as i64;
             }
-            Some(Tensor::from_slice(&at_position).to_device(device))
+            Some(device.from_slice(&at_position)?)
         };
-        AttentionLayout::Segments(SegmentLayout {
+        Ok(AttentionLayout::Segments(SegmentLayout {
             singles: segs,
             batches,
             order,
             tokens,
-        })
+        }))
     }
 }
 
 /// One segment attended on its own: its path sliced or gathered, queries in blocks.
-fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> SegmentAttention {
+fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> Result<SegmentAttention, tch::TchError> {
     let k_len = path.len() as i64;
     let contiguous = path.windows(2).all(|w| w[1] == w[0] + 1);
     let keys = if contiguous && !path.is_empty() {
@@ -207,7 +209,7 @@ fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> SegmentAtte
             len: k_len,
         }
     } else {
-        KeySource::Gather(Tensor::from_slice(path).to_device(device))
+        KeySource::Gather(device.from_slice(path)?)
     };
     let prefix = k_len - q_len;
     let blocks = if prefix == 0 {
@@ -223,26 +225,26 @@ fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> SegmentAtte
             .map(|off| {
                 let len = QUERY_BLOCK.min(q_len - off);
                 let k = prefix + off + len;
-                let mask = Tensor::ones([len, k], (Kind::Bool, device)).tril(k - len);
-                QueryBlock {
+                let mask = device.put(&Tensor::f_ones([len, k], (Kind::Bool, device.host()))?.f_tril(k - len)?)?;
+                Ok(QueryBlock {
                     q_offset: off,
                     q_len: len,
                     k_len: k,
                     mask: Some(mask),
-                }
+                })
             })
-            .collect()
+            .collect::<Result<_, tch::TchError>>()?
     };
-    SegmentAttention {
+    Ok(SegmentAttention {
         q_start,
         q_len,
         keys,
         blocks,
-    }
+    })
 }
 
 /// One padded call for segments `(q_start, q_len, path)` with `q_len <= path.len()`.
-fn segment_batch(group: &[(i64, i64, &[i64])], device: Device) -> SegmentBatch {
+fn segment_batch(group: &[(i64, i64, &[i64])], device: Device) -> Result<SegmentBatch, tch::TchError> {
     let g = group.len() as i64;
     let q_max = group.iter().map(|s| s.1).max().unwrap_or(1);
     let k_max = group.iter().map(|s| s.2.len() as i64).max().unwrap_or(1);
@@ -271,21 +273,21 @@ fn segment_batch(group: &[(i64, i64, &[i64])], device: Device) -> SegmentBatch {
                 .chain(std::iter::repeat_n(path[0], (k_max - k_len) as usize)),
         );
     }
-    SegmentBatch {
-        q_index: Tensor::from_slice(&q_index).to_device(device),
-        k_index: Tensor::from_slice(&k_index).to_device(device),
-        mask: Tensor::from_slice(&mask).view([g, 1, q_max, k_max]).to_device(device),
+    Ok(SegmentBatch {
+        q_index: device.from_slice(&q_index)?,
+        k_index: device.from_slice(&k_index)?,
+        mask: device.put(&Tensor::f_from_slice(&mask)?.f_view([g, 1, q_max, k_max])?)?,
         groups: g,
         q_max,
         k_max,
-        out_slots: Tensor::from_slice(&out_slots).to_device(device),
-    }
+        out_slots: device.from_slice(&out_slots)?,
+    })
 }
 
 impl AttentionLayout {
     /// A [`AttentionLayout::Packed`] layout for one row holding sequences of `lengths`
     /// (positions restart at 0 for each): returns the layout and `position_ids` `[1, sum]`.
-    pub fn packed_row(lengths: &[i64], device: Device) -> (Self, Tensor) {
+    pub fn packed_row(lengths: &[i64], device: Device) -> Result<(Self, Tensor), tch::TchError> {
         let mut seq = Vec::new();
         let mut pos = Vec::new();
         for (i, &len) in lengths.iter().enumerate() {
@@ -293,14 +295,14 @@ impl AttentionLayout {
             pos.extend(0..len);
         }
         let n = seq.len() as i64;
-        let seq = Tensor::from_slice(&seq).view([1, n]).to_device(device);
-        let pos = Tensor::from_slice(&pos).view([1, n]).to_device(device);
-        (AttentionLayout::Packed { sequence_ids: seq }, pos)
+        let seq = device.from_slice(&seq)?.f_view([1, n])?;
+        let pos = device.from_slice(&pos)?.f_view([1, n])?;
+        Ok((AttentionLayout::Packed { sequence_ids: seq }, pos))
     }
 
     /// The boolean mask `[batch, 1, seq, seq]` SDPA takes, or `None` for plain causal.
     pub(crate) fn sdpa_mask(&self, batch: i64, seq: i64, device: Device) -> Result<Option<Tensor>, ModelError> {
-        let causal = || Tensor::ones([seq, seq], (Kind::Bool, device)).tril(0);
+        let causal = || device.ones(&[seq, seq], Kind::Bool).map(|t| t.tril(0));
         let check = |t: &Tensor, what: &str, want: &[i64]| {
             if t.size() != want {
                 Err(ModelError::Input(format!(
@@ -315,23 +317,23 @@ impl AttentionLayout {
             AttentionLayout::Causal => return Ok(None),
             AttentionLayout::Padded { attention_mask } => {
                 check(attention_mask, "attention_mask", &[batch, seq])?;
-                let keys = attention_mask.to_device(device).ne(0).view([batch, 1, seq]);
-                let eye = Tensor::eye(seq, (Kind::Bool, device)).unsqueeze(0);
-                causal().unsqueeze(0).logical_and(&keys).logical_or(&eye)
+                let keys = device.put(attention_mask)?.ne(0).view([batch, 1, seq]);
+                let eye = device.eye(seq, Kind::Bool)?.unsqueeze(0);
+                causal()?.unsqueeze(0).logical_and(&keys).logical_or(&eye)
             }
             AttentionLayout::Packed { sequence_ids } => {
                 check(sequence_ids, "sequence_ids", &[batch, seq])?;
-                let s = sequence_ids.to_device(device);
+                let s = device.put(sequence_ids)?;
                 let same = s
                     .unsqueeze(2)
                     .eq_tensor(&s.unsqueeze(1))
                     .logical_and(&s.ge(0).unsqueeze(1));
-                let eye = Tensor::eye(seq, (Kind::Bool, device)).unsqueeze(0);
-                causal().unsqueeze(0).logical_and(&same).logical_or(&eye)
+                let eye = device.eye(seq, Kind::Bool)?.unsqueeze(0);
+                causal()?.unsqueeze(0).logical_and(&same).logical_or(&eye)
             }
             AttentionLayout::Dense { mask } => {
                 check(mask, "mask", &[batch, seq, seq])?;
-                mask.to_device(device).to_kind(Kind::Bool)
+                device.put(mask)?.to_kind(Kind::Bool)
             }
             AttentionLayout::Segments(layout) => {
                 let covered = layout.tokens;

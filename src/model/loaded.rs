@@ -2,11 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Kind, Tensor, nn};
 
 use super::lora::{LoraAdapter, LoraConfig};
 use super::weights::{check_finite_to_write, init_seeded, load_into, weight_files, write_json, write_safetensors};
 use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, parse_kind, target_logprobs};
+use crate::device::{Device, privateuse1};
 use crate::display::{self, Rich, escape};
 
 /// Where and how to materialise parameters.
@@ -15,7 +16,9 @@ pub struct LoadOptions {
     /// Parameter dtype; `None` keeps the checkpoint's (`dtype`/`torch_dtype`, f32 if absent).
     /// `Some(Kind::Float)` on a bf16 checkpoint gives f32 master weights.
     pub dtype: Option<Kind>,
-    /// Device for the parameters.
+    /// Device for the parameters (and everything made for them: caches, masks, batches). On a
+    /// PrivateUse1 device the weights are loaded on the host and moved, since tch cannot
+    /// create tensors there.
     pub device: Device,
 }
 
@@ -159,6 +162,10 @@ impl Model {
     /// a seeded checkpoint: its weights are made from the seed, written to `model.safetensors`
     /// once (when the folder is writable), and loaded. The shipped tiny model works this way.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
+        privateuse1::checked(opts.device, || Self::load_on(dir, opts))
+    }
+
+    fn load_on(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
         let files = match weight_files(dir) {
             Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
@@ -170,14 +177,18 @@ impl Model {
         let mut model = Self::declare(hf_config, opts)?;
         load_into(&model.vs, &files, dir)?;
         model.source = Some(dir.to_path_buf());
+        model.finish(opts.device)?;
         Ok(model)
     }
 
     /// A model with seeded random weights (N(0, `std`), norms 1): identical on every machine.
     pub fn seeded(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {
-        let model = Self::declare(hf_config, opts)?;
-        init_seeded(&model.vs, seed, std)?;
-        Ok(model)
+        privateuse1::checked(opts.device, || {
+            let mut model = Self::declare(hf_config, opts)?;
+            init_seeded(&model.vs, seed, std)?;
+            model.finish(opts.device)?;
+            Ok(model)
+        })
     }
 
     fn declare(hf_config: HfConfig, opts: LoadOptions) -> Result<Self, ModelError> {
@@ -190,14 +201,12 @@ impl Model {
                 .transpose()?
                 .unwrap_or(Kind::Float),
         };
-        let mut vs = nn::VarStore::new(opts.device);
-        let mut lm = CausalLm::new(&vs, config);
+        let mut vs = nn::VarStore::new(opts.device.host());
+        let lm = CausalLm::new(&vs, config);
         if kind != Kind::Float {
             // set_data in place: the layers' tensor handles see the converted values.
             vs.set_kind(kind);
         }
-        // After the dtype is final: a later set_kind would give each weight storage of its own.
-        lm.tie_fused()?;
         Ok(Model {
             vs,
             lm,
@@ -205,6 +214,22 @@ impl Model {
             source: None,
             adapter: None,
         })
+    }
+
+    /// Places the loaded parameters on `device` (a no-op unless that is a PrivateUse1 device,
+    /// where the var store could not create them), then ties the fused projections there:
+    /// after the dtype and device are final, since moving or converting a tied weight would
+    /// give it storage of its own again.
+    fn finish(&mut self, device: Device) -> Result<(), ModelError> {
+        if device.is_privateuse1() {
+            self.lm.place(&self.vs, device)?;
+        }
+        self.lm.tie_fused()
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.lm.device()
     }
 
     /// Parameter dtype.
@@ -221,6 +246,10 @@ impl Model {
     /// Scores several sequences in one packed row (position resets, no cross-sequence
     /// attention); same numbers as scoring each alone.
     pub fn score_packed(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        privateuse1::checked(self.device(), || self.score_packed_here(rows))
+    }
+
+    fn score_packed_here(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
         let lengths: Vec<i64> = rows.iter().map(|r| r.len() as i64).collect();
         let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
         if flat.is_empty() {
@@ -229,7 +258,7 @@ impl Model {
         let device = self.lm.device();
         let n = flat.len() as i64;
         let ids = Tensor::from_slice(&flat).view([1, n]);
-        let (layout, positions) = AttentionLayout::packed_row(&lengths, device);
+        let (layout, positions) = AttentionLayout::packed_row(&lengths, device)?;
         let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &positions, &layout))?;
         // Position i predicts token i + 1 within the same sequence.
         let mut src = Vec::new();
@@ -242,9 +271,7 @@ impl Model {
             }
             offset += len;
         }
-        let h = hidden
-            .squeeze_dim(0)
-            .index_select(0, &Tensor::from_slice(&src).to_device(device));
+        let h = hidden.squeeze_dim(0).f_index_select(0, &device.from_slice(&src)?)?;
         let lp = tch::no_grad(|| {
             target_logprobs(
                 &h,
@@ -253,7 +280,7 @@ impl Model {
                 LogprobChunks::default(),
             )
         })?;
-        let values = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
+        let values = Vec::<f32>::try_from(&Device::to_host(&lp)?)?;
         let mut out = Vec::with_capacity(rows.len());
         let mut at = 0;
         for &len in &lengths {

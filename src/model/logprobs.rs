@@ -3,6 +3,7 @@
 use tch::{Kind, Tensor};
 
 use super::ModelError;
+use crate::device::Device;
 
 /// Token and vocabulary chunk sizes for [`target_logprobs`].
 #[derive(Debug, Clone, Copy)]
@@ -43,9 +44,9 @@ pub fn target_logprobs(
         )));
     }
     if n == 0 {
-        return Ok(Tensor::zeros([0], (Kind::Float, hidden.device())));
+        return Ok(Device::of(hidden).zeros(&[0], Kind::Float)?);
     }
-    let targets = targets.to_device(hidden.device()).to_kind(Kind::Int64);
+    let targets = Device::of(hidden).put(targets)?.f_to_kind(Kind::Int64)?;
     let (lo, hi) = (targets.f_min()?.int64_value(&[]), targets.f_max()?.int64_value(&[]));
     if lo < 0 || hi >= vocab {
         return Err(ModelError::Input(format!(

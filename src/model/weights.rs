@@ -108,7 +108,7 @@ pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(),
                     place: format!("in {}", file.display()),
                 });
             }
-            tch::no_grad(|| var.shallow_clone().f_copy_(&src.to_device(var.device())))?;
+            tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
             loaded.insert(name.to_string());
         }
     }
@@ -183,7 +183,7 @@ pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelEr
             (0..n).map(|_| (rng.normal() * std) as f32).collect()
         };
         let src = Tensor::from_slice(&values).view(var.size().as_slice());
-        tch::no_grad(|| var.shallow_clone().f_copy_(&src.to_device(var.device())))?;
+        tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 use tch::{Kind, Tensor};
 
 use super::PackedRow;
+use crate::device::Device;
 use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
@@ -23,9 +24,9 @@ pub(crate) struct DistinctTerms {
 
 pub(crate) fn distinct_terms(model: &CausalLm, row: &PackedRow, temperature: f64) -> Result<DistinctTerms, ModelError> {
     let pairs = TermPairs::of(row)?;
-    let (ids, pos, layout) = row.layout(model.device());
+    let (ids, pos, layout) = row.layout(model.device())?;
     let hidden = model.forward_hidden(&ids, &pos, &layout)?;
-    Ok(pairs.select(&hidden, temperature))
+    Ok(pairs.select(&hidden, temperature)?)
 }
 
 /// The distinct `(position, target)` pairs of a row's terms, before any forward.
@@ -62,17 +63,17 @@ impl TermPairs {
     }
 
     /// The pairs' hidden states from the row's forward `hidden` `[1, n, hidden]`.
-    pub(crate) fn select(self, hidden: &Tensor, temperature: f64) -> DistinctTerms {
-        let device = hidden.device();
+    pub(crate) fn select(self, hidden: &Tensor, temperature: f64) -> Result<DistinctTerms, tch::TchError> {
+        let device = Device::of(hidden);
         let h = hidden
-            .squeeze_dim(0)
-            .index_select(0, &Tensor::from_slice(&self.positions).to_device(device));
-        DistinctTerms {
+            .f_squeeze_dim(0)?
+            .f_index_select(0, &device.from_slice(&self.positions)?)?;
+        Ok(DistinctTerms {
             hidden: if temperature == 1.0 { h } else { h / temperature },
             targets: Tensor::from_slice(&self.targets),
-            of_term: Tensor::from_slice(&self.of_term).to_device(device),
+            of_term: device.from_slice(&self.of_term)?,
             counts: self.counts,
-        }
+        })
     }
 }
 
@@ -101,11 +102,11 @@ pub fn row_logprobs_at(
 
 /// `sum_i weights[i] * entropy(softmax(h_i W^T))` over rows of `h` `[U, hidden]`, without
 /// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
-pub(crate) fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> f64 {
-    tch::no_grad(|| {
+pub(crate) fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> Result<f64, tch::TchError> {
+    let weights = Device::of(h).put(&Tensor::f_from_slice(weights)?.f_to_kind(Kind::Float)?)?;
+    Ok(tch::no_grad(|| {
         let n = h.size()[0];
         let w = lm_head.to_kind(Kind::Float);
-        let weights = Tensor::from_slice(weights).to_kind(Kind::Float).to_device(h.device());
         let mut total = 0.0;
         let mut start = 0;
         while start < n {
@@ -119,5 +120,5 @@ pub(crate) fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: 
             start += len;
         }
         total
-    })
+    }))
 }

@@ -141,17 +141,17 @@ impl PackedRow {
     }
 
     /// `(input_ids, position_ids)` `[1, N]` and the segment layout for the model's forward.
-    pub fn layout(&self, device: Device) -> (Tensor, Tensor, AttentionLayout) {
+    pub fn layout(&self, device: crate::device::Device) -> Result<(Tensor, Tensor, AttentionLayout), tch::TchError> {
         let n = self.len() as i64;
-        let ids = Tensor::from_slice(&self.input_ids).view([1, n]).to_device(device);
-        let pos = Tensor::from_slice(&self.position_ids).view([1, n]).to_device(device);
+        let ids = device.from_slice(&self.input_ids)?.f_view([1, n])?;
+        let pos = device.from_slice(&self.position_ids)?.f_view([1, n])?;
         let layout = AttentionLayout::segments(
             self.tree_cu_seqlens_q.iter().map(|&x| i64::from(x)).collect(),
             self.tree_cu_seqlens_k.iter().map(|&x| i64::from(x)).collect(),
             &self.tree_kv_index,
             device,
-        );
-        (ids, pos, layout)
+        )?;
+        Ok((ids, pos, layout))
     }
 
     /// Checks that the fields agree with each other (lengths, boundaries, indices in range), so a

@@ -28,7 +28,9 @@ pub struct SftConfig {
     pub num_train_epochs: f64,
     /// Batch lengths are padded to a multiple (`auto`: 128 on Neuron, none elsewhere).
     pub pad_to_multiple_of: PadTo,
-    /// Platform `auto` padding resolves for.
+    /// Platform `auto` padding resolves for when the device does not decide it: a run on a
+    /// PrivateUse1 device (`neuron`) always pads for Neuron; elsewhere this lets a CPU run plan
+    /// Neuron's shapes.
     pub platform: Platform,
     /// Share of rows held out for `evaluate()`.
     pub eval_fraction: f64,
@@ -68,6 +70,14 @@ impl SftConfig {
         let (mut cfg, base): (SftConfig, _) = crate::train::config_file::read_toml(path)?;
         cfg.train.anchor_paths(base);
         Ok(cfg)
+    }
+
+    /// The platform `pad_to_multiple_of = auto` resolves for on `device` (see `platform`).
+    pub fn platform_for(&self, device: crate::device::Device) -> Platform {
+        match device.platform() {
+            Platform::Neuron => Platform::Neuron,
+            _ => self.platform,
+        }
     }
 
     /// Checks the numbers that would make a run meaningless or hang.

@@ -117,7 +117,9 @@ impl SftTrainer {
             batch_size: config.batch_size * core.world.size,
             packing: config.packing,
             max_length: config.tokenize.max_length,
-            pad_multiple: config.pad_to_multiple_of.resolve(config.platform),
+            pad_multiple: config
+                .pad_to_multiple_of
+                .resolve(config.platform_for(core.model.device())),
             pad_id: core.special.pad,
         };
         let first_epoch = Arc::new(collator.epoch(&train, config.train.seed, 0)?);
@@ -200,6 +202,10 @@ impl SftTrainer {
     /// One optimizer step over `gradient_accumulation_steps` micro-batches (global ones: in a
     /// multi-process run each rank forwards its share of every micro-batch's rows).
     pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
+        crate::device::privateuse1::checked(self.core.model.device(), || self.step_here())
+    }
+
+    fn step_here(&mut self) -> Result<StepMetrics, TrainError> {
         let start = Instant::now();
         let window = self.next_window()?;
         // The loss is normalised over every trained token of the global window, not per
@@ -262,7 +268,7 @@ impl SftTrainer {
 
     /// Mean loss per trained token on the held-out rows.
     pub fn evaluate(&mut self) -> Result<f64, TrainError> {
-        Ok(self.evaluate_rows()?.loss)
+        crate::device::privateuse1::checked(self.core.model.device(), || Ok(self.evaluate_rows()?.loss))
     }
 
     fn evaluate_rows(&mut self) -> Result<SftEval, TrainError> {
@@ -384,7 +390,7 @@ fn split_held_out(rows: Vec<TrainExample>, config: &SftConfig) -> (Vec<TrainExam
 
 /// Sum of the token NLLs of a micro-batch's tensors (differentiable unless under `no_grad`).
 fn forward_nll(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> Result<Tensor, TrainError> {
-    let (ids, pos, layout) = batch_inputs(model, ledger, b);
+    let (ids, pos, layout) = batch_inputs(model, ledger, b).map_err(crate::model::ModelError::from)?;
     let hidden = model.lm.forward_hidden(&ids, &pos, &layout)?;
     Ok(nll_of(model, &hidden, b)?)
 }
@@ -400,13 +406,15 @@ fn backward_nll(
     chunk: i64,
     activations: Activations,
 ) -> Result<f64, TrainError> {
-    let (ids, pos, layout) = batch_inputs(model, ledger, b);
+    let (ids, pos, layout) = batch_inputs(model, ledger, b).map_err(crate::model::ModelError::from)?;
+    // The backward graph sees the forward's shapes: a second compiled graph per shape.
+    ledger.record("sft/backward", &b.ids.size());
     let chunks = LogprobChunks {
         tokens: chunk,
         ..LogprobChunks::default()
     };
     Ok(model.lm.forward_backward(&ids, &pos, &layout, activations, |hidden| {
-        let h = trained_hidden(model, hidden, b);
+        let h = trained_hidden(model, hidden, b)?;
         let targets = Tensor::from_slice(&b.tgt);
         let (sum, rest) = nll_backward_chunked(&h, model.lm.lm_head_weight(), &targets, 1.0 / tokens, chunks)?;
         Ok((rest, sum))
@@ -414,25 +422,29 @@ fn backward_nll(
 }
 
 /// The batch's ids, positions and packed layout on the model's device (its shape recorded).
-fn batch_inputs(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> (Tensor, Tensor, AttentionLayout) {
+fn batch_inputs(
+    model: &Model,
+    ledger: &mut ShapeLedger,
+    b: &BatchTensors,
+) -> Result<(Tensor, Tensor, AttentionLayout), tch::TchError> {
     ledger.record("sft/forward", &b.ids.size());
-    let device = model.lm.device();
+    let device = model.device();
     let layout = AttentionLayout::Packed {
-        sequence_ids: b.seq.to_device(device),
+        sequence_ids: device.put(&b.seq)?,
     };
-    (b.ids.to_device(device), b.pos.to_device(device), layout)
+    Ok((device.put(&b.ids)?, device.put(&b.pos)?, layout))
 }
 
 /// The final hidden states `[n, hidden]` at the positions predicting the batch's targets.
-fn trained_hidden(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Tensor {
+fn trained_hidden(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Result<Tensor, tch::TchError> {
     hidden
-        .view([-1, model.lm.config.hidden_size])
-        .index_select(0, &Tensor::from_slice(&b.src).to_device(hidden.device()))
+        .f_view([-1, model.lm.config.hidden_size])?
+        .f_index_select(0, &model.device().from_slice(&b.src)?)
 }
 
 /// The NLL sum of the batch's targets from the final hidden states (chunked LM head).
 fn nll_of(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Result<Tensor, crate::model::ModelError> {
-    let h = trained_hidden(model, hidden, b);
+    let h = trained_hidden(model, hidden, b)?;
     let lp = target_logprobs(
         &h,
         model.lm.lm_head_weight(),

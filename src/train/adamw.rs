@@ -124,6 +124,19 @@ impl AdamW {
         self.master.get(name)
     }
 
+    /// Every state tensor by its name in `optimizer.safetensors` (`exp_avg.<name>`,
+    /// `exp_avg_sq.<name>`, `master.<name>`): what lives beside the parameters on their device.
+    pub fn state_tensors(&self) -> Vec<(String, &Tensor)> {
+        [
+            ("exp_avg", &self.exp_avg),
+            ("exp_avg_sq", &self.exp_avg_sq),
+            ("master", &self.master),
+        ]
+        .into_iter()
+        .flat_map(|(prefix, map)| map.iter().map(move |(k, t)| (format!("{prefix}.{k}"), t)))
+        .collect()
+    }
+
     /// The optimized parameters, in `state_dict`-name order (the same on every rank).
     pub fn parameters(&self) -> Vec<&Tensor> {
         self.params.values().collect()

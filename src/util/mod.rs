@@ -1,8 +1,10 @@
 //! Small helpers with no better home.
 
+mod ffi;
 pub(crate) mod off_or;
 mod rng;
 mod text_value;
 
+pub(crate) use ffi::ErrBuf;
 pub use rng::SplitMix64;
 pub(crate) use text_value::{TextValue, serde_via_str};

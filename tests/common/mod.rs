@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 use treetrain::grpo::{BuiltinReward, GrpoConfig, RewardSpec};
 use treetrain::model::{AttentionLayout, Model};
 use treetrain::sft::{PackingStrategy, SftConfig, TokenizeOptions};
@@ -76,7 +76,7 @@ pub fn shipped_grpo() -> GrpoConfig {
 pub fn row_logits(model: &Model, row: &[i64]) -> Tensor {
     let n = row.len() as i64;
     let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
     tch::no_grad(|| {
         model
             .lm
@@ -99,4 +99,30 @@ pub fn score_lines(out: &str) -> Vec<Vec<f64>> {
                 .collect()
         })
         .collect()
+}
+
+/// The stand-in PrivateUse1 backend (tests/standin), built by scripts/build-standin.sh into
+/// target/standin when missing or older than its source: `with_fallback` picks the library
+/// with a CPU fallback for every op, else the one without (most ops then missing).
+#[allow(dead_code)]
+pub fn standin_library(with_fallback: bool) -> PathBuf {
+    static BUILT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_build_at_a_time = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = root().join("target/standin");
+    let lib = dir.join(match with_fallback {
+        true => "libtreetrain_standin.so",
+        false => "libtreetrain_standin_nofallback.so",
+    });
+    let source = root().join("tests/standin/standin_backend.cpp");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&lib).is_none() || modified(&lib) < modified(&source) {
+        let status = std::process::Command::new("bash")
+            .arg(root().join("scripts/build-standin.sh"))
+            .arg(&dir)
+            .env("LIBTORCH", env!("TREETRAIN_LIBTORCH_DIR"))
+            .status()
+            .expect("run scripts/build-standin.sh");
+        assert!(status.success(), "building the stand-in backend failed");
+    }
+    lib
 }

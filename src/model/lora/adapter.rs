@@ -170,7 +170,8 @@ impl LoraAdapter {
             });
         }
         let base_parameters = lm.config.num_parameters();
-        let vs = nn::VarStore::new(lm.device());
+        // Made on the host side of the model's device, moved there once declared.
+        let vs = nn::VarStore::new(lm.device().host());
         let root = vs.root();
         let dropout = Arc::new(DropoutStream::new(config.lora_dropout, config.seed));
         let mut rng = SplitMix64::new(config.seed);
@@ -194,6 +195,9 @@ impl LoraAdapter {
             } else if saved_modules.contains(&name) {
                 linear.adapter = Some(trained_copy(&path, linear)?);
             }
+        }
+        for (_, mut var) in vs.variables() {
+            lm.device().move_parameter(&mut var)?;
         }
         Ok(LoraAdapter {
             config,
@@ -309,7 +313,7 @@ fn kaiming_uniform(a: &Tensor, fan_in: i64, rng: &mut SplitMix64) -> Result<(), 
         .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
         .collect();
     let src = Tensor::from_slice(&values).view(a.size().as_slice());
-    tch::no_grad(|| a.shallow_clone().f_copy_(&src.to_device(a.device())))?;
+    tch::no_grad(|| a.shallow_clone().f_copy_(&src))?;
     Ok(())
 }
 

@@ -65,8 +65,8 @@ fn shr(z: &Tensor, k: i64) -> Tensor {
 /// Uniform values in `[0, 1)` shaped like `x`, on its device: SplitMix64's finaliser applied to
 /// `key + index * golden` in wrapping int64 arithmetic, top 24 bits.
 fn uniform_like(x: &Tensor, key: u64) -> Tensor {
-    let n = x.numel() as i64;
-    let idx = Tensor::arange(n, (Kind::Int64, x.device()));
+    // 0..n on x's own device, without naming it (tch cannot name a PrivateUse1 device).
+    let idx = x.ones_like().to_kind(Kind::Int64).view([-1]).cumsum(0, Kind::Int64) - 1;
     let mut z = idx * (0x9E37_79B9_7F4A_7C15u64 as i64) + (key as i64);
     z = z.bitwise_xor_tensor(&shr(&z, 30)) * (0xBF58_476D_1CE4_E5B9u64 as i64);
     z = z.bitwise_xor_tensor(&shr(&z, 27)) * (0x94D0_49BB_1331_11EBu64 as i64);

@@ -15,6 +15,8 @@
 #endif
 #include <ATen/ATen.h>
 
+#include "../../shim/guarded.hpp"
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -23,33 +25,7 @@
 
 namespace {
 
-void set_error(char* err, size_t len, const std::string& message) {
-  if (err == nullptr || len == 0) return;
-  size_t n = std::min(len - 1, message.size());
-  std::memcpy(err, message.data(), n);
-  err[n] = '\0';
-}
-
-// The first line of a c10 error: the rest is a C++ backtrace no user needs.
-std::string first_line(const std::string& what) {
-  auto end = what.find('\n');
-  return end == std::string::npos ? what : what.substr(0, end);
-}
-
-template <typename F>
-int guarded(char* err, size_t len, F&& body) {
-  try {
-    body();
-    return 0;
-  } catch (const c10::Error& e) {
-    set_error(err, len, first_line(e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    set_error(err, len, first_line(e.what()));
-  } catch (...) {
-    set_error(err, len, "unknown C++ exception");
-  }
-  return 1;
-}
+using treetrain_shim::guarded;
 
 std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));

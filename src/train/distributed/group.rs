@@ -7,6 +7,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 use super::DistError;
+use crate::util::ErrBuf;
 
 #[allow(non_camel_case_types)]
 type tt_store = c_void;
@@ -92,22 +93,6 @@ pub fn built_with_gloo() -> bool {
     unsafe { tt_built_with_gloo() != 0 }
 }
 
-/// The text buffer every shim call writes its error into.
-struct ErrBuf([u8; 1024]);
-
-impl ErrBuf {
-    fn new() -> Self {
-        ErrBuf([0; 1024])
-    }
-    fn ptr(&mut self) -> *mut c_char {
-        self.0.as_mut_ptr().cast()
-    }
-    fn message(&self) -> String {
-        let end = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
-        String::from_utf8_lossy(&self.0[..end]).into_owned()
-    }
-}
-
 fn c_string(s: &str, rank: usize, op: &'static str) -> Result<CString, DistError> {
     CString::new(s).map_err(|_| DistError::new(rank, op, format!("{s:?} holds a NUL byte")))
 }
@@ -144,7 +129,7 @@ impl Store {
                 workers as c_int,
                 timeout.as_secs_f64(),
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         Self::made(ptr, err, rank, format!("TCP store at {host}:{port}"))
@@ -161,7 +146,7 @@ impl Store {
                 workers as c_int,
                 timeout.as_secs_f64(),
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         Self::made(ptr, err, rank, format!("file store {}", path.display()))
@@ -172,7 +157,7 @@ impl Store {
         let key_c = c_string(key, rank, "store")?;
         let (mut out, mut err) = (0i64, ErrBuf::new());
         // SAFETY: a live store, valid C string and out pointer.
-        let rc = unsafe { tt_store_add(self.ptr, key_c.as_ptr(), delta, &mut out, err.ptr(), 1024) };
+        let rc = unsafe { tt_store_add(self.ptr, key_c.as_ptr(), delta, &mut out, err.ptr(), ErrBuf::LEN) };
         match rc {
             0 => Ok(out),
             _ => Err(DistError::new(rank, "store", err.message())),
@@ -264,7 +249,7 @@ impl ProcessGroup {
                 iface_c.as_ptr(),
                 timeout.as_secs_f64(),
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         if ptr.is_null() {
@@ -309,7 +294,7 @@ impl ProcessGroup {
                 c_int::from(op == Reduce::Mean),
                 &mut staged,
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         self.check("all_reduce", rc, &err).map(|()| staged != 0)
@@ -331,7 +316,7 @@ impl ProcessGroup {
                 c_int::from(op == Reduce::Mean),
                 &mut staged,
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         self.check("all_reduce (gradients)", rc, &err).map(|()| staged != 0)
@@ -350,7 +335,7 @@ impl ProcessGroup {
                 root as c_int,
                 &mut staged,
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         self.check("broadcast", rc, &err).map(|()| staged != 0)
@@ -369,7 +354,7 @@ impl ProcessGroup {
                 input.as_ptr() as AtTensor,
                 out.as_ptr() as AtTensor,
                 err.ptr(),
-                1024,
+                ErrBuf::LEN,
             )
         };
         self.check("all_gather", rc, &err).map(|()| out)
@@ -379,7 +364,7 @@ impl ProcessGroup {
     pub fn barrier(&self) -> Result<(), DistError> {
         let mut err = ErrBuf::new();
         // SAFETY: a live group.
-        let rc = unsafe { tt_barrier(self.ptr, err.ptr(), 1024) };
+        let rc = unsafe { tt_barrier(self.ptr, err.ptr(), ErrBuf::LEN) };
         self.check("barrier", rc, &err)
     }
 }
