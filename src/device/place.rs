@@ -198,6 +198,22 @@ impl fmt::Display for Device {
     }
 }
 
+impl crate::display::Rich for Device {
+    fn html(&self) -> String {
+        let platform = self.platform().to_string();
+        crate::display::kv_card(
+            "Device",
+            [("device", self.to_string().as_str()), ("policies of", platform.as_str())],
+        )
+    }
+
+    fn text(&self) -> String {
+        format!("device {self} (policies of {})", self.platform())
+    }
+}
+
+crate::rich_display!(Device);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +232,9 @@ mod tests {
         assert_eq!(d.host(), tch::Device::Cpu);
         assert_eq!(d.platform(), Platform::Neuron);
         assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+        use crate::display::Rich;
+        assert_eq!(d.text(), "device neuron:1 (policies of neuron)");
+        assert!(d.html().contains("<td>neuron:1</td>"), "{}", d.html());
     }
 
     #[test]

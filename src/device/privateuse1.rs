@@ -262,3 +262,56 @@ impl Rich for Backend {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::BackendName;
+
+    fn neuron() -> Device {
+        Device::PrivateUse1 {
+            name: BackendName::new("neuron"),
+            index: 1,
+        }
+    }
+
+    // libtorch's words for a kernel a backend lacks (as the stand-in without fallback gives).
+    const MISSING: &str = "Could not run 'aten::rsqrt' with arguments from the 'neuron' backend. This could be because \
+                           the operator doesn't exist for this backend";
+
+    #[test]
+    fn a_missing_kernel_becomes_a_typed_error_returned_or_raised() {
+        let returned = checked(neuron(), || -> Result<(), DeviceError> {
+            Err(DeviceError::InvalidPadTo(MISSING.into()))
+        });
+        let text = returned.unwrap_err().to_string();
+        assert!(text.starts_with("neuron:1 has no kernel for aten::rsqrt"), "{text}");
+        // What tch's infallible ops raise: the TchError's Debug form inside a panic.
+        let raised = checked(neuron(), || -> Result<(), DeviceError> {
+            panic!("called `Result::unwrap()` on an `Err` value: Torch(\"{MISSING}\")")
+        });
+        assert!(matches!(raised, Err(DeviceError::MissingOp { ref op, .. }) if op == "aten::rsqrt"));
+    }
+
+    #[test]
+    fn other_failures_pass_through_untouched() {
+        let other = checked(neuron(), || -> Result<(), DeviceError> {
+            Err(DeviceError::InvalidPadTo("x".into()))
+        });
+        assert!(matches!(other, Err(DeviceError::InvalidPadTo(_))));
+        let panicked = std::panic::catch_unwind(|| {
+            let _ = checked(neuron(), || -> Result<(), DeviceError> {
+                panic!("index out of bounds")
+            });
+        });
+        assert!(
+            panicked.is_err(),
+            "a panic that is not a missing kernel keeps unwinding"
+        );
+        // Off PrivateUse1 nothing is caught or rewritten.
+        let cpu = checked(Device::Cpu, || -> Result<(), DeviceError> {
+            Err(DeviceError::InvalidPadTo(MISSING.into()))
+        });
+        assert!(matches!(cpu, Err(DeviceError::InvalidPadTo(_))));
+    }
+}

@@ -394,34 +394,26 @@ impl Generator {
         if group == 0 {
             return Err(GenerateError::Config("num_generations must be at least 1".into()));
         }
-        privateuse1::checked(model.device(), || self.groups_here(model, prompts, group, cfg))
-    }
-
-    fn groups_here(
-        &mut self,
-        model: &CausalLm,
-        prompts: &[Vec<i64>],
-        group: usize,
-        cfg: &GenerationConfig,
-    ) -> Result<Vec<Completion>, GenerateError> {
-        // The prompts' cache and its fork into every group row live at once.
-        let total = prompts.len().saturating_mul(group.saturating_add(1));
-        let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
-        let slots = cache.max_len;
-        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
-        let rows: Vec<i64> = (0..prompts.len() as i64)
-            .flat_map(|p| std::iter::repeat_n(p, group))
-            .collect();
-        let index = model.device().from_slice(&rows)?;
-        let forked = Decoding {
-            cache: st.cache.fork(&rows)?,
-            valid: st.valid.index_select(0, &index),
-            next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
-            logits: st.logits.index_select(0, &index),
-            seen: st.seen.as_ref().map(|s| s.index_select(0, &index)),
-        };
-        let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
-        tch::no_grad(|| self.decode(model, forked, &prompt_index, cfg))
+        privateuse1::checked(model.device(), || {
+            // The prompts' cache and its fork into every group row live at once.
+            let total = prompts.len().saturating_mul(group.saturating_add(1));
+            let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
+            let slots = cache.max_len;
+            let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
+            let rows: Vec<i64> = (0..prompts.len() as i64)
+                .flat_map(|p| std::iter::repeat_n(p, group))
+                .collect();
+            let index = model.device().from_slice(&rows)?;
+            let forked = Decoding {
+                cache: st.cache.fork(&rows)?,
+                valid: st.valid.index_select(0, &index),
+                next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
+                logits: st.logits.index_select(0, &index),
+                seen: st.seen.as_ref().map(|s| s.index_select(0, &index)),
+            };
+            let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
+            tch::no_grad(|| self.decode(model, forked, &prompt_index, cfg))
+        })
     }
 
     /// The same as [`Generator::generate`] with a growing cache (a new shape every step): the
