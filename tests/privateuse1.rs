@@ -14,7 +14,7 @@ use tch::{Kind, Tensor};
 use treetrain::device::{Device, DeviceError, DeviceSpec, PadTo, Platform, parse_device, privateuse1};
 use treetrain::generate::{GenerationConfig, Generator};
 use treetrain::grpo::{GrpoConfig, GrpoTrainer};
-use treetrain::model::{Dtype, DtypeSetting, LoadOptions, Model};
+use treetrain::model::{Dtype, DtypeSetting, LoadOptions, Model, StaticCache};
 use treetrain::pack::Packing;
 use treetrain::sft::SftTrainer;
 use treetrain::train::Trainer;
@@ -126,7 +126,17 @@ fn every_parameter_and_buffer_lives_on_the_device_and_scores_equal_the_cpu() {
     for (name, var) in dev.vs.variables() {
         assert_on(device, &name, &var);
     }
+    let buffers = dev.lm.buffers();
+    assert!(
+        buffers.len() > 2 * dev.lm.layers.len(),
+        "inv_freq and the fused buffers of every layer"
+    );
+    for (name, t) in buffers {
+        assert_on(device, &name, t);
+    }
     assert_eq!(dev.device(), device);
+    let cache = StaticCache::new(&dev.lm.config, 2, 16, Kind::Float, device).unwrap();
+    assert_eq!(cache.device(), device);
     let ids: Vec<i64> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
     let (a, b) = (cpu.score(&ids).unwrap(), dev.score(&ids).unwrap());
     let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);

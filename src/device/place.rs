@@ -203,7 +203,10 @@ impl crate::display::Rich for Device {
         let platform = self.platform().to_string();
         crate::display::kv_card(
             "Device",
-            [("device", self.to_string().as_str()), ("policies of", platform.as_str())],
+            [
+                ("device", self.to_string().as_str()),
+                ("policies of", platform.as_str()),
+            ],
         )
     }
 

@@ -89,6 +89,11 @@ impl Attention {
 
     /// Puts q, k and v's weights into one buffer ([`FusedLinear`]), after the parameters have
     /// their final dtype and device.
+    /// The fused q/k/v buffer, once tied.
+    pub(crate) fn fused_qkv(&self) -> Option<&FusedLinear> {
+        self.qkv.as_ref()
+    }
+
     pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
         self.qkv = FusedLinear::tie(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
         Ok(())

@@ -51,6 +51,11 @@ impl StaticCache {
         })
     }
 
+    /// Where the buffers live.
+    pub fn device(&self) -> Device {
+        self.k.first().map_or(Device::Cpu, Device::of)
+    }
+
     /// Rows in the cache.
     pub fn batch(&self) -> i64 {
         self.k.first().map_or(0, |t| t.size()[0])

@@ -140,6 +140,22 @@ impl CausalLm {
             .map_or(&self.embed_tokens, Linear::effective_weight)
     }
 
+    /// The tensors the model holds beside its parameters, by name: RoPE's `inv_freq` (under
+    /// transformers' buffer name) and each layer's fused q/k/v and gate/up buffers. What must
+    /// live on the model's device with the parameters.
+    pub fn buffers(&self) -> Vec<(String, &Tensor)> {
+        let mut out = vec![("model.rotary_emb.inv_freq".to_string(), &self.inv_freq)];
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Some(f) = layer.self_attn.fused_qkv() {
+                out.push((format!("model.layers.{i}.self_attn.qkv (fused)"), f.weight()));
+            }
+            if let Some(f) = layer.mlp.fused_gate_up() {
+                out.push((format!("model.layers.{i}.mlp.gate_up (fused)"), f.weight()));
+            }
+        }
+        out
+    }
+
     /// Every linear layer under its `state_dict` prefix (`model.layers.0.self_attn.q_proj`,
     /// ..., `lm_head`), in the order of the stack.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {

@@ -84,6 +84,11 @@ impl FusedLinear {
         std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
     }
 
+    /// The shared weight buffer `[sum of out_features, in_features]`.
+    pub(crate) fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     /// The same buffer (shared, not copied).
     pub fn shallow_clone(&self) -> FusedLinear {
         FusedLinear {

@@ -175,6 +175,11 @@ impl Mlp {
 
     /// Puts gate and up's weights into one buffer ([`FusedLinear`]), after the parameters
     /// have their final dtype and device.
+    /// The fused gate/up buffer, once tied.
+    pub(crate) fn fused_gate_up(&self) -> Option<&FusedLinear> {
+        self.gate_up.as_ref()
+    }
+
     pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
         self.gate_up = FusedLinear::tie(&mut [&mut self.gate_proj, &mut self.up_proj])?;
         Ok(())
