@@ -125,6 +125,12 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Grpo, "beta", "finite and >= 0", Some("-1.0")),
     rule(
         Scope::Grpo,
+        "delta",
+        "unset, or finite and above 1 + epsilon_high (it caps the unclipped ratio)",
+        Some("1.1"),
+    ),
+    rule(
+        Scope::Grpo,
         "rewards",
         "at least one, finite weights; a built-in reward's column (`exact_answer`: `answer`) in every prompt row",
         None,

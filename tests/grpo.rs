@@ -558,3 +558,126 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
     // And again: the thread has ended, the answer does not hang.
     assert!(worker.next().unwrap_err().to_string().contains("stopped"));
 }
+
+/// Per-rollout references computed here from each rollout's own forward (`Model::score`):
+/// `(new log-probs, old log-probs)` of its completion tokens and its advantage.
+fn per_rollout_terms(m: &Model, rollouts: &[treetrain::pack::Rollout]) -> Vec<(Vec<f64>, Vec<f64>, f64)> {
+    rollouts
+        .iter()
+        .map(|r| {
+            let lp = m.score(&r.input_ids).unwrap();
+            let (mut new, mut old) = (Vec::new(), Vec::new());
+            for i in 1..r.input_ids.len() {
+                if r.completion_mask[i] == 1 {
+                    new.push(f64::from(lp[i - 1]));
+                    old.push(f64::from(r.old_log_probs[i]));
+                }
+            }
+            (new, old, f64::from(r.advantage))
+        })
+        .collect()
+}
+
+#[test]
+fn gspo_and_two_sided_clipping_match_per_rollout_references_in_both_packings() {
+    use treetrain::grpo::ImportanceSampling;
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 4,
+        ..config()
+    })
+    .unwrap();
+    t.step().unwrap();
+    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    // Another model than the sampler: ratios away from 1, some clipped on either side.
+    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    let reference = per_rollout_terms(&m, &rollouts);
+    let (lo, hi) = (0.2, 0.2);
+    for (level, delta) in [
+        (ImportanceSampling::Token, None),
+        (ImportanceSampling::Token, Some(1.5)),
+        (ImportanceSampling::Sequence, None),
+        (ImportanceSampling::Sequence, Some(1.3)),
+    ] {
+        // TRL's _compute_loss, term by term, DAPO normalisation (all terms of the step).
+        let (mut sum, mut terms, mut low, mut high) = (0.0, 0usize, 0usize, 0usize);
+        for (new, old, a) in &reference {
+            let seq = (new.iter().zip(old).map(|(n, o)| n - o).sum::<f64>() / new.len().max(1) as f64).exp();
+            for (n, o) in new.iter().zip(old) {
+                let ratio = match level {
+                    ImportanceSampling::Token => (n - o).exp(),
+                    ImportanceSampling::Sequence => seq,
+                };
+                let unclipped = delta.map_or(ratio, |d: f64| ratio.min(d));
+                let clipped = ratio.clamp(1.0 - lo, 1.0 + hi);
+                sum += -(unclipped * a).min(clipped * a);
+                low += usize::from(ratio < 1.0 - lo && *a < 0.0);
+                high += usize::from(ratio > 1.0 + hi && *a > 0.0);
+                terms += 1;
+            }
+        }
+        let want = sum / terms as f64;
+        assert!(low + high > 0, "{level:?}: nothing clipped, the case tests nothing");
+        for packing in [Packing::Tree, Packing::Flat] {
+            let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
+            let objective = GrpoObjective {
+                importance_sampling: level,
+                delta,
+                ..GrpoObjective::default()
+            };
+            let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective)).unwrap();
+            let rel = (got.loss - want).abs() / want.abs().max(1e-9);
+            assert!(
+                rel < 1e-4,
+                "{level:?} delta {delta:?} {packing:?}: {} vs {want}",
+                got.loss
+            );
+            let share = |n: usize| n as f64 / terms as f64;
+            assert!(
+                (got.clip_ratio_low - share(low)).abs() < 1e-6,
+                "{level:?} {packing:?} low {} vs {}",
+                got.clip_ratio_low,
+                share(low)
+            );
+            assert!(
+                (got.clip_ratio_high - share(high)).abs() < 1e-6,
+                "{level:?} {packing:?} high"
+            );
+            // (Shares are f32 means of each row's flags: equal to 1e-6.)
+            assert!((got.clip_ratio - share(low + high)).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn batch_scaled_advantages_and_zero_std_groups_follow_trl() {
+    use treetrain::grpo::ScaleRewards;
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 6,
+        scale_rewards: ScaleRewards::Batch,
+        ..config()
+    })
+    .unwrap();
+    let m = t.step().unwrap();
+    let batch = t.last_batch.as_ref().unwrap();
+    let all: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let std = |v: &[f64]| (v.iter().map(|x| (x - mean(v)).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt();
+    let batch_std = std(&all);
+    let mut flat_groups = 0;
+    for g in &batch.groups {
+        let r: Vec<f64> = g.rewards.total.iter().map(|r| f64::from(r.unwrap())).collect();
+        flat_groups += usize::from(std(&r) < 1e-6);
+        for (a, x) in g.advantages.iter().zip(&r) {
+            let want = (x - mean(&r)) / (batch_std + 1e-4);
+            assert!((f64::from(*a) - want).abs() < 1e-5, "advantage {a} vs {want}");
+        }
+    }
+    assert_eq!(m.frac_reward_zero_std, flat_groups as f64 / batch.groups.len() as f64);
+    let lengths: Vec<usize> = batch
+        .groups
+        .iter()
+        .flat_map(|g| g.completions.iter().map(|c| c.output_ids.len()))
+        .collect();
+    assert_eq!(m.completion_length_min, *lengths.iter().min().unwrap());
+    assert_eq!(m.completion_length_max, *lengths.iter().max().unwrap());
+}

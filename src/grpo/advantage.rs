@@ -1,13 +1,17 @@
 //! Group-relative advantages.
 
-/// How rewards are scaled within a group.
+/// How a group's centred rewards are scaled into advantages (TRL's `scale_rewards`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum ScaleRewards {
-    /// `(r - mean) / (std + 1e-8)` (GRPO; TRL's default `"group"`).
+    /// `(r - mean) / (std + 1e-4)` (GRPO; TRL's default `"group"`).
     #[default]
     Group,
+    /// `(r - group mean) / (std of the whole step's rewards + 1e-4)` (TRL's `"batch"`: one
+    /// scale for the step, so groups with a small spread are not blown up). Centred here, scaled
+    /// once the step's batch is complete ([`super::RolloutBatch::scale_advantages`]).
+    Batch,
     /// `r - mean` (Dr. GRPO: no division by the group's spread).
     None,
 }
@@ -30,8 +34,8 @@ pub fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32
             Some(r) => {
                 let centred = f64::from(*r) - mean;
                 (match scale {
-                    ScaleRewards::Group => centred / (std + 1e-8),
-                    ScaleRewards::None => centred,
+                    ScaleRewards::Group => centred / (std + 1e-4),
+                    ScaleRewards::Batch | ScaleRewards::None => centred,
                 }) as f32
             }
         })
@@ -59,12 +63,14 @@ mod tests {
 
     #[test]
     fn normalised_like_torch() {
-        // torch.tensor([1., 0., 0., 1., 1.]): mean 0.6, std (unbiased) 0.5477226
+        // torch.tensor([1., 0., 0., 1., 1.]): mean 0.6, std (unbiased) 0.5477226; TRL 1.16
+        // divides by std + 1e-4.
         let a = group_advantages(
             &[Some(1.0), Some(0.0), Some(0.0), Some(1.0), Some(1.0)],
             ScaleRewards::Group,
         );
-        let want = [0.730_296_7, -1.095_445, -1.095_445, 0.730_296_7, 0.730_296_7];
+        let s = 0.547_722_6 + 1e-4;
+        let want = [0.4 / s, -0.6 / s, -0.6 / s, 0.4 / s, 0.4 / s];
         for (x, w) in a.iter().zip(want) {
             assert!((x - w).abs() < 1e-5, "{a:?}");
         }
@@ -76,7 +82,7 @@ mod tests {
     fn failures_get_zero_and_are_left_out_of_the_statistics() {
         let a = group_advantages(&[Some(1.0), None, Some(0.0)], ScaleRewards::Group);
         // over [1, 0]: mean 0.5, std 0.7071
-        let half_sqrt2 = std::f32::consts::FRAC_1_SQRT_2;
+        let half_sqrt2 = 0.5 / (std::f32::consts::FRAC_1_SQRT_2 + 1e-4);
         assert!((a[0] - half_sqrt2).abs() < 1e-5 && a[1] == 0.0 && (a[2] + half_sqrt2).abs() < 1e-5);
         assert_eq!(group_advantages(&[Some(3.0); 4], ScaleRewards::Group), vec![0.0; 4]);
         assert_eq!(group_advantages(&[None, None], ScaleRewards::Group), vec![0.0; 2]);

@@ -33,6 +33,19 @@ pub enum LossType {
     DrGrpo,
 }
 
+/// Where the importance ratio is taken (TRL's `importance_sampling_level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ImportanceSampling {
+    /// One ratio per token: `exp(logp - old_logp)` (GRPO; TRL's default).
+    #[default]
+    Token,
+    /// One ratio per rollout, the exponent of its tokens' mean log-ratio, shared by all its
+    /// tokens (GSPO: clipping then acts on whole sequences).
+    Sequence,
+}
+
 /// A built-in reward by name, with its weight.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardSpec {
@@ -81,6 +94,12 @@ pub struct GrpoConfig {
     pub epsilon_low: f64,
     /// Upper clip of the importance ratio.
     pub epsilon_high: f64,
+    /// Two-sided clipping: the unclipped branch's ratio is capped at `delta` too, so a large
+    /// ratio with a negative advantage cannot blow the loss up (TRL's `delta`; above
+    /// `1 + epsilon_high`; `None`: off).
+    pub delta: Option<f64>,
+    /// Token- or sequence-level importance ratios (GSPO).
+    pub importance_sampling_level: ImportanceSampling,
     /// KL penalty to the starting weights (0: off, no reference model is kept).
     pub beta: f64,
     /// Advantage scaling within a group.
@@ -140,6 +159,8 @@ impl Default for GrpoConfig {
             min_p: None,
             epsilon_low: 0.2,
             epsilon_high: 0.2,
+            delta: None,
+            importance_sampling_level: ImportanceSampling::Token,
             beta: 0.0,
             scale_rewards: ScaleRewards::Group,
             loss_type: LossType::Dapo,
@@ -226,6 +247,12 @@ impl GrpoConfig {
         ];
         if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(TrainError::config(field, "must be finite and >= 0"));
+        }
+        if let Some(d) = self.delta.filter(|d| !(d.is_finite() && *d > 1.0 + self.epsilon_high)) {
+            return Err(TrainError::config(
+                "delta",
+                format!("is {d}: it caps the unclipped ratio, so it must be finite and above 1 + epsilon_high"),
+            ));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{GrpoConfig, LossType};
+use super::{GrpoConfig, ImportanceSampling, LossType};
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, entropy_sum};
 
@@ -18,6 +18,10 @@ pub struct GrpoObjective {
     pub epsilon_low: f64,
     /// Upper clip: ratios above `1 + epsilon_high` stop improving the objective.
     pub epsilon_high: f64,
+    /// Two-sided clipping: the unclipped ratio capped at `delta` (`None`: off).
+    pub delta: Option<f64>,
+    /// Token- or sequence-level (GSPO) importance ratios.
+    pub importance_sampling: ImportanceSampling,
     /// LM-head chunking for the per-term log-probs.
     pub chunks: LogprobChunks,
     /// Policy log-probs are taken under `softmax(logits / temperature)`: the distribution the
@@ -38,6 +42,8 @@ impl From<&GrpoConfig> for GrpoObjective {
         GrpoObjective {
             epsilon_low: c.epsilon_low,
             epsilon_high: c.epsilon_high,
+            delta: c.delta,
+            importance_sampling: c.importance_sampling_level,
             chunks: LogprobChunks::default(),
             temperature: c.temperature,
             beta: c.beta,
@@ -53,6 +59,8 @@ impl Default for GrpoObjective {
         GrpoObjective {
             epsilon_low: 0.2,
             epsilon_high: 0.2,
+            delta: None,
+            importance_sampling: ImportanceSampling::Token,
             chunks: LogprobChunks::default(),
             temperature: 1.0,
             beta: 0.0,
@@ -117,8 +125,12 @@ pub struct GrpoLoss {
     /// Loss terms `M`.
     pub num_terms: usize,
     /// Share of terms where clipping is active: ratio above `1 + eps_high` with a positive
-    /// advantage, or below `1 - eps_low` with a negative one (TRL's clip-region metric).
+    /// advantage, or below `1 - eps_low` with a negative one (TRL's `clip_ratio/region_mean`).
     pub clip_fraction: f64,
+    /// Share of terms clipped below (`clip_ratio/low_mean`).
+    pub clip_low_fraction: f64,
+    /// Share of terms clipped above (`clip_ratio/high_mean`).
+    pub clip_high_fraction: f64,
     /// Sum over terms of the `k3` estimate of `KL(old || policy)` (the tokens were sampled from
     /// the old weights): how far the policy has moved since generation (0 for the same weights).
     pub approx_kl_sum: f64,
@@ -197,9 +209,13 @@ fn loss_of_terms(
     let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
     let old = device.from_slice(&row.old_log_probs)?;
     let adv = device.from_slice(&row.advantages)?;
-    let ratio = (&logprobs - &old).exp();
+    let ratio = importance_ratio(row, &logprobs, &old, cfg.importance_sampling)?;
     let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
-    let mut per_term = -(&ratio * &adv).minimum(&(&clipped * &adv));
+    let unclipped = match cfg.delta {
+        Some(delta) => ratio.clamp_max(delta),
+        None => ratio.shallow_clone(),
+    };
+    let mut per_term = -(&unclipped * &adv).minimum(&(&clipped * &adv));
     let mut ref_kl_sum = 0.0;
     if let Some(reference) = reference.filter(|_| cfg.beta > 0.0) {
         if reference.size() != [m as i64] {
@@ -224,19 +240,16 @@ fn loss_of_terms(
             (per_term * device.from_slice(w.as_slice())?).sum(Kind::Float)
         }
     };
-    let (clip_fraction, approx_kl_sum) = if m == 0 {
-        (0.0, 0.0)
+    let ([clip_fraction, clip_low_fraction, clip_high_fraction], approx_kl_sum) = if m == 0 {
+        ([0.0; 3], 0.0)
     } else {
         tch::no_grad(|| {
             let high = ratio.gt(1.0 + cfg.epsilon_high).logical_and(&adv.gt(0.0));
             let low = ratio.lt(1.0 - cfg.epsilon_low).logical_and(&adv.lt(0.0));
-            let clip = high
-                .logical_or(&low)
-                .to_kind(Kind::Float)
-                .mean(Kind::Float)
-                .double_value(&[]);
+            let share = |t: &Tensor| t.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+            let clips = [share(&high.logical_or(&low)), share(&low), share(&high)];
             // Sampled from the old weights: k3 of KL(old || policy) uses ratio policy/old.
-            (clip, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
+            (clips, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
         })
     };
     let entropy_sum = entropy_sum(
@@ -250,10 +263,38 @@ fn loss_of_terms(
         logprobs,
         num_terms: m,
         clip_fraction,
+        clip_low_fraction,
+        clip_high_fraction,
         approx_kl_sum,
         ref_kl_sum,
         entropy_sum,
     })
+}
+
+/// Every term's importance ratio `[M]`: `exp(logp - old)` per token, or (sequence level, GSPO)
+/// `exp` of the mean log-ratio over the term's rollout, the same for all its terms. Rollouts
+/// never straddle rows, so the mean is over the rollout's whole completion in either packing.
+fn importance_ratio(
+    row: &PackedRow,
+    logprobs: &Tensor,
+    old: &Tensor,
+    level: ImportanceSampling,
+) -> Result<Tensor, tch::TchError> {
+    let log_ratio = logprobs.f_sub(old)?;
+    if level == ImportanceSampling::Token || row.segment_id.is_empty() {
+        return log_ratio.f_exp();
+    }
+    let device = crate::device::Device::of(logprobs);
+    let rollout = device.from_slice(&row.segment_id)?;
+    let n = row.rollouts as i64;
+    let sums = device
+        .zeros(&[n], log_ratio.kind())?
+        .f_index_add(0, &rollout, &log_ratio)?;
+    let counts = device
+        .zeros(&[n], log_ratio.kind())?
+        .f_index_add(0, &rollout, &log_ratio.f_ones_like()?)?
+        .f_clamp_min(1.0)?;
+    sums.f_div(&counts)?.f_index_select(0, &rollout)?.f_exp()
 }
 
 impl GrpoObjective {

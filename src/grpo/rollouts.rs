@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
+use super::advantage::mean_std;
 use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
 use super::{ScaleRewards, group_advantages};
 use crate::data::Dataset;
@@ -267,6 +268,41 @@ impl RolloutBatch {
             out.generated_tokens += share.generated_tokens;
         }
         Ok(out)
+    }
+
+    /// Share of groups whose scored rewards are all equal (within 1e-6): their advantages
+    /// are 0 and they add no gradient (TRL's `frac_reward_zero_std`).
+    pub fn frac_reward_zero_std(&self) -> f64 {
+        let flat = self
+            .groups
+            .iter()
+            .filter(|g| {
+                let (_, std) = mean_std(
+                    &g.rewards
+                        .total
+                        .iter()
+                        .flatten()
+                        .map(|&r| f64::from(r))
+                        .collect::<Vec<_>>(),
+                );
+                std <= 1e-6
+            })
+            .count();
+        flat as f64 / self.groups.len().max(1) as f64
+    }
+
+    /// `scale_rewards = "batch"`: every group's centred advantages divided by the standard
+    /// deviation of all the step's scored rewards (+1e-4, as TRL), once the step's batch is
+    /// complete (all ranks' groups gathered).
+    pub fn scale_advantages(&mut self, scale: ScaleRewards) {
+        if scale != ScaleRewards::Batch {
+            return;
+        }
+        let all: Vec<f64> = self.totals().flatten().map(f64::from).collect();
+        let (_, std) = mean_std(&all);
+        for a in self.groups.iter_mut().flat_map(|g| g.advantages.iter_mut()) {
+            *a = (f64::from(*a) / (std + 1e-4)) as f32;
+        }
     }
 
     /// A batch assembled from queued groups (async mode).

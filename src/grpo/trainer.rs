@@ -53,6 +53,13 @@ pub struct GrpoStepMetrics {
     pub completion_length: f64,
     /// Longest completion.
     pub completion_length_max: usize,
+    /// Shortest completion.
+    #[serde(default)]
+    pub completion_length_min: usize,
+    /// Share of groups whose rewards were all equal: zero advantages, no gradient (TRL's
+    /// `frac_reward_zero_std`).
+    #[serde(default)]
+    pub frac_reward_zero_std: f64,
     /// Share of completions cut at `max_completion_length`.
     pub truncated_ratio: f64,
     /// The loss.
@@ -61,8 +68,14 @@ pub struct GrpoStepMetrics {
     pub grad_norm: f64,
     /// Learning rate used.
     pub lr: f64,
-    /// Share of loss terms in the clip region.
+    /// Share of loss terms in the clip region (`clip_ratio/region_mean`).
     pub clip_ratio: f64,
+    /// Share clipped below: ratio under `1 - epsilon_low` with a negative advantage.
+    #[serde(default)]
+    pub clip_ratio_low: f64,
+    /// Share clipped above: ratio over `1 + epsilon_high` with a positive advantage.
+    #[serde(default)]
+    pub clip_ratio_high: f64,
     /// Mean `k3(generator, policy)` per term.
     pub approx_kl: f64,
     /// Mean `k3(reference, policy)` per term (0 when `beta = 0`).
@@ -352,7 +365,8 @@ impl GrpoTrainer {
         let version = self.state.global_step;
         match &mut self.source {
             Source::Sync(p) => {
-                let batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
+                let mut batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
+                batch.scale_advantages(self.config.scale_rewards);
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
@@ -375,9 +389,10 @@ impl GrpoTrainer {
                         self.state.forced_syncs += 1;
                     }
                 }
-                let batch =
+                let mut batch =
                     RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone())
                         .gather(&self.core.world)?;
+                batch.scale_advantages(self.config.scale_rewards);
                 self.state.batches_consumed += 1;
                 Ok((batch, wait, dropped))
             }
@@ -516,11 +531,15 @@ impl GrpoTrainer {
             reward_failures: batch.totals().filter(Option::is_none).count(),
             completion_length: lengths.iter().sum::<usize>() as f64 / n,
             completion_length_max: lengths.iter().copied().max().unwrap_or(0),
+            completion_length_min: lengths.iter().copied().min().unwrap_or(0),
+            frac_reward_zero_std: batch.frac_reward_zero_std(),
             truncated_ratio: truncated as f64 / n,
             loss: stats.loss,
             grad_norm: outcome.grad_norm,
             lr: outcome.lr,
             clip_ratio: stats.clip_ratio,
+            clip_ratio_low: stats.clip_ratio_low,
+            clip_ratio_high: stats.clip_ratio_high,
             approx_kl: stats.approx_kl,
             kl: stats.ref_kl,
             entropy: stats.entropy,
@@ -616,6 +635,8 @@ fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainErr
     let mut v = [
         stats.loss,
         stats.clip_ratio,
+        stats.clip_ratio_low,
+        stats.clip_ratio_high,
         stats.approx_kl,
         stats.ref_kl,
         stats.entropy,
@@ -624,10 +645,23 @@ fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainErr
         stats.rows as f64,
     ];
     world.sum(&mut v)?;
-    let [loss, clip, approx_kl, ref_kl, entropy, forwarded, raw, rows] = v;
+    let [
+        loss,
+        clip,
+        clip_low,
+        clip_high,
+        approx_kl,
+        ref_kl,
+        entropy,
+        forwarded,
+        raw,
+        rows,
+    ] = v;
     *stats = UpdateStats {
         loss,
         clip_ratio: clip,
+        clip_ratio_low: clip_low,
+        clip_ratio_high: clip_high,
         approx_kl,
         ref_kl,
         entropy,
@@ -675,10 +709,11 @@ impl Trainer for GrpoTrainer {
     fn log_line(&self, m: &GrpoStepMetrics) -> String {
         let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
         format!(
-            "step {:>4}: reward {:.3} ({}) len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
+            "step {:>4}: reward {:.3} ({}) flat {:.2} len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
             m.step,
             m.reward_mean,
             per_fn.join(", "),
+            m.frac_reward_zero_std,
             m.completion_length,
             m.loss,
             m.clip_ratio,

@@ -84,6 +84,12 @@ pub struct UpdateStats {
     pub raw_tokens: usize,
     /// Share of terms in the clip region.
     pub clip_ratio: f64,
+    /// Share of terms clipped below (ratio under `1 - epsilon_low`, negative advantage).
+    #[serde(default)]
+    pub clip_ratio_low: f64,
+    /// Share of terms clipped above (ratio over `1 + epsilon_high`, positive advantage).
+    #[serde(default)]
+    pub clip_ratio_high: f64,
     /// Mean `k3(old, policy)` per term: drift since generation.
     pub approx_kl: f64,
     /// Mean `k3(reference, policy)` per term (0 without a reference).
@@ -133,7 +139,7 @@ pub fn accumulate_share(
         rows: rows.len(),
         ..Default::default()
     };
-    let mut clipped = 0.0;
+    let mut clipped = [0.0; 3];
     for row in rows {
         let reference_lp = match reference.filter(|_| objective.beta > 0.0) {
             Some(m) => Some(tch::no_grad(|| {
@@ -145,14 +151,19 @@ pub fn accumulate_share(
         // Under `tch::no_grad` (evaluation) nothing is back-propagated.
         let out = grpo_loss_backward(policy, row, objective, weights, reference_lp.as_ref())?;
         stats.loss += out.loss.double_value(&[]);
-        clipped += out.clip_fraction * out.num_terms as f64;
+        let n = out.num_terms as f64;
+        clipped[0] += out.clip_fraction * n;
+        clipped[1] += out.clip_low_fraction * n;
+        clipped[2] += out.clip_high_fraction * n;
         stats.approx_kl += out.approx_kl_sum;
         stats.ref_kl += out.ref_kl_sum;
         stats.entropy += out.entropy_sum;
         stats.forwarded_tokens += row.len();
         stats.raw_tokens += row.raw_tokens;
     }
-    stats.clip_ratio = clipped / norm;
+    stats.clip_ratio = clipped[0] / norm;
+    stats.clip_ratio_low = clipped[1] / norm;
+    stats.clip_ratio_high = clipped[2] / norm;
     stats.approx_kl /= norm;
     stats.ref_kl /= norm;
     stats.entropy /= norm;

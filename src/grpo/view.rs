@@ -40,18 +40,26 @@ impl GrpoState {
                 format!("{:.3} ± {:.3} ({})", m.reward_mean, m.reward_std, per_fn.join(", ")),
             ),
             (
+                "groups with equal rewards",
+                format!("{:.0}% (no gradient from them)", 100.0 * m.frac_reward_zero_std),
+            ),
+            (
                 "completion length",
                 format!(
-                    "{:.1} mean, {} max, {:.0}% truncated",
+                    "{:.1} mean, {} min, {} max, {:.0}% truncated",
                     m.completion_length,
+                    m.completion_length_min,
                     m.completion_length_max,
                     100.0 * m.truncated_ratio
                 ),
             ),
             ("loss / grad norm", format!("{:.4} / {:.3}", m.loss, m.grad_norm)),
             (
-                "clip ratio / approx KL / entropy",
-                format!("{:.3} / {:.2e} / {:.3}", m.clip_ratio, m.approx_kl, m.entropy),
+                "clip ratio (low, high) / approx KL / entropy",
+                format!(
+                    "{:.3} ({:.3}, {:.3}) / {:.2e} / {:.3}",
+                    m.clip_ratio, m.clip_ratio_low, m.clip_ratio_high, m.approx_kl, m.entropy
+                ),
             ),
             ("KL to reference", format!("{:.2e}", m.kl)),
             (
@@ -350,7 +358,13 @@ impl Rich for super::UpdateStats {
                     self.packing_ratio()
                 ),
             ),
-            ("clip ratio", format!("{:.4}", self.clip_ratio)),
+            (
+                "clip ratio (low, high)",
+                format!(
+                    "{:.4} ({:.4}, {:.4})",
+                    self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high
+                ),
+            ),
             (
                 "approx KL / KL to reference",
                 format!("{:.2e} / {:.2e}", self.approx_kl, self.ref_kl),
