@@ -123,6 +123,7 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Grpo, "epsilon_low", "finite and >= 0", Some("-0.2")),
     rule(Scope::Grpo, "epsilon_high", "finite and >= 0", Some("-0.2")),
     rule(Scope::Grpo, "beta", "finite and >= 0", Some("-1.0")),
+    rule(Scope::Grpo, "top_entropy_quantile", "in [0, 1]", Some("1.5")),
     rule(
         Scope::Grpo,
         "delta",

@@ -649,15 +649,20 @@ fn gspo_and_two_sided_clipping_match_per_rollout_references_in_both_packings() {
 }
 
 #[test]
-fn batch_scaled_advantages_and_zero_std_groups_follow_trl() {
+fn batch_scaled_advantages_zero_std_groups_and_all_options_in_the_trainer() {
     use treetrain::grpo::ScaleRewards;
+    // The trainer path with every TRL option of this file on at once.
     let mut t = GrpoTrainer::new(GrpoConfig {
         prompts_per_step: 6,
         scale_rewards: ScaleRewards::Batch,
+        top_entropy_quantile: 0.5,
+        importance_sampling_level: treetrain::grpo::ImportanceSampling::Sequence,
+        delta: Some(2.0),
         ..config()
     })
     .unwrap();
     let m = t.step().unwrap();
+    assert!(m.loss.is_finite() && !m.skipped, "{m:?}");
     let batch = t.last_batch.as_ref().unwrap();
     let all: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -680,4 +685,68 @@ fn batch_scaled_advantages_and_zero_std_groups_follow_trl() {
         .collect();
     assert_eq!(m.completion_length_min, *lengths.iter().min().unwrap());
     assert_eq!(m.completion_length_max, *lengths.iter().max().unwrap());
+}
+
+#[test]
+fn top_entropy_quantile_trains_the_highest_entropy_terms_in_both_packings() {
+    use treetrain::model::AttentionLayout;
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 4,
+        ..config()
+    })
+    .unwrap();
+    t.step().unwrap();
+    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    // Reference: each rollout's full-vocabulary logits from a forward of its own, entropy and
+    // log-prob of every completion token from them.
+    let mut terms: Vec<(f64, f64, f64, f64)> = Vec::new(); // (entropy, new, old, advantage)
+    for r in &rollouts {
+        let n = r.input_ids.len() as i64;
+        let logits = tch::no_grad(|| {
+            m.lm.forward(
+                &Tensor::from_slice(&r.input_ids).view([1, n]),
+                &Tensor::arange(n, (tch::Kind::Int64, tch::Device::Cpu)).view([1, n]),
+                &AttentionLayout::Causal,
+            )
+        })
+        .unwrap();
+        let logp = logits.get(0).log_softmax(-1, tch::Kind::Double);
+        for i in 1..r.input_ids.len() {
+            if r.completion_mask[i] == 1 {
+                let row = logp.get(i as i64 - 1);
+                let entropy = -(row.exp() * &row).sum(tch::Kind::Double).double_value(&[]);
+                let new = row.double_value(&[r.input_ids[i]]);
+                terms.push((entropy, new, f64::from(r.old_log_probs[i]), f64::from(r.advantage)));
+            }
+        }
+    }
+    let q = 0.2;
+    let mut sorted: Vec<f64> = terms.iter().map(|t| t.0).collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = (1.0 - q) * (sorted.len() - 1) as f64;
+    let floor = sorted[at.floor() as usize] + (sorted[at.ceil() as usize] - sorted[at.floor() as usize]) * at.fract();
+    let mut kept = 0;
+    let sum: f64 = terms
+        .iter()
+        .filter(|t| t.0 >= floor)
+        .map(|&(_, new, old, a)| {
+            kept += 1;
+            let ratio = (new - old).exp();
+            -(ratio * a).min(ratio.clamp(0.8, 1.2) * a)
+        })
+        .sum();
+    // TRL normalises by every term, the masked ones included.
+    let want = sum / terms.len() as f64;
+    assert!(kept > 0 && kept * 4 < terms.len(), "{kept} of {} kept", terms.len());
+    for packing in [Packing::Tree, Packing::Flat] {
+        let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
+        let objective = GrpoObjective {
+            top_entropy_quantile: q,
+            ..GrpoObjective::default()
+        };
+        let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective)).unwrap();
+        let rel = (got.loss - want).abs() / want.abs().max(1e-9);
+        assert!(rel < 1e-4, "{packing:?}: {} vs {want}", got.loss);
+    }
 }

@@ -100,6 +100,10 @@ pub struct GrpoConfig {
     pub delta: Option<f64>,
     /// Token- or sequence-level importance ratios (GSPO).
     pub importance_sampling_level: ImportanceSampling,
+    /// Train only the loss terms whose policy entropy is in the top `top_entropy_quantile` of
+    /// the step's (TRL's ρ, "Beyond the 80/20 Rule"; 0.2 recommended, 1.0 keeps all). The other
+    /// terms still count in the normaliser, as in TRL.
+    pub top_entropy_quantile: f64,
     /// KL penalty to the starting weights (0: off, no reference model is kept).
     pub beta: f64,
     /// Advantage scaling within a group.
@@ -161,6 +165,7 @@ impl Default for GrpoConfig {
             epsilon_high: 0.2,
             delta: None,
             importance_sampling_level: ImportanceSampling::Token,
+            top_entropy_quantile: 1.0,
             beta: 0.0,
             scale_rewards: ScaleRewards::Group,
             loss_type: LossType::Dapo,
@@ -247,6 +252,9 @@ impl GrpoConfig {
         ];
         if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(TrainError::config(field, "must be finite and >= 0"));
+        }
+        if !(0.0..=1.0).contains(&self.top_entropy_quantile) {
+            return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
         }
         if let Some(d) = self.delta.filter(|d| !(d.is_finite() && *d > 1.0 + self.epsilon_high)) {
             return Err(TrainError::config(

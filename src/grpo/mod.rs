@@ -48,7 +48,8 @@ pub use rollouts::{
 };
 pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
 pub use update::{
-    RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update,
+    RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, entropy_floor, pack_rollouts,
+    plan_rank_update, with_entropy_floor,
 };
 pub use worker::AsyncRollouts;
 

@@ -7,7 +7,7 @@ use tch::{Kind, Tensor};
 
 use super::{GrpoConfig, ImportanceSampling, LossType};
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
-use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, entropy_sum};
+use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, pair_entropies, weighted_sum};
 
 /// The GRPO objective: clipping (DAPO-style asymmetric bounds allowed), sampling temperature,
 /// the KL penalty and how the loss terms of a step are averaged. Built from a run's
@@ -22,6 +22,12 @@ pub struct GrpoObjective {
     pub delta: Option<f64>,
     /// Token- or sequence-level (GSPO) importance ratios.
     pub importance_sampling: ImportanceSampling,
+    /// Share of the step's loss terms, by entropy from the top, that are trained (1: all).
+    pub top_entropy_quantile: f64,
+    /// The step's entropy at quantile `1 - top_entropy_quantile`: terms below it are left out
+    /// of the policy loss. Set per step by the update ([`super::entropy_floor`]); `None`: all
+    /// terms train.
+    pub entropy_floor: Option<f64>,
     /// LM-head chunking for the per-term log-probs.
     pub chunks: LogprobChunks,
     /// Policy log-probs are taken under `softmax(logits / temperature)`: the distribution the
@@ -44,6 +50,8 @@ impl From<&GrpoConfig> for GrpoObjective {
             epsilon_high: c.epsilon_high,
             delta: c.delta,
             importance_sampling: c.importance_sampling_level,
+            top_entropy_quantile: c.top_entropy_quantile,
+            entropy_floor: None,
             chunks: LogprobChunks::default(),
             temperature: c.temperature,
             beta: c.beta,
@@ -61,6 +69,8 @@ impl Default for GrpoObjective {
             epsilon_high: 0.2,
             delta: None,
             importance_sampling: ImportanceSampling::Token,
+            top_entropy_quantile: 1.0,
+            entropy_floor: None,
             chunks: LogprobChunks::default(),
             temperature: 1.0,
             beta: 0.0,
@@ -216,6 +226,12 @@ fn loss_of_terms(
         None => ratio.shallow_clone(),
     };
     let mut per_term = -(&unclipped * &adv).minimum(&(&clipped * &adv));
+    let entropies = pair_entropies(&terms.hidden, model.lm_head_weight(), cfg.chunks.tokens.min(256))?;
+    if let Some(floor) = cfg.entropy_floor {
+        // TRL masks the policy term only; the KL penalty below still applies to every term.
+        let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;
+        per_term = per_term.f_mul(&keep.f_to_kind(Kind::Float)?)?;
+    }
     let mut ref_kl_sum = 0.0;
     if let Some(reference) = reference.filter(|_| cfg.beta > 0.0) {
         if reference.size() != [m as i64] {
@@ -252,12 +268,7 @@ fn loss_of_terms(
             (clips, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
         })
     };
-    let entropy_sum = entropy_sum(
-        &terms.hidden,
-        model.lm_head_weight(),
-        &terms.counts,
-        cfg.chunks.tokens.min(256),
-    )?;
+    let entropy_sum = weighted_sum(&entropies, &terms.counts)?;
     Ok(GrpoLoss {
         loss,
         logprobs,

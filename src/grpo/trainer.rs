@@ -9,7 +9,7 @@ use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
     GrpoConfig, GrpoObjective, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer, Shard,
-    UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update,
+    UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update, with_entropy_floor,
 };
 use crate::data::Dataset;
 use crate::generate::GenerationConfig;
@@ -436,13 +436,16 @@ impl GrpoTrainer {
         )?;
         let pack_s = t.elapsed().as_secs_f64();
         let training = self.core.model.training();
-        let accumulated = accumulate_share(
-            &self.core.model.lm,
-            self.reference.as_ref(),
-            &update.rows,
-            update.totals,
-            &self.objective(),
-        );
+        let accumulated =
+            with_entropy_floor(&self.core.model.lm, &update.rows, self.objective(), world).and_then(|objective| {
+                accumulate_share(
+                    &self.core.model.lm,
+                    self.reference.as_ref(),
+                    &update.rows,
+                    update.totals,
+                    &objective,
+                )
+            });
         drop(training);
         // Rows before the failure left gradients behind: the next step must not see them.
         let mut stats = accumulated.inspect_err(|_| self.core.optim.discard_gradients())?;

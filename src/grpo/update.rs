@@ -4,9 +4,11 @@
 use std::time::Instant;
 
 use super::{GrpoObjective, grpo_loss_backward};
+use crate::device::Device;
 use crate::model::CausalLm;
-use crate::pack::{PackedRow, Packing, Rollout, row_logprobs_at};
+use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, pair_entropies, row_logprobs_at};
 use crate::train::TrainError;
+use crate::train::distributed::World;
 
 /// Packs `rollouts` into rows of at most `budget` tokens through the planner (unique tokens
 /// for trees: a group's rollouts share a row while they fit). Both packings emit every
@@ -118,7 +120,71 @@ pub fn accumulate_gradients(
     rows: &[PackedRow],
     objective: &GrpoObjective,
 ) -> Result<UpdateStats, TrainError> {
-    accumulate_share(policy, reference, rows, StepTotals::of(rows), objective)
+    let mut objective = *objective;
+    if objective.entropy_floor.is_none() {
+        objective.entropy_floor = entropy_floor(&term_entropies(policy, rows, &objective)?, &objective);
+    }
+    accumulate_share(policy, reference, rows, StepTotals::of(rows), &objective)
+}
+
+/// `objective` with the step's entropy floor set from every rank's rows when
+/// `top_entropy_quantile < 1` (one extra forward per row, without gradient): the quantile is
+/// over the whole step, so it is the same in either packing and on any number of ranks.
+pub fn with_entropy_floor(
+    policy: &CausalLm,
+    rows: &[PackedRow],
+    objective: GrpoObjective,
+    world: &World,
+) -> Result<GrpoObjective, TrainError> {
+    if objective.top_entropy_quantile >= 1.0 {
+        return Ok(objective);
+    }
+    let local = term_entropies(policy, rows, &objective)?;
+    let bytes: Vec<u8> = local.iter().flat_map(|e| e.to_le_bytes()).collect();
+    let all: Vec<f32> = world
+        .all_gather_bytes(&bytes)?
+        .iter()
+        .flat_map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect();
+    Ok(GrpoObjective {
+        entropy_floor: entropy_floor(&all, &objective),
+        ..objective
+    })
+}
+
+/// Every loss term's policy entropy in `rows` (nats, under the sampling temperature; no
+/// gradient): what `top_entropy_quantile` ranks. Empty unless `top_entropy_quantile < 1`.
+fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjective) -> Result<Vec<f32>, TrainError> {
+    let mut out = Vec::new();
+    if objective.top_entropy_quantile >= 1.0 {
+        return Ok(out);
+    }
+    for row in rows {
+        let terms = tch::no_grad(|| distinct_terms(policy, row, objective.temperature))?;
+        let per_pair = pair_entropies(&terms.hidden, policy.lm_head_weight(), objective.chunks.tokens.min(256))
+            .map_err(crate::model::ModelError::from)?;
+        let per_term = per_pair
+            .f_index_select(0, &terms.of_term)
+            .and_then(|t| Device::to_host(&t))
+            .map_err(crate::model::ModelError::from)?;
+        out.extend(Vec::<f32>::try_from(&per_term).map_err(crate::model::ModelError::from)?);
+    }
+    Ok(out)
+}
+
+/// The entropy at quantile `1 - top_entropy_quantile` of `entropies` (`torch.quantile`'s
+/// linear interpolation, as TRL takes it): terms at or above it train. `None` when every term
+/// trains.
+pub fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64> {
+    let q = objective.top_entropy_quantile;
+    if q >= 1.0 || entropies.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = entropies.iter().map(|&e| f64::from(e)).collect();
+    v.sort_by(f64::total_cmp);
+    let at = (1.0 - q).clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    Some(v[lo] + (v[hi] - v[lo]) * (at - lo as f64))
 }
 
 /// [`accumulate_gradients`] over one rank's `rows` of a step whose totals are `totals`: the

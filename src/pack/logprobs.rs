@@ -100,25 +100,38 @@ pub fn row_logprobs_at(
     distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
 }
 
-/// `sum_i weights[i] * entropy(softmax(h_i W^T))` over rows of `h` `[U, hidden]`, without
+/// `entropy(softmax(h_i W^T))` `[U]` (f32) for each row of `h` `[U, hidden]`, without
 /// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
-pub(crate) fn entropy_sum(h: &Tensor, lm_head: &Tensor, weights: &[f64], chunk: i64) -> Result<f64, tch::TchError> {
-    let weights = Device::of(h).put(&Tensor::f_from_slice(weights)?.f_to_kind(Kind::Float)?)?;
-    Ok(tch::no_grad(|| {
-        let n = h.size()[0];
-        let w = lm_head.to_kind(Kind::Float);
-        let mut total = 0.0;
+pub(crate) fn pair_entropies(h: &Tensor, lm_head: &Tensor, chunk: i64) -> Result<Tensor, tch::TchError> {
+    tch::no_grad(|| {
+        let n = h.size().first().copied().unwrap_or(0);
+        let w = lm_head.f_to_kind(Kind::Float)?;
+        let mut parts = Vec::new();
         let mut start = 0;
         while start < n {
             let len = chunk.max(1).min(n - start);
-            let logits = h.narrow(0, start, len).to_kind(Kind::Float).matmul(&w.transpose(0, 1));
-            let logp = logits.log_softmax(-1, Kind::Float);
-            let entropy = -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float);
-            total += (entropy * weights.narrow(0, start, len))
-                .sum(Kind::Float)
-                .double_value(&[]);
+            let logits = h
+                .f_narrow(0, start, len)?
+                .f_to_kind(Kind::Float)?
+                .f_matmul(&w.f_transpose(0, 1)?)?;
+            let logp = logits.f_log_softmax(-1, Kind::Float)?;
+            parts.push(
+                logp.f_exp()?
+                    .f_mul(&logp)?
+                    .f_sum_dim_intlist(-1, false, Kind::Float)?
+                    .f_neg()?,
+            );
             start += len;
         }
-        total
-    }))
+        match parts.is_empty() {
+            true => Device::of(h).zeros(&[0], Kind::Float),
+            false => Tensor::f_cat(&parts, 0),
+        }
+    })
+}
+
+/// `sum_i weights[i] * entropy_i` of [`pair_entropies`] `[U]`.
+pub(crate) fn weighted_sum(entropies: &Tensor, weights: &[f64]) -> Result<f64, tch::TchError> {
+    let weights = Device::of(entropies).put(&Tensor::f_from_slice(weights)?.f_to_kind(Kind::Float)?)?;
+    entropies.f_mul(&weights)?.f_sum(Kind::Float)?.f_double_value(&[])
 }

@@ -14,7 +14,7 @@ mod tree;
 mod view;
 
 pub use error::PackError;
-pub(crate) use logprobs::{DistinctTerms, TermPairs, distinct_terms, entropy_sum};
+pub(crate) use logprobs::{DistinctTerms, TermPairs, distinct_terms, pair_entropies, weighted_sum};
 pub use logprobs::{row_logprobs, row_logprobs_at};
 pub use planner::{PackPlan, Packing, RowBuilder, plan, plan_rows};
 pub use rollout::Rollout;
