@@ -186,7 +186,7 @@ fn step_ms(model: &Model, row: &PackedRow, args: &Args) -> f64 {
     let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
     treetrain::train::zero_grads(&model.vs);
     let t = Instant::now();
-    grpo_loss_backward(&model.lm, row, &cfg, weights, None).expect("loss");
+    grpo_loss_backward(&model.lm, row, &cfg, weights, Default::default()).expect("loss");
     if let Device::Cuda(i) = args.device {
         tch::Cuda::synchronize(i as i64);
     }

@@ -126,6 +126,12 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Grpo, "top_entropy_quantile", "in [0, 1]", Some("1.5")),
     rule(
         Scope::Grpo,
+        "importance_sampling_clip_max",
+        "and `importance_sampling_clip_min`: finite, >= 0, min below max",
+        Some("-1.0"),
+    ),
+    rule(
+        Scope::Grpo,
         "delta",
         "unset, or finite and above 1 + epsilon_high (it caps the unclipped ratio)",
         Some("1.1"),

@@ -118,7 +118,14 @@ fn grpo_grads(model: &Model, activations: Activations) -> (f64, Vec<(String, Ten
         ..GrpoObjective::default()
     };
     let n = row.token_index.len().max(1) as f64;
-    let out = grpo_loss_backward(&model.lm, &row, &objective, TermWeights::Uniform(1.0 / n), None).unwrap();
+    let out = grpo_loss_backward(
+        &model.lm,
+        &row,
+        &objective,
+        TermWeights::Uniform(1.0 / n),
+        Default::default(),
+    )
+    .unwrap();
     (out.loss.double_value(&[]), take_grads(model))
 }
 

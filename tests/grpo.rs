@@ -658,11 +658,14 @@ fn batch_scaled_advantages_zero_std_groups_and_all_options_in_the_trainer() {
         top_entropy_quantile: 0.5,
         importance_sampling_level: treetrain::grpo::ImportanceSampling::Sequence,
         delta: Some(2.0),
+        importance_sampling_correction: true,
         ..config()
     })
     .unwrap();
     let m = t.step().unwrap();
     assert!(m.loss.is_finite() && !m.skipped, "{m:?}");
+    // Sampled by the weights being trained: the correction weight is 1 up to float noise.
+    assert!((m.sampling_correction - 1.0).abs() < 1e-3, "{m:?}");
     let batch = t.last_batch.as_ref().unwrap();
     let all: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -748,5 +751,90 @@ fn top_entropy_quantile_trains_the_highest_entropy_terms_in_both_packings() {
         let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective)).unwrap();
         let rel = (got.loss - want).abs() / want.abs().max(1e-9);
         assert!(rel < 1e-4, "{packing:?}: {} vs {want}", got.loss);
+    }
+}
+
+#[test]
+fn the_sampling_correction_follows_trls_four_modes_in_both_packings() {
+    use treetrain::grpo::{SamplingCorrection, SamplingCorrectionMode};
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 4,
+        ..config()
+    })
+    .unwrap();
+    t.step().unwrap();
+    // A lagging sampler: the SFT model's rollouts with their sampling log-probs moved by up
+    // to 1 nat per token, as other weights would have given them; the policy is the SFT model.
+    let mut rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    for (k, r) in rollouts.iter_mut().enumerate() {
+        for (i, lp) in r.old_log_probs.iter_mut().enumerate() {
+            *lp += (0.7 * i as f32 + k as f32).sin();
+        }
+    }
+    let m = Model::load(&sft_model(), LoadOptions::default()).unwrap();
+    let reference = per_rollout_terms(&m, &rollouts);
+    for mode in [
+        SamplingCorrectionMode::TokenTruncate,
+        SamplingCorrectionMode::TokenMask,
+        SamplingCorrectionMode::SequenceTruncate,
+        SamplingCorrectionMode::SequenceMask,
+    ] {
+        // Bounds that keep some rollouts and drop others in each mode.
+        let (lo, hi) = match mode {
+            SamplingCorrectionMode::TokenTruncate | SamplingCorrectionMode::TokenMask => (Some(0.5), Some(3.0)),
+            _ => (Some(0.3), Some(6.0)),
+        };
+        // The ratio is against the policy at update start (here the policy itself: 1, never
+        // clipped), so each term is -A x w, w the capped exp(before - sampled).
+        let (mut sum, mut terms, mut weight) = (0.0, 0usize, 0.0);
+        for (new, sampled, a) in &reference {
+            let seq: f64 = new.iter().zip(sampled).map(|(n, s)| n - s).sum();
+            for (n, s) in new.iter().zip(sampled) {
+                let bound = |w: f64| w.clamp(lo.unwrap(), hi.unwrap());
+                let inside = |w: f64| {
+                    if (lo.unwrap()..=hi.unwrap()).contains(&w) {
+                        w
+                    } else {
+                        0.0
+                    }
+                };
+                let w = match mode {
+                    SamplingCorrectionMode::TokenTruncate => bound((n - s).exp()),
+                    SamplingCorrectionMode::TokenMask => inside((n - s).exp()),
+                    SamplingCorrectionMode::SequenceTruncate => bound(seq.exp()),
+                    SamplingCorrectionMode::SequenceMask => inside(seq.exp()),
+                };
+                sum += -a * w;
+                weight += w;
+                terms += 1;
+            }
+        }
+        let want = sum / terms as f64;
+        assert!(want.abs() > 1e-3, "{mode:?}: a loss of {want} tests nothing");
+        for packing in [Packing::Tree, Packing::Flat] {
+            let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
+            let objective = GrpoObjective {
+                sampling_correction: Some(SamplingCorrection {
+                    mode,
+                    clip_min: lo,
+                    clip_max: hi,
+                }),
+                ..GrpoObjective::default()
+            };
+            let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective)).unwrap();
+            let rel = (got.loss - want).abs() / want.abs().max(1e-9);
+            assert!(
+                rel < 1e-4,
+                "{mode:?} {packing:?}: {} vs {want} ({got:?}, {terms} terms, mean w {})",
+                got.loss,
+                weight / terms as f64
+            );
+            let mean_w = weight / terms as f64;
+            assert!(
+                (got.sampling_correction - mean_w).abs() < 1e-4 * mean_w.max(1e-3),
+                "{mode:?} weights"
+            );
+            assert!(got.clip_ratio == 0.0, "ratio 1 against the policy at update start");
+        }
     }
 }

@@ -46,6 +46,25 @@ pub enum ImportanceSampling {
     Sequence,
 }
 
+/// How the mismatch between the weights that sampled a rollout and the policy at update start
+/// is corrected (TRL's `vllm_importance_sampling_mode`; here for async rollouts and repeated
+/// iterations, whose generating weights lag). The ratio is `exp(before - sampled)` of the
+/// log-probs, per token or summed per rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum SamplingCorrectionMode {
+    /// Per-token ratios clipped to `[clip_min, clip_max]`.
+    TokenTruncate,
+    /// Per-token ratios outside `[clip_min, clip_max]` set to 0.
+    TokenMask,
+    /// One ratio per rollout, clipped, applied to all its tokens.
+    SequenceTruncate,
+    /// Rollouts whose ratio is outside `[clip_min, clip_max]` left out (TRL 1.16's default).
+    #[default]
+    SequenceMask,
+}
+
 /// A built-in reward by name, with its weight.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardSpec {
@@ -100,6 +119,18 @@ pub struct GrpoConfig {
     pub delta: Option<f64>,
     /// Token- or sequence-level importance ratios (GSPO).
     pub importance_sampling_level: ImportanceSampling,
+    /// Correct for the weights that sampled the rollouts lagging the policy (TRL's
+    /// `vllm_importance_sampling_correction`): the clipped ratio is then taken against the
+    /// policy's own log-probs at the start of the update (one more forward per row, without
+    /// gradient), and each term's policy loss is weighted by the capped ratio of those to the
+    /// sampling log-probs. Off by default (it costs that forward).
+    pub importance_sampling_correction: bool,
+    /// How the correction ratio is capped.
+    pub importance_sampling_mode: SamplingCorrectionMode,
+    /// Upper bound of the correction ratio (TRL's default 3.0; `None`: none).
+    pub importance_sampling_clip_max: Option<f64>,
+    /// Lower bound of the correction ratio (`None`: none).
+    pub importance_sampling_clip_min: Option<f64>,
     /// Train only the loss terms whose policy entropy is in the top `top_entropy_quantile` of
     /// the step's (TRL's ρ, "Beyond the 80/20 Rule"; 0.2 recommended, 1.0 keeps all). The other
     /// terms still count in the normaliser, as in TRL.
@@ -166,6 +197,10 @@ impl Default for GrpoConfig {
             delta: None,
             importance_sampling_level: ImportanceSampling::Token,
             top_entropy_quantile: 1.0,
+            importance_sampling_correction: false,
+            importance_sampling_mode: SamplingCorrectionMode::SequenceMask,
+            importance_sampling_clip_max: Some(3.0),
+            importance_sampling_clip_min: None,
             beta: 0.0,
             scale_rewards: ScaleRewards::Group,
             loss_type: LossType::Dapo,
@@ -252,6 +287,15 @@ impl GrpoConfig {
         ];
         if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(TrainError::config(field, "must be finite and >= 0"));
+        }
+        let (lo, hi) = (self.importance_sampling_clip_min, self.importance_sampling_clip_max);
+        if lo.is_some_and(|l| !(l.is_finite() && l >= 0.0))
+            || hi.is_some_and(|h| !(h.is_finite() && h > lo.unwrap_or(0.0)))
+        {
+            return Err(TrainError::config(
+                "importance_sampling_clip_max",
+                "and importance_sampling_clip_min must be finite, >= 0, with min below max",
+            ));
         }
         if !(0.0..=1.0).contains(&self.top_entropy_quantile) {
             return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));

@@ -40,8 +40,11 @@ mod worker;
 
 pub use advantage::{ScaleRewards, group_advantages};
 pub use answer::extract_answer;
-pub use config::{GrpoConfig, ImportanceSampling, LossType, RewardSpec, RolloutMode};
-pub use objective::{GrpoLoss, GrpoObjective, TermWeights, grpo_loss, grpo_loss_backward, grpo_loss_with_reference};
+pub use config::{GrpoConfig, ImportanceSampling, LossType, RewardSpec, RolloutMode, SamplingCorrectionMode};
+pub use objective::{
+    GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
+    grpo_loss_with_reference,
+};
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
 pub use rollouts::{
     PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup, Shard,

@@ -5,7 +5,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{GrpoConfig, ImportanceSampling, LossType};
+use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, pair_entropies, weighted_sum};
 
@@ -22,6 +22,9 @@ pub struct GrpoObjective {
     pub delta: Option<f64>,
     /// Token- or sequence-level (GSPO) importance ratios.
     pub importance_sampling: ImportanceSampling,
+    /// Correction for rollouts sampled by other weights than the policy at update start
+    /// (`None`: the ratio is taken against the sampling log-probs, uncorrected).
+    pub sampling_correction: Option<SamplingCorrection>,
     /// Share of the step's loss terms, by entropy from the top, that are trained (1: all).
     pub top_entropy_quantile: f64,
     /// The step's entropy at quantile `1 - top_entropy_quantile`: terms below it are left out
@@ -52,6 +55,11 @@ impl From<&GrpoConfig> for GrpoObjective {
             importance_sampling: c.importance_sampling_level,
             top_entropy_quantile: c.top_entropy_quantile,
             entropy_floor: None,
+            sampling_correction: c.importance_sampling_correction.then_some(SamplingCorrection {
+                mode: c.importance_sampling_mode,
+                clip_min: c.importance_sampling_clip_min,
+                clip_max: c.importance_sampling_clip_max,
+            }),
             chunks: LogprobChunks::default(),
             temperature: c.temperature,
             beta: c.beta,
@@ -71,6 +79,7 @@ impl Default for GrpoObjective {
             importance_sampling: ImportanceSampling::Token,
             top_entropy_quantile: 1.0,
             entropy_floor: None,
+            sampling_correction: None,
             chunks: LogprobChunks::default(),
             temperature: 1.0,
             beta: 0.0,
@@ -79,6 +88,26 @@ impl Default for GrpoObjective {
             max_completion_length: 0,
         }
     }
+}
+
+/// TRL's importance-sampling correction of the sampling mismatch: a mode and its bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingCorrection {
+    /// Per token or per rollout, clipped or masked.
+    pub mode: SamplingCorrectionMode,
+    /// Lower bound of the ratio.
+    pub clip_min: Option<f64>,
+    /// Upper bound of the ratio.
+    pub clip_max: Option<f64>,
+}
+
+/// Per-term log-probs `[M]` of a row from other forwards than the policy's own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TermLogprobs<'a> {
+    /// The frozen reference model's, for the KL penalty (used when `beta > 0`).
+    pub reference: Option<&'a Tensor>,
+    /// The policy's own at the start of the update, for [`SamplingCorrection`].
+    pub before_update: Option<&'a Tensor>,
 }
 
 /// How each loss term is weighted in the sum that becomes a row's loss.
@@ -149,6 +178,8 @@ pub struct GrpoLoss {
     pub ref_kl_sum: f64,
     /// Sum over terms of the policy's entropy (nats) at the predicting position.
     pub entropy_sum: f64,
+    /// Sum over terms of the sampling-correction weight (`num_terms` when uncorrected).
+    pub correction_sum: f64,
 }
 
 /// `k3 = exp(q - p) - (q - p) - 1` per term: an unbiased, non-negative estimate of
@@ -169,7 +200,13 @@ pub fn grpo_loss(
     normalizer: Option<f64>,
 ) -> Result<GrpoLoss, ModelError> {
     let norm = normalizer.unwrap_or(row.token_index.len().max(1) as f64);
-    grpo_loss_with_reference(model, row, cfg, TermWeights::Uniform(1.0 / norm), None)
+    grpo_loss_with_reference(
+        model,
+        row,
+        cfg,
+        TermWeights::Uniform(1.0 / norm),
+        TermLogprobs::default(),
+    )
 }
 
 /// The clipped surrogate with per-term `weights`, plus `beta * k3(policy, reference)` per term
@@ -180,10 +217,10 @@ pub fn grpo_loss_with_reference(
     row: &PackedRow,
     cfg: &GrpoObjective,
     weights: TermWeights,
-    reference: Option<&Tensor>,
+    other: TermLogprobs<'_>,
 ) -> Result<GrpoLoss, ModelError> {
     let terms = distinct_terms(model, row, cfg.temperature)?;
-    loss_of_terms(model, row, &terms, cfg, weights, reference)
+    loss_of_terms(model, row, &terms, cfg, weights, other)
 }
 
 /// [`grpo_loss_with_reference`], back-propagated into the policy's gradients (accumulated;
@@ -194,13 +231,13 @@ pub fn grpo_loss_backward(
     row: &PackedRow,
     cfg: &GrpoObjective,
     weights: TermWeights,
-    reference: Option<&Tensor>,
+    other: TermLogprobs<'_>,
 ) -> Result<GrpoLoss, ModelError> {
     let pairs = TermPairs::of(row)?;
     let (ids, pos, layout) = row.layout(model.device())?;
     model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
         let terms = pairs.select(hidden, cfg.temperature)?;
-        let out = loss_of_terms(model, row, &terms, cfg, weights, reference)?;
+        let out = loss_of_terms(model, row, &terms, cfg, weights, other)?;
         Ok((Some(out.loss.shallow_clone()), out))
     })
 }
@@ -212,12 +249,22 @@ fn loss_of_terms(
     terms: &DistinctTerms,
     cfg: &GrpoObjective,
     weights: TermWeights,
-    reference: Option<&Tensor>,
+    other: TermLogprobs<'_>,
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
     let m = row.token_index.len();
     let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
-    let old = device.from_slice(&row.old_log_probs)?;
+    let sampled = device.from_slice(&row.old_log_probs)?;
+    // With a sampling correction the ratio is against the policy at update start, and the
+    // sampling mismatch becomes a (detached) weight on each term's policy loss.
+    let (old, correction) = match (cfg.sampling_correction, other.before_update) {
+        (Some(c), Some(before)) => {
+            let before = device.put(before)?.f_to_kind(Kind::Float)?;
+            let w = sampling_weights(row, &before, &sampled, c)?;
+            (before, Some(w))
+        }
+        _ => (sampled, None),
+    };
     let adv = device.from_slice(&row.advantages)?;
     let ratio = importance_ratio(row, &logprobs, &old, cfg.importance_sampling)?;
     let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
@@ -232,8 +279,15 @@ fn loss_of_terms(
         let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;
         per_term = per_term.f_mul(&keep.f_to_kind(Kind::Float)?)?;
     }
+    let correction_sum = match &correction {
+        Some(w) => {
+            per_term = per_term.f_mul(w)?;
+            tch::no_grad(|| w.f_sum(Kind::Float)?.f_double_value(&[]))?
+        }
+        None => m as f64,
+    };
     let mut ref_kl_sum = 0.0;
-    if let Some(reference) = reference.filter(|_| cfg.beta > 0.0) {
+    if let Some(reference) = other.reference.filter(|_| cfg.beta > 0.0) {
         if reference.size() != [m as i64] {
             return Err(ModelError::Input(format!(
                 "reference log-probs have shape {:?}, the row has {m} loss terms",
@@ -279,12 +333,63 @@ fn loss_of_terms(
         approx_kl_sum,
         ref_kl_sum,
         entropy_sum,
+        correction_sum,
     })
 }
 
+/// TRL's importance-sampling correction weight of every term `[M]`: `exp(before - sampled)`
+/// per token, or of its rollout's sum, then clipped (`*_truncate`) or zeroed outside the bounds
+/// (`*_mask`).
+fn sampling_weights(
+    row: &PackedRow,
+    before: &Tensor,
+    sampled: &Tensor,
+    c: SamplingCorrection,
+) -> Result<Tensor, tch::TchError> {
+    use SamplingCorrectionMode::*;
+    let diff = before.f_sub(sampled)?;
+    let log_w = match c.mode {
+        TokenTruncate | TokenMask => diff,
+        SequenceTruncate | SequenceMask => per_rollout(row, &diff, Reduce::Sum)?,
+    };
+    let w = log_w.f_exp()?;
+    match c.mode {
+        TokenTruncate | SequenceTruncate => w.f_clamp(c.clip_min.unwrap_or(0.0), c.clip_max.unwrap_or(f64::INFINITY)),
+        TokenMask | SequenceMask => {
+            let inside = w
+                .f_ge(c.clip_min.unwrap_or(f64::NEG_INFINITY))?
+                .f_logical_and(&w.f_le(c.clip_max.unwrap_or(f64::INFINITY))?)?;
+            w.f_mul(&inside.f_to_kind(Kind::Float)?)
+        }
+    }
+}
+
+/// How [`per_rollout`] combines a rollout's terms.
+#[derive(Clone, Copy, PartialEq)]
+enum Reduce {
+    Sum,
+    Mean,
+}
+
+/// `values` `[M]` summed (or averaged) over each term's rollout and handed back to every term
+/// of it `[M]`. Rollouts never straddle rows, so this is the whole completion in either packing.
+fn per_rollout(row: &PackedRow, values: &Tensor, reduce: Reduce) -> Result<Tensor, tch::TchError> {
+    let device = crate::device::Device::of(values);
+    let rollout = device.from_slice(&row.segment_id)?;
+    let n = row.rollouts as i64;
+    let mut totals = device.zeros(&[n], values.kind())?.f_index_add(0, &rollout, values)?;
+    if reduce == Reduce::Mean {
+        let counts = device
+            .zeros(&[n], values.kind())?
+            .f_index_add(0, &rollout, &values.f_ones_like()?)?
+            .f_clamp_min(1.0)?;
+        totals = totals.f_div(&counts)?;
+    }
+    totals.f_index_select(0, &rollout)
+}
+
 /// Every term's importance ratio `[M]`: `exp(logp - old)` per token, or (sequence level, GSPO)
-/// `exp` of the mean log-ratio over the term's rollout, the same for all its terms. Rollouts
-/// never straddle rows, so the mean is over the rollout's whole completion in either packing.
+/// `exp` of the mean log-ratio over the term's rollout, the same for all its terms.
 fn importance_ratio(
     row: &PackedRow,
     logprobs: &Tensor,
@@ -292,20 +397,10 @@ fn importance_ratio(
     level: ImportanceSampling,
 ) -> Result<Tensor, tch::TchError> {
     let log_ratio = logprobs.f_sub(old)?;
-    if level == ImportanceSampling::Token || row.segment_id.is_empty() {
-        return log_ratio.f_exp();
+    match level {
+        ImportanceSampling::Token => log_ratio.f_exp(),
+        ImportanceSampling::Sequence => per_rollout(row, &log_ratio, Reduce::Mean)?.f_exp(),
     }
-    let device = crate::device::Device::of(logprobs);
-    let rollout = device.from_slice(&row.segment_id)?;
-    let n = row.rollouts as i64;
-    let sums = device
-        .zeros(&[n], log_ratio.kind())?
-        .f_index_add(0, &rollout, &log_ratio)?;
-    let counts = device
-        .zeros(&[n], log_ratio.kind())?
-        .f_index_add(0, &rollout, &log_ratio.f_ones_like()?)?
-        .f_clamp_min(1.0)?;
-    sums.f_div(&counts)?.f_index_select(0, &rollout)?.f_exp()
 }
 
 impl GrpoObjective {

@@ -82,6 +82,9 @@ pub struct GrpoStepMetrics {
     pub kl: f64,
     /// Mean policy entropy per term.
     pub entropy: f64,
+    /// Mean sampling-correction weight per term (1 without `importance_sampling_correction`).
+    #[serde(default)]
+    pub sampling_correction: f64,
     /// Raw tokens / forwarded tokens of the update.
     pub packing_ratio: f64,
     /// Tokens forwarded by the update (unique tokens for trees).
@@ -546,6 +549,7 @@ impl GrpoTrainer {
             approx_kl: stats.approx_kl,
             kl: stats.ref_kl,
             entropy: stats.entropy,
+            sampling_correction: stats.sampling_correction,
             packing_ratio: stats.packing_ratio(),
             forwarded_tokens: stats.forwarded_tokens,
             raw_tokens: stats.raw_tokens,
@@ -643,6 +647,7 @@ fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainErr
         stats.approx_kl,
         stats.ref_kl,
         stats.entropy,
+        stats.sampling_correction,
         stats.forwarded_tokens as f64,
         stats.raw_tokens as f64,
         stats.rows as f64,
@@ -656,6 +661,7 @@ fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainErr
         approx_kl,
         ref_kl,
         entropy,
+        correction,
         forwarded,
         raw,
         rows,
@@ -668,6 +674,7 @@ fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainErr
         approx_kl,
         ref_kl,
         entropy,
+        sampling_correction: correction,
         forwarded_tokens: forwarded as usize,
         raw_tokens: raw as usize,
         rows: rows as usize,

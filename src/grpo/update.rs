@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{GrpoObjective, grpo_loss_backward};
+use super::{GrpoObjective, TermLogprobs, grpo_loss_backward};
 use crate::device::Device;
 use crate::model::CausalLm;
 use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, pair_entropies, row_logprobs_at};
@@ -98,6 +98,10 @@ pub struct UpdateStats {
     pub ref_kl: f64,
     /// Mean policy entropy per term (nats).
     pub entropy: f64,
+    /// Mean sampling-correction weight per term (1 without the correction; below 1 when
+    /// masked or truncated rollouts lag).
+    #[serde(default)]
+    pub sampling_correction: f64,
     /// Seconds in forward + backward.
     pub forward_backward_s: f64,
 }
@@ -207,15 +211,22 @@ pub fn accumulate_share(
     };
     let mut clipped = [0.0; 3];
     for row in rows {
-        let reference_lp = match reference.filter(|_| objective.beta > 0.0) {
-            Some(m) => Some(tch::no_grad(|| {
-                row_logprobs_at(m, row, objective.chunks, objective.temperature)
-            })?),
-            None => None,
-        };
+        let logprobs_of =
+            |m: &CausalLm| tch::no_grad(|| row_logprobs_at(m, row, objective.chunks, objective.temperature));
+        let reference_lp = reference
+            .filter(|_| objective.beta > 0.0)
+            .map(logprobs_of)
+            .transpose()?;
+        // The policy before this update: no row's backward has changed the weights yet.
+        let before_lp = objective.sampling_correction.map(|_| logprobs_of(policy)).transpose()?;
         let weights = objective.term_weights(row, terms, rollouts)?;
+        let other = TermLogprobs {
+            reference: reference_lp.as_ref(),
+            before_update: before_lp.as_ref(),
+        };
         // Under `tch::no_grad` (evaluation) nothing is back-propagated.
-        let out = grpo_loss_backward(policy, row, objective, weights, reference_lp.as_ref())?;
+        let out = grpo_loss_backward(policy, row, objective, weights, other)?;
+        stats.sampling_correction += out.correction_sum;
         stats.loss += out.loss.double_value(&[]);
         let n = out.num_terms as f64;
         clipped[0] += out.clip_fraction * n;
@@ -227,6 +238,7 @@ pub fn accumulate_share(
         stats.forwarded_tokens += row.len();
         stats.raw_tokens += row.raw_tokens;
     }
+    stats.sampling_correction /= norm;
     stats.clip_ratio = clipped[0] / norm;
     stats.clip_ratio_low = clipped[1] / norm;
     stats.clip_ratio_high = clipped[2] / norm;
