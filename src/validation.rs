@@ -120,6 +120,7 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Grpo, "max_completion_length", "at least 1", Some("0")),
     rule(Scope::Grpo, "token_budget", "at least 1", Some("0")),
     rule(Scope::Grpo, "num_iterations", "at least 1", Some("0")),
+    rule(Scope::Grpo, "per_device_train_batch_size", "at least 1", Some("0")),
     rule(Scope::Grpo, "epsilon_low", "finite and >= 0", Some("-0.2")),
     rule(Scope::Grpo, "epsilon_high", "finite and >= 0", Some("-0.2")),
     rule(Scope::Grpo, "beta", "finite and >= 0", Some("-1.0")),

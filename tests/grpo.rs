@@ -461,6 +461,7 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
     let cfg = GrpoObjective::default();
     // Independent references: each rollout forwarded alone; its summed and mean terms.
     let (mut sums, mut means, mut terms) = (0.0, 0.0, 0usize);
+    let mut per_rollout = Vec::new();
     for r in &rollouts {
         let row = pack_flat(std::slice::from_ref(r)).unwrap();
         let n = row.token_index.len();
@@ -468,12 +469,19 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
         sums += sum;
         means += sum / n as f64;
         terms += n;
+        per_rollout.push((sum, n));
     }
+    // bnpo: micro-batches of 3 consecutive rollouts, each its token mean, then their mean.
+    let batches: Vec<f64> = per_rollout
+        .chunks(3)
+        .map(|c| c.iter().map(|x| x.0).sum::<f64>() / c.iter().map(|x| x.1).sum::<usize>() as f64)
+        .collect();
     let r = rollouts.len() as f64;
     let want = [
         (LossType::Dapo, sums / terms as f64),
         (LossType::Grpo, means / r),
         (LossType::DrGrpo, sums / (r * 16.0)),
+        (LossType::Bnpo, batches.iter().sum::<f64>() / batches.len() as f64),
     ];
     for (loss_type, want) in want {
         for packing in [Packing::Tree, Packing::Flat] {
@@ -481,6 +489,7 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
             let objective = GrpoObjective {
                 loss_type,
                 max_completion_length: 16,
+                per_device_train_batch_size: 3,
                 ..cfg
             };
             let got = tch::no_grad(|| accumulate_gradients(&m.lm, None, &rows, &objective))

@@ -31,6 +31,9 @@ pub enum LossType {
     Grpo,
     /// Over rollouts x `max_completion_length` (Dr. GRPO: no length bias).
     DrGrpo,
+    /// Over each micro-batch's terms (`per_device_train_batch_size` consecutive rollouts),
+    /// then over micro-batches (TRL's `bnpo`; equal to `grpo` at one rollout per batch).
+    Bnpo,
 }
 
 /// Where the importance ratio is taken (TRL's `importance_sampling_level`).
@@ -141,6 +144,9 @@ pub struct GrpoConfig {
     pub scale_rewards: ScaleRewards,
     /// How loss terms are averaged.
     pub loss_type: LossType,
+    /// Rollouts per micro-batch for `loss_type = "bnpo"` (TRL's `per_device_train_batch_size`,
+    /// whose batches `bnpo` normalises over; packing itself is set by `token_budget`).
+    pub per_device_train_batch_size: usize,
     /// Leave completions cut at `max_completion_length` out of the loss (TRL's
     /// `mask_truncated_completions`).
     pub mask_truncated_completions: bool,
@@ -204,6 +210,7 @@ impl Default for GrpoConfig {
             beta: 0.0,
             scale_rewards: ScaleRewards::Group,
             loss_type: LossType::Dapo,
+            per_device_train_batch_size: 8,
             mask_truncated_completions: false,
             num_iterations: 1,
             packing: Packing::Tree,
@@ -267,6 +274,7 @@ impl GrpoConfig {
             ("max_completion_length", self.max_completion_length),
             ("token_budget", self.token_budget),
             ("num_iterations", self.num_iterations),
+            ("per_device_train_batch_size", self.per_device_train_batch_size),
         ];
         if self.mode == RolloutMode::Async {
             positive.extend([

@@ -42,6 +42,8 @@ pub struct GrpoObjective {
     pub loss_type: LossType,
     /// Dr. GRPO's constant (the run's `max_completion_length`).
     pub max_completion_length: usize,
+    /// Rollouts per micro-batch of `Bnpo` (TRL's `per_device_train_batch_size`).
+    pub per_device_train_batch_size: usize,
     /// Layer activations kept for backward or recomputed (`gradient_checkpointing`).
     pub activations: Activations,
 }
@@ -65,6 +67,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             beta: c.beta,
             loss_type: c.loss_type,
             max_completion_length: c.max_completion_length,
+            per_device_train_batch_size: c.per_device_train_batch_size,
             activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
         }
     }
@@ -86,6 +89,7 @@ impl Default for GrpoObjective {
             loss_type: LossType::Dapo,
             activations: Activations::Kept,
             max_completion_length: 0,
+            per_device_train_batch_size: 8,
         }
     }
 }
@@ -121,16 +125,32 @@ pub enum TermWeights {
 }
 
 impl GrpoObjective {
-    /// The weights of `row`'s loss terms in a step of `terms` loss terms over `rollouts`
-    /// rollouts (both counted over the whole step, every row and rank):
+    /// The weights of `row`'s loss terms in a step of `totals` (counted over the whole step,
+    /// every row and rank):
     ///
     /// - `Dapo`: every term / all loss terms of the step (token level).
     /// - `Grpo`: every term / (its rollout's terms x rollouts of the step): each rollout's mean,
     ///   then the mean over rollouts.
     /// - `DrGrpo`: every term / (rollouts x `max_completion_length`).
-    pub fn term_weights(&self, row: &PackedRow, terms: usize, rollouts: usize) -> Result<TermWeights, ModelError> {
-        let rollouts = rollouts.max(1);
+    /// - `Bnpo`: every term / (its micro-batch's terms x micro-batches of the step), a
+    ///   micro-batch being `per_device_train_batch_size` consecutive rollouts of the step:
+    ///   each micro-batch's token mean, then the mean over micro-batches.
+    pub fn term_weights(&self, row: &PackedRow, totals: &super::StepTotals) -> Result<TermWeights, ModelError> {
+        let (terms, rollouts) = (totals.terms, totals.rollouts.max(1));
         Ok(match self.loss_type {
+            LossType::Bnpo => {
+                let size = self.per_device_train_batch_size.max(1);
+                let per_batch: Vec<usize> = totals.rollout_terms.chunks(size).map(|c| c.iter().sum()).collect();
+                let batches = per_batch.len().max(1);
+                let weights = row.segment_id.iter().map(|&s| {
+                    let source = row.sources.get(s as usize).copied().ok_or_else(|| {
+                        ModelError::Input(format!("packed row: segment_id {s} but {} sources", row.sources.len()))
+                    })?;
+                    let in_batch = per_batch.get(source / size).copied().unwrap_or(0).max(1);
+                    Ok(1.0 / (in_batch * batches) as f32)
+                });
+                TermWeights::PerTerm(weights.collect::<Result<_, ModelError>>()?)
+            }
             LossType::Dapo => TermWeights::Uniform(1.0 / terms.max(1) as f64),
             LossType::DrGrpo => TermWeights::Uniform(1.0 / (rollouts * self.max_completion_length.max(1)) as f64),
             LossType::Grpo => {

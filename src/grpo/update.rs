@@ -30,21 +30,35 @@ pub struct RankUpdate {
 }
 
 /// What a step's loss is normalised by: its loss terms and rollouts, over every rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StepTotals {
     /// Loss terms (trained tokens).
     pub terms: usize,
     /// Rollouts.
     pub rollouts: usize,
+    /// Loss terms of each rollout, by its index in the step (`PackedRow::sources`): what
+    /// step-wide micro-batches (`bnpo`) are counted from.
+    pub rollout_terms: Vec<usize>,
 }
 
 impl StepTotals {
     /// The totals of `rows`.
     pub fn of<'a>(rows: impl IntoIterator<Item = &'a PackedRow>) -> Self {
-        rows.into_iter().fold(StepTotals::default(), |t, r| StepTotals {
-            terms: t.terms + r.token_index.len(),
-            rollouts: t.rollouts + r.rollouts,
-        })
+        let mut totals = StepTotals::default();
+        for r in rows {
+            totals.terms += r.token_index.len();
+            totals.rollouts += r.rollouts;
+            for &s in &r.segment_id {
+                let Some(&source) = r.sources.get(s as usize) else {
+                    continue;
+                };
+                if totals.rollout_terms.len() <= source {
+                    totals.rollout_terms.resize(source + 1, 0);
+                }
+                totals.rollout_terms[source] += 1;
+            }
+        }
+        totals
     }
 }
 
@@ -202,7 +216,7 @@ pub fn accumulate_share(
     objective: &GrpoObjective,
 ) -> Result<UpdateStats, TrainError> {
     let start = Instant::now();
-    let StepTotals { terms, rollouts } = totals;
+    let StepTotals { terms, .. } = totals;
     let norm = terms.max(1) as f64;
     let mut stats = UpdateStats {
         terms,
@@ -219,7 +233,7 @@ pub fn accumulate_share(
             .transpose()?;
         // The policy before this update: no row's backward has changed the weights yet.
         let before_lp = objective.sampling_correction.map(|_| logprobs_of(policy)).transpose()?;
-        let weights = objective.term_weights(row, terms, rollouts)?;
+        let weights = objective.term_weights(row, &totals)?;
         let other = TermLogprobs {
             reference: reference_lp.as_ref(),
             before_update: before_lp.as_ref(),

@@ -77,6 +77,9 @@ pub struct PackedRow {
     pub rollouts: usize,
     /// For each rollout, the packed position of each of its tokens.
     pub rollout_positions: Vec<Vec<u32>>,
+    /// `[rollouts]`: each rollout's index in the planner's input (the step's rollout order),
+    /// what places it in a step-wide micro-batch whatever row it landed in.
+    pub sources: Vec<usize>,
 }
 
 impl PackedRow {

@@ -54,7 +54,10 @@ impl RowBuilder for FlatRow {
         self.load
     }
     fn pack(&self) -> PackedRow {
-        lay_out(&self.rollouts)
+        PackedRow {
+            sources: self.sources.clone(),
+            ..lay_out(&self.rollouts)
+        }
     }
     fn rollouts(&self) -> &[Rollout] {
         &self.rollouts
@@ -103,5 +106,6 @@ fn lay_out(rollouts: &[Rollout]) -> PackedRow {
         raw_tokens: raw,
         rollouts: rollouts.len(),
         rollout_positions,
+        sources: (0..rollouts.len()).collect(),
     }
 }

@@ -283,6 +283,7 @@ impl PrefixTree {
             raw_tokens: self.raw_tokens,
             rollouts: self.rollouts.len(),
             rollout_positions,
+            sources: self.sources.clone(),
         }
     }
 
