@@ -7,6 +7,16 @@ bash "$TREETRAIN_ROOT/scripts/setup-notebooks.sh"
 export JUPYTER_PATH=$TREETRAIN_DEPS/jupyter
 out=$TREETRAIN_ROOT/target/notebooks
 mkdir -p "$out"
+# The display check must catch a result that fell back to Debug: a notebook made to trip it.
+check_log=$out/display_check.log
+if "$TREETRAIN_DEPS/venv/bin/python" "$TREETRAIN_ROOT/scripts/execute_notebook.py" \
+    "$TREETRAIN_ROOT/tests/notebooks/display_check.ipynb" "$out/display_check.ipynb" 2> "$check_log" \
+    || ! grep -q "code cell 2 (\`vec!\[fine, 2, 3\]\`): a result without HTML" "$check_log"; then
+    cat "$check_log" >&2
+    echo "the notebook display check did not catch a Debug fallback" >&2
+    exit 1
+fi
+echo "display check: catches a Debug fallback (tests/notebooks/display_check.ipynb)"
 cd "$TREETRAIN_ROOT/notebooks"
 notebooks=("$@")
 [ ${#notebooks[@]} -gt 0 ] || notebooks=(*.ipynb)

@@ -448,16 +448,8 @@ fn a_resumed_sync_run_continues_exactly() {
 fn loss_types_match_per_rollout_references_in_both_packings() {
     use treetrain::grpo::{LossType, grpo_loss};
     use treetrain::pack::pack_flat;
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 4,
-        ..config()
-    })
-    .unwrap();
-    t.step().unwrap();
-    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
-    // Another model than the one that sampled: ratios away from 1, some clipped, so the loss
-    // is not the near-zero sum of centred advantages.
-    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    let rollouts = sampled_rollouts();
+    let m = untrained_policy();
     let cfg = GrpoObjective::default();
     // Independent references: each rollout forwarded alone; its summed and mean terms.
     let (mut sums, mut means, mut terms) = (0.0, 0.0, 0usize);
@@ -568,6 +560,23 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
     assert!(worker.next().unwrap_err().to_string().contains("stopped"));
 }
 
+/// The rollouts of one sync step of the shipped recipe at 4 prompts (the SFT model sampling).
+fn sampled_rollouts() -> Vec<treetrain::pack::Rollout> {
+    let mut t = GrpoTrainer::new(GrpoConfig {
+        prompts_per_step: 4,
+        ..config()
+    })
+    .unwrap();
+    t.step().unwrap();
+    t.last_batch.as_ref().unwrap().rollouts()
+}
+
+/// Another model than the one that sampled (the shipped tiny model before SFT): ratios away
+/// from 1, some clipped, so a loss is not the near-zero sum of centred advantages.
+fn untrained_policy() -> Model {
+    Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap()
+}
+
 /// Per-rollout references computed here from each rollout's own forward (`Model::score`):
 /// `(new log-probs, old log-probs)` of its completion tokens and its advantage.
 fn per_rollout_terms(m: &Model, rollouts: &[treetrain::pack::Rollout]) -> Vec<(Vec<f64>, Vec<f64>, f64)> {
@@ -590,15 +599,8 @@ fn per_rollout_terms(m: &Model, rollouts: &[treetrain::pack::Rollout]) -> Vec<(V
 #[test]
 fn gspo_and_two_sided_clipping_match_per_rollout_references_in_both_packings() {
     use treetrain::grpo::ImportanceSampling;
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 4,
-        ..config()
-    })
-    .unwrap();
-    t.step().unwrap();
-    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
-    // Another model than the sampler: ratios away from 1, some clipped on either side.
-    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    let rollouts = sampled_rollouts();
+    let m = untrained_policy();
     let reference = per_rollout_terms(&m, &rollouts);
     let (lo, hi) = (0.2, 0.2);
     for (level, delta) in [
@@ -702,14 +704,8 @@ fn batch_scaled_advantages_zero_std_groups_and_all_options_in_the_trainer() {
 #[test]
 fn top_entropy_quantile_trains_the_highest_entropy_terms_in_both_packings() {
     use treetrain::model::AttentionLayout;
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 4,
-        ..config()
-    })
-    .unwrap();
-    t.step().unwrap();
-    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
-    let m = Model::load(&treetrain::shipped::tiny_model_dir().unwrap(), LoadOptions::default()).unwrap();
+    let rollouts = sampled_rollouts();
+    let m = untrained_policy();
     // Reference: each rollout's full-vocabulary logits from a forward of its own, entropy and
     // log-prob of every completion token from them.
     let mut terms: Vec<(f64, f64, f64, f64)> = Vec::new(); // (entropy, new, old, advantage)
@@ -766,15 +762,9 @@ fn top_entropy_quantile_trains_the_highest_entropy_terms_in_both_packings() {
 #[test]
 fn the_sampling_correction_follows_trls_four_modes_in_both_packings() {
     use treetrain::grpo::{SamplingCorrection, SamplingCorrectionMode};
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 4,
-        ..config()
-    })
-    .unwrap();
-    t.step().unwrap();
     // A lagging sampler: the SFT model's rollouts with their sampling log-probs moved by up
     // to 1 nat per token, as other weights would have given them; the policy is the SFT model.
-    let mut rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    let mut rollouts = sampled_rollouts();
     for (k, r) in rollouts.iter_mut().enumerate() {
         for (i, lp) in r.old_log_probs.iter_mut().enumerate() {
             *lp += (0.7 * i as f32 + k as f32).sin();
