@@ -90,7 +90,6 @@ impl Device {
     /// `t` on this device (`t` itself, shallowly, when it is there already).
     pub fn put(self, t: &Tensor) -> Result<Tensor, tch::TchError> {
         match self {
-            Device::PrivateUse1 { index, .. } if privateuse1::device_of(t) == (3, index) => Ok(t.shallow_clone()),
             Device::PrivateUse1 { index, .. } => privateuse1::to_device(t, index),
             _ => t.f_to_device(self.host()),
         }
@@ -121,12 +120,9 @@ impl Device {
         self.put(&Tensor::f_eye(n, (kind, self.host()))?)
     }
 
-    /// `t` in host memory, readable from Rust.
+    /// `t` in host memory, readable from Rust (tch names the CPU, whatever device `t` is on).
     pub fn to_host(t: &Tensor) -> Result<Tensor, tch::TchError> {
-        match Device::of(t) {
-            Device::PrivateUse1 { .. } => privateuse1::to_host(t),
-            _ => t.f_to_device(tch::Device::Cpu),
-        }
+        t.f_to_device(tch::Device::Cpu)
     }
 
     /// Moves the parameter `var` here in place: the var store's handle and every shallow copy
@@ -148,12 +144,12 @@ impl Device {
         match t.device() {
             tch::Device::Cpu | tch::Device::Vulkan => Device::Cpu,
             tch::Device::Cuda(i) => Device::Cuda(i),
-            tch::Device::Mps => match privateuse1::device_of(t) {
-                (3, index) => Device::PrivateUse1 {
+            tch::Device::Mps => match privateuse1::index_of(t) {
+                Some(index) => Device::PrivateUse1 {
                     name: registered_name(),
                     index,
                 },
-                _ => Device::Mps,
+                None => Device::Mps,
             },
         }
     }

@@ -168,8 +168,8 @@ impl DeviceSpec {
             DeviceSpec::Cpu => Ok(Device::Cpu),
             DeviceSpec::Mps => Ok(Device::Mps),
             DeviceSpec::Auto if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
-            DeviceSpec::Auto => match privateuse1::load_from_env()?.or(privateuse1::registered()?) {
-                Some(b) if b.device_count > 0 => DeviceSpec::PrivateUse1(0).resolve(),
+            DeviceSpec::Auto => match current_backend()? {
+                Some(b) if b.device_count > 0 => privateuse1_device(&b, 0),
                 _ => Ok(Device::Cpu),
             },
             DeviceSpec::Cuda(i) => {
@@ -183,25 +183,31 @@ impl DeviceSpec {
                     })
                 }
             }
-            DeviceSpec::PrivateUse1(index) => resolve_privateuse1(index),
+            DeviceSpec::PrivateUse1(index) => match current_backend()? {
+                Some(b) => privateuse1_device(&b, index),
+                None => Err(DeviceError::UnknownDevice {
+                    name: format!("neuron:{index}"),
+                    reason: format!(
+                        "no PrivateUse1 backend is loaded: set {} to the backend's library (TorchNeuron: \
+                         the one its torch-neuronx package installs; see the README)",
+                        privateuse1::LIBRARY_ENV
+                    ),
+                }),
+            },
         }
     }
 }
 
-/// PrivateUse1 device `index` of the backend loaded from [`privateuse1::LIBRARY_ENV`] (or
-/// already registered), checked against its device count.
-fn resolve_privateuse1(index: usize) -> Result<Device, DeviceError> {
-    let loaded = privateuse1::load_from_env()?;
-    let Some(backend) = loaded.or(privateuse1::registered()?) else {
-        return Err(DeviceError::UnknownDevice {
-            name: format!("neuron:{index}"),
-            reason: format!(
-                "no PrivateUse1 backend is loaded: set {} to the backend's library (TorchNeuron: \
-                 libtorchneuron.so from the torch-neuronx package)",
-                privateuse1::LIBRARY_ENV
-            ),
-        });
-    };
+/// The backend loaded from [`privateuse1::LIBRARY_ENV`], else the one already registered.
+fn current_backend() -> Result<Option<privateuse1::Backend>, DeviceError> {
+    match privateuse1::load_from_env()? {
+        Some(backend) => Ok(Some(backend)),
+        None => privateuse1::registered(),
+    }
+}
+
+/// Device `index` of `backend`, checked against its device count.
+fn privateuse1_device(backend: &privateuse1::Backend, index: usize) -> Result<Device, DeviceError> {
     if index >= backend.device_count {
         return Err(DeviceError::UnknownDevice {
             name: format!("{}:{index}", backend.name),
@@ -257,8 +263,7 @@ impl FromStr for DeviceSpec {
 /// Whether `name` is the registered PrivateUse1 backend's (loading [`privateuse1::LIBRARY_ENV`]
 /// first, so a backend under another name than `neuron` is known by it).
 fn is_registered_backend(name: &str) -> bool {
-    let _ = privateuse1::load_from_env();
-    matches!(privateuse1::registered(), Ok(Some(b)) if b.name == name)
+    matches!(current_backend(), Ok(Some(b)) if b.name == name)
 }
 
 fn unknown_device(name: &str) -> DeviceError {

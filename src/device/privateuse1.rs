@@ -34,7 +34,7 @@ unsafe extern "C" {
     fn tt_pu1_library(buf: *mut c_char, len: usize, err: *mut c_char, errlen: usize) -> c_int;
     fn tt_pu1_to(t: AtTensor, index: c_int, out: *mut AtTensor, err: *mut c_char, len: usize) -> c_int;
     fn tt_pu1_move_into(var: AtTensor, index: c_int, err: *mut c_char, len: usize) -> c_int;
-    fn tt_device_of(t: AtTensor, kind: *mut c_int, index: *mut c_int);
+    fn tt_pu1_index_of(t: AtTensor) -> c_int;
 }
 
 /// The PrivateUse1 backend registered in this process.
@@ -196,22 +196,13 @@ fn missing_op(device: Device, text: &str) -> Option<DeviceError> {
     })
 }
 
-/// `t` copied onto PrivateUse1 device `index` (a new tensor; `t` itself unchanged).
+/// `t` on PrivateUse1 device `index` (a copy; `t` itself, shallowly, when it is there already).
 pub(crate) fn to_device(t: &Tensor, index: usize) -> Result<Tensor, tch::TchError> {
-    to_raw(t, index as c_int)
-}
-
-/// `t` copied to host memory.
-pub(crate) fn to_host(t: &Tensor) -> Result<Tensor, tch::TchError> {
-    to_raw(t, -1)
-}
-
-fn to_raw(t: &Tensor, index: c_int) -> Result<Tensor, tch::TchError> {
     let mut out: AtTensor = std::ptr::null_mut();
     let mut err = ErrBuf::new();
     // SAFETY: `t` is a live tensor; on success the shim hands over a new `at::Tensor*`, which
     // `from_ptr` owns from then on (tch deletes it on drop).
-    let rc = unsafe { tt_pu1_to(t.as_ptr() as AtTensor, index, &mut out, err.ptr(), ErrBuf::LEN) };
+    let rc = unsafe { tt_pu1_to(t.as_ptr() as AtTensor, index as c_int, &mut out, err.ptr(), ErrBuf::LEN) };
     match rc {
         0 => Ok(unsafe { Tensor::from_ptr(out.cast()) }),
         _ => Err(tch::TchError::Torch(err.message())),
@@ -229,13 +220,11 @@ pub(crate) fn move_into(var: &Tensor, index: usize) -> Result<(), tch::TchError>
     }
 }
 
-/// Where `t` lives as libtorch sees it: `(type, index)`, type 0 CPU, 1 CUDA, 2 MPS,
-/// 3 PrivateUse1, 4 other.
-pub(crate) fn device_of(t: &Tensor) -> (i32, usize) {
-    let (mut kind, mut index): (c_int, c_int) = (0, 0);
+/// The PrivateUse1 device index of `t`, `None` when it lives on a device tch names.
+pub(crate) fn index_of(t: &Tensor) -> Option<usize> {
     // SAFETY: `t` is a live tensor; the shim only reads its device.
-    unsafe { tt_device_of(t.as_ptr() as AtTensor, &mut kind, &mut index) };
-    (kind, index.max(0) as usize)
+    let index = unsafe { tt_pu1_index_of(t.as_ptr() as AtTensor) };
+    usize::try_from(index).ok()
 }
 
 crate::rich_display!(Backend);

@@ -83,12 +83,10 @@ int tt_pu1_library(char* buf, size_t len, char* err, size_t errlen) {
   });
 }
 
-// A new tensor: `t` on PrivateUse1 device `index`, or on the CPU when `index` < 0.
+// `t` on PrivateUse1 device `index` (a new handle; `t` itself when it is there already, as
+// `Tensor::to` does).
 int tt_pu1_to(const at::Tensor* t, int index, at::Tensor** out, char* err, size_t len) {
-  return guarded(err, len, [&] {
-    c10::Device dest = index < 0 ? c10::Device(c10::kCPU) : privateuse1(index);
-    *out = new at::Tensor(t->to(dest));
-  });
+  return guarded(err, len, [&] { *out = new at::Tensor(t->to(privateuse1(index))); });
 }
 
 // Moves a parameter's data to PrivateUse1 device `index` in place: every handle sharing the
@@ -110,17 +108,11 @@ int tt_pu1_move_into(at::Tensor* var, int index, char* err, size_t len) {
   });
 }
 
-// The device of `t`: type 0 CPU, 1 CUDA, 2 MPS, 3 PrivateUse1, 4 anything else; and its index.
-void tt_device_of(const at::Tensor* t, int* type, int* index) {
+// The PrivateUse1 device index of `t`, or -1 when `t` lives elsewhere (tch names those itself).
+int tt_pu1_index_of(const at::Tensor* t) {
   c10::Device d = t->device();
-  switch (d.type()) {
-    case c10::DeviceType::CPU: *type = 0; break;
-    case c10::DeviceType::CUDA: *type = 1; break;
-    case c10::DeviceType::MPS: *type = 2; break;
-    case c10::DeviceType::PrivateUse1: *type = 3; break;
-    default: *type = 4;
-  }
-  *index = d.has_index() ? d.index() : 0;
+  if (d.type() != c10::DeviceType::PrivateUse1) return -1;
+  return d.has_index() ? d.index() : 0;
 }
 
 }  // extern "C"

@@ -125,6 +125,13 @@ pub enum TermWeights {
 }
 
 impl GrpoObjective {
+    /// Terms per chunk of the full-vocabulary entropy pass: small, since each holds
+    /// `[chunk, vocab]` logits. One value for the loss and the step's entropy floor, so the
+    /// floor is compared with the very entropies it was taken from.
+    pub(crate) fn entropy_chunk(&self) -> i64 {
+        self.chunks.tokens.min(256)
+    }
+
     /// The weights of `row`'s loss terms in a step of `totals` (counted over the whole step,
     /// every row and rank):
     ///
@@ -293,7 +300,7 @@ fn loss_of_terms(
         None => ratio.shallow_clone(),
     };
     let mut per_term = -(&unclipped * &adv).minimum(&(&clipped * &adv));
-    let entropies = pair_entropies(&terms.hidden, model.lm_head_weight(), cfg.chunks.tokens.min(256))?;
+    let entropies = pair_entropies(&terms.hidden, model.lm_head_weight(), cfg.entropy_chunk())?;
     if let Some(floor) = cfg.entropy_floor {
         // TRL masks the policy term only; the KL penalty below still applies to every term.
         let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;

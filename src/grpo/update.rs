@@ -179,7 +179,7 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
     }
     for row in rows {
         let terms = tch::no_grad(|| distinct_terms(policy, row, objective.temperature))?;
-        let per_pair = pair_entropies(&terms.hidden, policy.lm_head_weight(), objective.chunks.tokens.min(256))
+        let per_pair = pair_entropies(&terms.hidden, policy.lm_head_weight(), objective.entropy_chunk())
             .map_err(crate::model::ModelError::from)?;
         let per_term = per_pair
             .f_index_select(0, &terms.of_term)
