@@ -18,3 +18,5 @@ die() {
     exit 1
 }
 note() { echo "treetrain setup: $*" >&2; }
+NBCONVERT_VERSION=7.17.2
+PLAYWRIGHT_VERSION=1.65.2

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Executes every notebook (or the ones named) headless with the treetrain evcxr kernel; fails on
-# the first cell error, printing that cell's output. Executed copies land in target/notebooks/.
+# the first cell error, printing that cell's output, on a result without HTML, and on committed
+# outputs that a fresh execution shows to be stale (scripts/notebook_outputs.py). Executed copies
+# land in target/notebooks/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bash "$TREETRAIN_ROOT/scripts/setup-notebooks.sh"
@@ -28,6 +30,11 @@ for nb in "${notebooks[@]}"; do
     if ! "$TREETRAIN_DEPS/venv/bin/python" "$TREETRAIN_ROOT/scripts/execute_notebook.py" "$nb" "$out/$nb"; then
         echo "notebook $nb FAILED (see above; partial output in $out/$nb)" >&2
         exit 1
+    fi
+    # The committed outputs (what GitHub shows) must come from these very cells.
+    if [ "${TREETRAIN_NOTEBOOK_OUTPUTS:-check}" != skip ]; then
+        "$TREETRAIN_DEPS/venv/bin/python" "$TREETRAIN_ROOT/scripts/notebook_outputs.py" check \
+            "$out/$nb" "$nb" "cells/${nb%.ipynb}.txt"
     fi
     echo "notebook $nb ok ($(( $(date +%s) - start )) s)"
     passed=$((passed + 1))

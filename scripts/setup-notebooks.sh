@@ -4,7 +4,9 @@
 #   - a venv with nbclient (`jupyter execute`) in .deps/venv
 #   - a kernel spec in .deps/jupyter/kernels/treetrain-rust whose env carries LIBTORCH and
 #     LD_LIBRARY_PATH (cells dlopen code linked against libtorch; `:env` cannot fix that later)
-#     and a persistent EVCXR_TMPDIR so the second run of a notebook is warm.
+#     and a persistent EVCXR_TMPDIR, where the kernel builds its dependencies
+#   - that build done once here (tests/notebooks/warmup.ipynb: the `:dep treetrain` every
+#     notebook starts with), so the first notebook a user opens starts in seconds, not minutes
 # `scripts/setup-notebooks.sh --user` also installs that kernel spec for your own Jupyter.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -14,10 +16,15 @@ evcxr_root=$TREETRAIN_CACHE/evcxr-$EVCXR_VERSION
 evcxr=$evcxr_root/bin/evcxr_jupyter
 if [ ! -x "$evcxr" ]; then
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust with rustup first"
-    note "building evcxr_jupyter $EVCXR_VERSION into $evcxr_root (about 8 minutes, once per machine)"
+    note "building evcxr_jupyter $EVCXR_VERSION into $evcxr_root (about 8 minutes, once per machine; cargo's progress follows)"
+    started=$(date +%s)
     # --locked: without it evcxr's rust-analyzer dependencies resolve to versions that fail to build.
-    cargo install --quiet --locked evcxr_jupyter --version "$EVCXR_VERSION" --root "$evcxr_root" \
-        || die "cargo install evcxr_jupyter failed (see above); crates.io must be reachable"
+    # cargo prints one line per crate compiled: the progress a user waits on.
+    cargo install --locked evcxr_jupyter --version "$EVCXR_VERSION" --root "$evcxr_root" 2>&1 \
+        | grep --line-buffered -E "Compiling|Installing|Installed|error|warning: build failed" >&2 \
+        || true
+    [ -x "$evcxr" ] || die "cargo install evcxr_jupyter failed (see above); crates.io must be reachable"
+    note "evcxr_jupyter built in $(( $(date +%s) - started )) s"
 fi
 
 venv=$TREETRAIN_DEPS/venv
@@ -49,4 +56,24 @@ if [ "${1:-}" = "--user" ]; then
     user_dir=${JUPYTER_DATA_DIR:-$HOME/.local/share/jupyter}/kernels/treetrain-rust
     write_kernel_spec "$user_dir"
     note "kernel 'Rust (treetrain)' installed in $user_dir"
+fi
+
+# Warm the kernel's dependency build: the first `:dep treetrain` compiles tch, arrow, tokenizers,
+# ... inside evcxr (about 10 minutes on 2 cores). Done once per Cargo.lock; a later change to
+# treetrain itself recompiles only treetrain in the notebook.
+lock_hash=$(sha256sum "$TREETRAIN_ROOT/Cargo.lock" | cut -c1-16)
+stamp=$TREETRAIN_DEPS/evcxr-tmp/.warm-$lock_hash
+if [ ! -e "$stamp" ] && [ "${TREETRAIN_SKIP_WARMUP:-}" != 1 ]; then
+    note "warming the notebook kernel's build cache (treetrain and its dependencies compiled once, as the first notebook cell would; about 10 minutes)"
+    started=$(date +%s)
+    ( while sleep 60; do note "  still compiling the kernel's dependencies: $(( $(date +%s) - started )) s"; done ) &
+    ticker=$!
+    if ! JUPYTER_PATH=$TREETRAIN_DEPS/jupyter "$venv/bin/python" "$TREETRAIN_ROOT/scripts/execute_notebook.py" \
+        "$TREETRAIN_ROOT/tests/notebooks/warmup.ipynb" "$TREETRAIN_DEPS/evcxr-tmp/warmup.out.ipynb" >&2; then
+        kill "$ticker" 2>/dev/null || true
+        die "the warm-up notebook failed (see above)"
+    fi
+    kill "$ticker" 2>/dev/null || true
+    touch "$stamp"
+    note "kernel build cache warm in $(( $(date +%s) - started )) s: notebooks now start in seconds"
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: provisions libtorch, runs every Rust test (slow ones
-# included), then executes every notebook with the evcxr kernel.
+# included), then executes every notebook with the evcxr kernel and looks at the rendered pages.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$TREETRAIN_ROOT"
@@ -16,3 +16,5 @@ cargo test --all-targets -- --include-ignored
 cargo test --doc
 echo "== notebooks"
 bash scripts/run-notebooks.sh
+echo "== rendered notebooks (headless Chromium at 1300 px)"
+bash scripts/render-notebooks.sh --check

@@ -49,9 +49,9 @@ fn shapes_reads_a_lengths_file() {
     assert!(out.contains("4 sequences, batch 2"), "{out}");
     let rows: Vec<&str> = out
         .lines()
-        .filter(|l| l.starts_with("no padding") || l.starts_with("pad to"))
+        .filter(|l| l.starts_with("longest row only") || l.starts_with("pad to"))
         .collect();
-    assert!(rows[0].split_whitespace().nth(2) == Some("2"), "{out}");
+    assert!(rows[0].split_whitespace().nth(3) == Some("2"), "{out}");
     assert!(rows[1].split_whitespace().nth(3) == Some("2"), "{out}");
 }
 
@@ -285,7 +285,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
     assert!(ok, "{err}");
     assert!(out.contains("step    2: reward"), "{out}");
     assert!(out.contains("eval at step 0: reward"), "{out}");
-    assert!(err.contains("Async rollouts, Tree packing"), "{err}");
+    assert!(err.contains("async rollouts, tree packing"), "{err}");
     let ckpt = dir.join("out/checkpoint-2");
     assert!(ckpt.join("model.safetensors").exists());
     let (ok, out, err) = treetrain(&[

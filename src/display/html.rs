@@ -22,6 +22,43 @@ pub fn tail(s: &str, n: usize) -> String {
     s.chars().skip(count.saturating_sub(n)).collect()
 }
 
+/// The end of a prompt for a table cell, read as text: the chat template's closing generation
+/// header (`<|im_start|>assistant`) dropped, special-token markup (`<|…|>`) removed, whitespace
+/// collapsed, and cut at a word boundary (never mid-token) to about `n` characters after a `…`.
+pub fn prompt_tail(text: &str, n: usize) -> String {
+    let mut body = text.trim_end();
+    // A generation header: `<|im_start|>assistant` or `<|start_header_id|>assistant<|end_header_id|>`.
+    if let Some(role) = body.rfind("assistant").filter(|&r| body.len() - r < 40)
+        && let Some(open) = body[..role].rfind("<|").filter(|&o| role - o < 25)
+    {
+        body = &body[..open];
+    }
+    let mut plain = String::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(start) = rest.find("<|") {
+        plain.push_str(&rest[..start]);
+        plain.push(' ');
+        rest = rest[start..].find("|>").map_or("", |end| &rest[start + end + 2..]);
+    }
+    plain.push_str(rest);
+    let words: Vec<&str> = plain.split_whitespace().collect();
+    let mut kept: Vec<&str> = Vec::new();
+    let mut len = 0;
+    for w in words.iter().rev() {
+        if len > 0 && len + w.chars().count() + 1 > n {
+            break;
+        }
+        len += w.chars().count() + 1;
+        kept.push(w);
+    }
+    kept.reverse();
+    let tail = kept.join(" ");
+    match kept.len() < words.len() {
+        true => format!("…{tail}"),
+        false => tail,
+    }
+}
+
 /// A table with a header row; cells are already-escaped HTML. Cells that parse as numbers are
 /// right-aligned.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -73,6 +110,20 @@ mod tests {
     #[test]
     fn escape_covers_markup_characters() {
         assert_eq!(escape("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+    }
+
+    #[test]
+    fn prompt_tails_read_as_text() {
+        let chat = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 7 times 8? Answer: N<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(
+            prompt_tail(chat, 200),
+            "system Be brief. user What is 7 times 8? Answer: N"
+        );
+        assert_eq!(prompt_tail(chat, 30), "…What is 7 times 8? Answer: N");
+        assert_eq!(prompt_tail("<|im_start|>user\nHi<|im_end|>", 30), "user Hi");
+        let llama = "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        assert_eq!(prompt_tail(llama, 100), "user Hi there");
+        assert_eq!(prompt_tail("plain words only", 100), "plain words only");
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod html;
 mod plot;
 pub mod style;
 
-pub use html::{escape, kv_table, section, table, tail};
+pub use html::{escape, kv_table, prompt_tail, section, table, tail};
 pub use plot::{LineChart, Series};
 
 /// A value with an HTML and a plain-text rendering.
@@ -29,6 +29,15 @@ pub fn evcxr_payload(html: &str, text: &str) -> String {
     )
 }
 
+/// The name a config file uses for a unit enum value (its serde name: `"dapo"`, `"tree"`).
+pub fn serde_name(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "-".into(),
+    }
+}
+
 /// `(field, value)` rows of a serializable value (a config), nested tables flattened to `a.b`.
 pub fn fields(value: &impl serde::Serialize) -> Vec<(String, String)> {
     fn walk(value: &serde_json::Value, prefix: &str, out: &mut Vec<(String, String)>) {
@@ -43,9 +52,30 @@ pub fn fields(value: &impl serde::Serialize) -> Vec<(String, String)> {
                     walk(v, &key, out);
                 }
             }
-            serde_json::Value::Null => out.push((prefix.to_string(), "-".into())),
-            serde_json::Value::String(s) => out.push((prefix.to_string(), s.clone())),
-            other => out.push((prefix.to_string(), other.to_string())),
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(inline).collect();
+                let shown = if items.is_empty() {
+                    "none".into()
+                } else {
+                    items.join("; ")
+                };
+                out.push((prefix.to_string(), shown));
+            }
+            other => out.push((prefix.to_string(), inline(other))),
+        }
+    }
+    /// A value on one line: `a=1, b=x` for an object, the text of a string, `-` for null.
+    fn inline(value: &serde_json::Value) -> String {
+        match value {
+            serde_json::Value::Null => "-".into(),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| format!("{k}={}", inline(v)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            serde_json::Value::Array(items) => items.iter().map(inline).collect::<Vec<_>>().join(", "),
+            other => other.to_string(),
         }
     }
     let mut out = Vec::new();

@@ -36,6 +36,7 @@ mod rollouts;
 mod trainer;
 mod update;
 mod view;
+pub use view::GrpoSettings;
 mod worker;
 
 pub use advantage::{ScaleRewards, group_advantages};

@@ -437,7 +437,7 @@ impl GrpoObjective {
             ("epsilon_high", self.epsilon_high.to_string()),
             ("temperature", self.temperature.to_string()),
             ("beta", self.beta.to_string()),
-            ("loss_type", format!("{:?}", self.loss_type)),
+            ("loss_type", crate::display::serde_name(&self.loss_type)),
             ("max_completion_length", self.max_completion_length.to_string()),
         ]
     }

@@ -151,6 +151,8 @@ pub struct ScoredGroup {
     pub dataset_row: usize,
     /// Prompt ids.
     pub prompt_ids: Vec<i64>,
+    /// The prompt as the model saw it (chat template applied).
+    pub prompt_text: String,
     /// The G completions.
     pub completions: Vec<Completion>,
     /// Their text.
@@ -477,6 +479,7 @@ impl RolloutProducer {
             prompt: p,
             dataset_row: prompt.dataset_row,
             prompt_ids: prompt.ids.clone(),
+            prompt_text: prompt.text.clone(),
             completions,
             texts,
             rewards,

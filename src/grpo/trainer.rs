@@ -738,14 +738,14 @@ impl Trainer for GrpoTrainer {
     fn describe(&self) -> String {
         let c = &self.config;
         format!(
-            "{} prompts ({} skipped), {} steps of {} prompts x {} completions, {:?} rollouts, {:?} packing",
+            "{} prompts ({} skipped), {} steps of {} prompts x {} completions, {} rollouts, {} packing",
             self.prompts.prompts.len(),
             self.state.skipped_prompts,
             self.state.total_steps,
             c.prompts_per_step,
             c.num_generations,
-            c.mode,
-            c.packing
+            crate::display::serde_name(&c.mode),
+            crate::display::serde_name(&c.packing)
         )
     }
 }

@@ -2,7 +2,7 @@
 //! with their rewards, and the prefix tree of the latest micro-batch.
 
 use super::{GrpoState, GrpoStepMetrics, GrpoTrainer};
-use crate::display::{self, LineChart, Rich, escape, tail};
+use crate::display::{self, LineChart, Rich, escape, prompt_tail};
 use crate::pack::TreeView;
 
 fn fmt_reward(r: Option<f32>) -> String {
@@ -22,6 +22,17 @@ impl GrpoState {
             chart = chart.with_series(name, self.curve(|m| m.rewards.get(i).map_or(0.0, |r| r.mean)));
         }
         chart
+    }
+
+    /// The run's charts: reward, the policy's entropy, and KL on its own axis (it is often
+    /// 1e-4 of the entropy, invisible on a shared one).
+    pub fn charts(&self) -> [LineChart; 3] {
+        let entropy =
+            LineChart::new("Entropy", "step", "nats per token").with_series("entropy", self.curve(|m| m.entropy));
+        let kl = LineChart::new("KL", "step", "nats per token")
+            .with_series("approx KL (old policy)", self.curve(|m| m.approx_kl))
+            .with_series("KL to reference", self.curve(|m| m.kl));
+        [self.reward_chart(), entropy, kl]
     }
 
     fn summary_rows(&self) -> Vec<(&'static str, String)> {
@@ -111,7 +122,7 @@ impl GrpoState {
             .map(|s| {
                 let mut row = vec![
                     s.dataset_row.to_string(),
-                    format!("<code>{}</code>", escape(&tail(&s.prompt, 60))),
+                    format!("<code>{}</code>", escape(&prompt_tail(&s.prompt, 60))),
                     format!("<code>{}</code>", escape(&s.completion)),
                 ];
                 row.extend(s.rewards.iter().map(|&r| fmt_reward(r)));
@@ -148,15 +159,10 @@ impl Rich for GrpoState {
                 &display::table(&["function", "row", "completion", "reason"], &rows),
             )
         };
-        let kl = LineChart::new("Policy", "step", "nats")
-            .with_series("entropy", self.curve(|m| m.entropy))
-            .with_series("approx KL", self.curve(|m| m.approx_kl))
-            .with_series("KL to reference", self.curve(|m| m.kl));
         display::style::container(&format!(
-            "{}{}{}{}{}",
+            "{}{}{}{}",
             display::section("GRPO", &display::kv_table(&rows)),
-            self.reward_chart().to_svg(),
-            kl.to_svg(),
+            display::style::row(&self.charts().map(|c| c.fragment())),
             self.samples_html(),
             failures
         ))
@@ -183,14 +189,14 @@ crate::rich_display!(GrpoState);
 
 impl Rich for GrpoTrainer {
     fn html(&self) -> String {
+        // The whole tree of a real step is 100+ segments: the summary here, the tree on request.
         let tree = self
-            .last_row
-            .as_ref()
-            .map(|row| {
-                display::section(
-                    "Latest micro-batch of the update",
-                    &TreeView::new(row, Some(self.tokenizer())).html(),
-                )
+            .latest_tree()
+            .map(|view| {
+                display::style::container(&display::section(
+                    "Latest micro-batch of the update (trainer.latest_tree() draws it)",
+                    &view.summary_html(),
+                ))
             })
             .unwrap_or_default();
         format!("{}{}{}", self.state.html(), self.lora_card(), tree)
@@ -207,6 +213,14 @@ impl Rich for GrpoTrainer {
 }
 
 impl GrpoTrainer {
+    /// The last packed row of the latest update with its text: the prefix tree, segment table,
+    /// token view (`.tokens(i)`).
+    pub fn latest_tree(&self) -> Option<TreeView> {
+        self.last_row
+            .as_ref()
+            .map(|row| TreeView::new(row, Some(self.tokenizer())))
+    }
+
     /// With LoRA: what trains, what the KL term compares against, what a weight sync moves.
     fn lora_rows(&self) -> Vec<(&'static str, String)> {
         let Some(adapter) = &self.model().adapter else {
@@ -242,6 +256,52 @@ impl GrpoTrainer {
 
 crate::rich_display!(GrpoTrainer);
 
+/// A run's settings as it runs: its config with the reward functions the trainer holds (a
+/// trainer built `with_rewards` runs its own list, not the built-ins the config names).
+#[derive(Debug, Clone)]
+pub struct GrpoSettings {
+    /// The configuration.
+    pub config: super::GrpoConfig,
+    /// `(name, weight)` of every reward function the run calls.
+    pub rewards: Vec<(String, f32)>,
+}
+
+impl GrpoTrainer {
+    /// The config with the reward functions this trainer runs.
+    pub fn settings(&self) -> GrpoSettings {
+        GrpoSettings {
+            config: self.config().clone(),
+            rewards: self.rewards().iter().map(|r| (r.name.clone(), r.weight)).collect(),
+        }
+    }
+}
+
+impl GrpoSettings {
+    fn rows(&self) -> Vec<(String, String)> {
+        let rewards: Vec<String> = self.rewards.iter().map(|(n, w)| format!("{n} × {w}")).collect();
+        let mut rows = vec![("rewards (as run)".to_string(), rewards.join(", "))];
+        rows.extend(
+            display::fields(&self.config)
+                .into_iter()
+                .filter(|(k, _)| k != "rewards"),
+        );
+        rows
+    }
+}
+
+impl Rich for GrpoSettings {
+    fn html(&self) -> String {
+        let rows = self.rows();
+        display::kv_card("GRPO settings", rows.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    fn text(&self) -> String {
+        self.rows().iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+    }
+}
+
+crate::rich_display!(GrpoSettings);
+
 impl Rich for super::GrpoConfig {
     fn html(&self) -> String {
         display::config_html("GRPO config", self)
@@ -254,9 +314,12 @@ impl Rich for super::GrpoConfig {
 
 crate::rich_display!(super::GrpoConfig);
 
+/// Rows of a rollout-batch table shown open; the rest sit in a closed block.
+const BATCH_ROWS_OPEN: usize = 16;
+
 impl Rich for super::RolloutBatch {
     fn html(&self) -> String {
-        let mut headers = vec!["row", "completion", "tokens", "finish"];
+        let mut headers = vec!["row", "prompt (end)", "completion", "tokens", "finish"];
         headers.extend(self.reward_names.iter().map(String::as_str));
         headers.extend(["total", "advantage"]);
         let rows: Vec<Vec<String>> = self
@@ -264,8 +327,14 @@ impl Rich for super::RolloutBatch {
             .iter()
             .flat_map(|g| {
                 g.completions.iter().enumerate().map(move |(i, c)| {
+                    // The prompt once per group: its first completion's row.
+                    let prompt = match i {
+                        0 => format!("<code>{}</code>", escape(&prompt_tail(&g.prompt_text, 48))),
+                        _ => String::new(),
+                    };
                     let mut row = vec![
                         g.dataset_row.to_string(),
+                        prompt,
                         format!("<code>{}</code>", escape(&g.texts[i])),
                         c.output_ids.len().to_string(),
                         c.finish_reason.as_str().to_string(),
@@ -276,9 +345,17 @@ impl Rich for super::RolloutBatch {
                     row
                 })
             })
-            .take(64)
             .collect();
-        display::style::container(&display::section(&self.title(), &display::table(&headers, &rows)))
+        let (open, rest) = rows.split_at(rows.len().min(BATCH_ROWS_OPEN));
+        let mut body = display::section(&self.title(), &display::table(&headers, open));
+        if !rest.is_empty() {
+            body.push_str(&display::style::details(
+                &format!("the other {} completions", rest.len()),
+                &display::table(&headers, rest),
+                false,
+            ));
+        }
+        display::style::container(&body)
     }
 
     fn text(&self) -> String {
@@ -432,7 +509,7 @@ impl Rich for super::PromptSet {
                 vec![
                     p.dataset_row.to_string(),
                     p.ids.len().to_string(),
-                    format!("<code>{}</code>", escape(&tail(&p.text, 100))),
+                    format!("<code>{}</code>", escape(&prompt_tail(&p.text, 100))),
                 ]
             })
             .collect();

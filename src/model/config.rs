@@ -117,6 +117,35 @@ pub enum Architecture {
     Llama,
 }
 
+impl Architecture {
+    /// The family's name as its model cards write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Qwen3 => "Qwen3",
+            Architecture::Qwen2 => "Qwen2",
+            Architecture::Llama => "Llama",
+        }
+    }
+}
+
+impl RopeScaling {
+    /// The scaling in words, for displays.
+    pub fn describe(&self) -> String {
+        match self {
+            RopeScaling::None => "no scaling".into(),
+            RopeScaling::Linear { factor } => format!("linear scaling x{factor}"),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => format!(
+                "Llama 3.1 scaling x{factor} (low/high frequency factors {low_freq_factor}/{high_freq_factor}, trained on {original_max_position_embeddings} positions)"
+            ),
+        }
+    }
+}
+
 /// How RoPE frequencies are scaled.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {

@@ -505,10 +505,10 @@ impl Rich for Model {
         let cfg_rows = vec![
             (
                 "architecture",
-                format!("{:?} ({})", c.arch, escape(&self.hf_config.model_type)),
+                format!("{} ({})", c.arch.name(), escape(&self.hf_config.model_type)),
             ),
             ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
-            ("dtype", format!("{:?}", self.kind())),
+            ("dtype", kind_name(self.kind()).to_string()),
             (
                 "layers / hidden / intermediate",
                 format!("{} / {} / {}", c.num_layers, c.hidden_size, c.intermediate_size),
@@ -518,7 +518,7 @@ impl Rich for Model {
                 format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim),
             ),
             ("vocab", c.vocab_size.to_string()),
-            ("RoPE", format!("theta {} {:?}", c.rope_theta, c.rope_scaling)),
+            ("RoPE", format!("theta {}, {}", c.rope_theta, c.rope_scaling.describe())),
             ("tied embeddings", c.tie_word_embeddings.to_string()),
             (
                 "LoRA adapter",
@@ -538,7 +538,13 @@ impl Rich for Model {
             .parameter_rows()
             .into_iter()
             .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
-            .map(|(n, s, k)| vec![format!("<code>{}</code>", escape(&n)), format!("{s:?}"), k.to_string()])
+            .map(|(n, s, k)| {
+                vec![
+                    format!("<code>{}</code>", escape(&n)),
+                    format!("<code class=\"chip\">{s:?}</code>"),
+                    k.to_string(),
+                ]
+            })
             .collect();
         let note = if c.num_layers > 1 {
             format!(
@@ -565,10 +571,10 @@ impl Rich for Model {
             .as_ref()
             .map_or(String::new(), |a| format!("LoRA adapter: {}\n", a.summary()));
         format!(
-            "{:?} model: {:.2} M parameters, {:?}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
-            c.arch,
+            "{} model: {:.2} M parameters, {}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
+            c.arch.name(),
             c.num_parameters() as f64 / 1e6,
-            self.kind(),
+            kind_name(self.kind()),
             c.num_layers,
             c.hidden_size,
             c.num_heads,

@@ -2,6 +2,8 @@
 //! and flat sequence packing behind one token-budget planner, one row contract
 //! ([`PackedRow`]) and one loss-term selection for both, and the log-probs of a row's terms.
 
+mod compare_view;
+mod draw;
 mod error;
 mod fxhash;
 mod logprobs;
@@ -10,9 +12,11 @@ mod rollout;
 mod row;
 mod sequence;
 mod terms;
+mod token_view;
 mod tree;
 mod view;
 
+pub use compare_view::PackComparison;
 pub use error::PackError;
 pub(crate) use logprobs::{DistinctTerms, TermPairs, distinct_terms, pair_entropies, weighted_sum};
 pub use logprobs::{row_logprobs, row_logprobs_at};
@@ -20,5 +24,6 @@ pub use planner::{PackPlan, Packing, RowBuilder, plan, plan_rows};
 pub use rollout::Rollout;
 pub use row::{PackKind, PackedRow, Segment};
 pub use sequence::{FlatRow, pack_flat};
+pub use token_view::{SegmentTokens, TokenRow};
 pub use tree::PrefixTree;
 pub use view::TreeView;

@@ -1,145 +1,79 @@
-//! Notebook displays of packed rows: the tree as SVG, the segment table, the attention mask and
-//! a packing summary.
+//! Notebook displays of packed rows: a summary, the prefix tree with a legend (collapsed past a
+//! size), the segment table (collapsible), the attention mask with axes, a segment token by token,
+//! and tree and flat packings of the same rollouts side by side.
 
+use super::draw::{self, OWN, SHARED, TRAINED};
+use super::token_view::SegmentTokens;
 use super::{PackKind, PackedRow};
 use crate::display::{self, Rich, escape};
 use crate::tokenizer::Tokenizer;
 
-/// A packed row with the text of each segment, for display.
+/// A packed row with the text of each segment and token, for display.
 #[derive(Debug, Clone)]
 pub struct TreeView {
     /// The row.
     pub row: PackedRow,
     /// Decoded text per segment (token ids when no tokenizer was given).
     pub segment_text: Vec<String>,
+    /// Decoded text per packed position (the id when no tokenizer was given).
+    pub token_text: Vec<String>,
 }
 
-/// Largest row whose attention mask is drawn cell by cell.
-const MASK_MAX: usize = 160;
+/// Segment tables longer than this start collapsed.
+const OPEN_TABLE_MAX: usize = 12;
+/// Segment tables list at most this many segments (the tree picture and the token view cover all).
+const TABLE_MAX: usize = 200;
 
 impl TreeView {
-    /// A view of `row`; with a tokenizer, segments show their text.
+    /// A view of `row`; with a tokenizer, segments and tokens show their text.
     pub fn new(row: &PackedRow, tokenizer: Option<&Tokenizer>) -> Self {
+        let decode = |ids: &[i64]| {
+            let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+            tokenizer.and_then(|t| t.decode(&ids, false).ok())
+        };
         let segment_text = row
             .segments
             .iter()
             .map(|s| {
                 let ids = &row.input_ids[s.start..s.start + s.len];
-                let decoded = tokenizer.and_then(|t| {
-                    let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-                    t.decode(&ids, false).ok()
-                });
-                decoded.unwrap_or_else(|| {
+                decode(ids).unwrap_or_else(|| {
                     let shown: Vec<String> = ids.iter().take(12).map(i64::to_string).collect();
                     format!("{}{}", shown.join(" "), if ids.len() > 12 { " …" } else { "" })
                 })
             })
             .collect();
+        let token_text = row
+            .input_ids
+            .iter()
+            .map(|&id| decode(&[id]).unwrap_or_else(|| id.to_string()))
+            .collect();
         TreeView {
             row: row.clone(),
             segment_text,
+            token_text,
         }
     }
 
-    fn trained_per_segment(&self) -> Vec<usize> {
-        self.row
-            .segments
-            .iter()
-            .map(|s| {
-                self.row.shift_labels[s.start..s.start + s.len]
-                    .iter()
-                    .filter(|&&l| l != -100)
-                    .count()
-            })
-            .collect()
+    /// Segment `segment` token by token (id, text, position, the label it predicts, whether
+    /// that is trained, the generator's log-prob); `None` past the last segment.
+    pub fn tokens(&self, segment: usize) -> Option<SegmentTokens> {
+        SegmentTokens::new(&self.row, segment, &self.token_text)
     }
 
-    /// The tree as SVG: one box per segment (width ~ tokens, x = depth), children below their
-    /// parent; blue = shared by several rollouts, orange = one rollout; the green bar marks
-    /// positions that predict trained tokens.
+    /// The tree as SVG (see [`draw::tree_svg`]).
     pub fn tree_svg(&self) -> String {
-        let segs = &self.row.segments;
-        let max_depth = segs
-            .iter()
-            .map(|s| self.row.position_ids[s.start] as usize + s.len)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let (width, row_h, left) = (760.0, 30.0, 8.0);
-        let scale = (width - 2.0 * left) / max_depth as f64;
-        let height = row_h * segs.len() as f64 + 10.0;
-        let trained = self.trained_per_segment();
-        let mut svg = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">"
-        );
-        for (i, s) in segs.iter().enumerate() {
-            let x = left + self.row.position_ids[s.start] as f64 * scale;
-            let y = 5.0 + i as f64 * row_h;
-            let w = (s.len as f64 * scale).max(3.0);
-            if let Some(p) = s.parent {
-                let ps = &segs[p];
-                let px = left + (self.row.position_ids[ps.start] as usize + ps.len) as f64 * scale;
-                let py = 5.0 + p as f64 * row_h + 11.0;
-                svg.push_str(&format!(
-                    "<path d=\"M{px:.1},{py:.1} L{px:.1},{:.1} L{x:.1},{:.1}\" fill=\"none\" stroke=\"currentColor\" stroke-opacity=\"0.5\"/>",
-                    y + 11.0,
-                    y + 11.0
-                ));
-            }
-            let color = if s.rollouts > 1 { "#1f77b4" } else { "#ff7f0e" };
-            svg.push_str(&format!(
-                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"22\" rx=\"3\" fill=\"{color}\" fill-opacity=\"0.35\" stroke=\"{color}\"><title>segment {i}: {} tokens, {} rollouts, path {}</title></rect>",
-                s.len, s.rollouts, s.path_len
-            ));
-            if trained[i] > 0 {
-                let tw = w * trained[i] as f64 / s.len as f64;
-                svg.push_str(&format!(
-                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{tw:.1}\" height=\"3\" fill=\"#2ca02c\"/>",
-                    x + w - tw,
-                    y + 19.0
-                ));
-            }
-            let label: String = self.segment_text[i].chars().take(60).collect();
-            svg.push_str(&format!(
-                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"currentColor\">{} tok ×{} · {}</text>",
-                x + 3.0,
-                y + 15.0,
-                s.len,
-                s.rollouts,
-                escape(&label.replace('\n', "⏎"))
-            ));
-        }
-        svg.push_str("</svg>");
-        svg
+        draw::tree_svg(&self.row, &self.segment_text)
     }
 
-    /// The attention mask as SVG cells (rows: queries, columns: keys), for rows of at most
-    /// 160 tokens.
+    /// The attention mask as SVG, for rows of at most 160 tokens.
     pub fn mask_svg(&self) -> Option<String> {
-        let n = self.row.len();
-        if n == 0 || n > MASK_MAX {
-            return None;
-        }
-        let (_, leave) = self.row.intervals();
-        let cell = (320.0 / n as f64).clamp(2.0, 14.0);
-        let side = cell * n as f64;
-        let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{side:.0}\" height=\"{side:.0}\">");
-        svg.push_str(&format!(
-            "<rect width=\"{side:.1}\" height=\"{side:.1}\" fill=\"currentColor\" fill-opacity=\"0.06\"/>"
-        ));
-        for q in 0..n {
-            for (k, &l) in leave.iter().enumerate().take(q + 1) {
-                if (q as i64) < l {
-                    svg.push_str(&format!(
-                        "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{cell:.1}\" height=\"{cell:.1}\" fill=\"#1f77b4\"/>",
-                        k as f64 * cell,
-                        q as f64 * cell
-                    ));
-                }
-            }
-        }
-        svg.push_str("</svg>");
-        Some(svg)
+        draw::mask_svg(&self.row)
+    }
+
+    /// The summary table alone (what a trainer shows of its latest row).
+    pub fn summary_html(&self) -> String {
+        let rows: Vec<(&str, String)> = self.summary_rows().into_iter().map(|(k, v)| (k, escape(&v))).collect();
+        display::kv_table(&rows)
     }
 
     fn summary_rows(&self) -> Vec<(&'static str, String)> {
@@ -153,7 +87,13 @@ impl TreeView {
             })
             .sum();
         vec![
-            ("packing", format!("{:?}", r.kind)),
+            (
+                "packing",
+                match r.kind {
+                    PackKind::Tree => "prefix tree".into(),
+                    PackKind::Flat => "flat (rollouts end to end)".into(),
+                },
+            ),
             ("rollouts", r.rollouts.to_string()),
             ("tokens: flat / forwarded", format!("{} / {}", r.raw_tokens, r.len())),
             ("packing ratio", format!("{:.2}", r.packing_ratio())),
@@ -177,51 +117,44 @@ impl TreeView {
 
 impl Rich for TreeView {
     fn html(&self) -> String {
-        let rows: Vec<(&str, String)> = self.summary_rows().into_iter().map(|(k, v)| (k, escape(&v))).collect();
-        let trained = self.trained_per_segment();
-        let table: Vec<Vec<String>> = self
-            .row
-            .segments
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                vec![
-                    i.to_string(),
-                    s.parent.map_or("-".into(), |p| p.to_string()),
-                    format!("{}..{}", s.start, s.start + s.len),
-                    self.row.position_ids[s.start].to_string(),
-                    s.path_len.to_string(),
-                    s.rollouts.to_string(),
-                    trained[i].to_string(),
-                    format!(
-                        "<code>{}</code>",
-                        escape(&self.segment_text[i].chars().take(80).collect::<String>())
-                    ),
-                ]
-            })
-            .collect();
-        let mut body = display::section("Packed row", &display::kv_table(&rows));
+        let mut body = display::section("Packed row", &self.summary_html());
         if self.row.kind == PackKind::Tree {
-            body.push_str(&display::section("Prefix tree", &self.tree_svg()));
+            let lines = draw::tree_lines(&self.row);
+            let drawn = lines.iter().filter(|l| matches!(l, draw::Line::Segment(_))).count();
+            let title = match drawn == self.row.segments.len() {
+                true => "Prefix tree".to_string(),
+                false => format!("Prefix tree ({drawn} of {} segments drawn)", self.row.segments.len()),
+            };
+            body.push_str(&display::section(
+                &title,
+                &format!("{}{}", tree_legend(), self.tree_svg()),
+            ));
         }
-        body.push_str(&display::section(
-            "Segments",
-            &display::table(
-                &[
-                    "segment",
-                    "parent",
-                    "positions",
-                    "depth",
-                    "path",
-                    "rollouts",
-                    "trained",
-                    "text",
-                ],
-                &table,
-            ),
-        ));
+        let n = self.row.segments.len();
+        let table = display::table(
+            &[
+                "segment",
+                "parent",
+                "positions",
+                "depth",
+                "path",
+                "rollouts",
+                "trained",
+                "text",
+            ],
+            &self.segment_rows(),
+        );
+        let shown = n.min(TABLE_MAX);
+        let summary = match shown == n {
+            true => format!("Segments ({n}; view.tokens(i) shows one token by token)"),
+            false => format!("Segments (the first {shown} of {n}; view.tokens(i) shows any token by token)"),
+        };
+        body.push_str(&display::style::details(&summary, &table, n <= OPEN_TABLE_MAX));
         if let Some(mask) = self.mask_svg() {
-            body.push_str(&display::section("Attention mask (query rows, key columns)", &mask));
+            body.push_str(&display::section(
+                "Attention mask (filled: the query attends to the key)",
+                &mask,
+            ));
         }
         display::style::container(&body)
     }
@@ -258,6 +191,38 @@ impl Rich for TreeView {
 }
 
 crate::rich_display!(TreeView);
+
+fn tree_legend() -> String {
+    display::style::legend(&[
+        (SHARED, "forwarded once, shared by several rollouts"),
+        (OWN, "one rollout's own tokens"),
+        (TRAINED, "bar: positions that predict trained tokens"),
+    ])
+}
+
+impl TreeView {
+    fn segment_rows(&self) -> Vec<Vec<String>> {
+        let trained = draw::trained_per_segment(&self.row);
+        self.row
+            .segments
+            .iter()
+            .enumerate()
+            .take(TABLE_MAX)
+            .map(|(i, s)| {
+                vec![
+                    i.to_string(),
+                    s.parent.map_or("-".into(), |p| p.to_string()),
+                    format!("<code class=\"chip\">{}..{}</code>", s.start, s.start + s.len),
+                    self.row.position_ids[s.start].to_string(),
+                    s.path_len.to_string(),
+                    s.rollouts.to_string(),
+                    trained[i].to_string(),
+                    format!("<code>{}</code>", escape(&draw::fit(&self.segment_text[i], 80))),
+                ]
+            })
+            .collect()
+    }
+}
 
 impl Rich for PackedRow {
     fn html(&self) -> String {

@@ -38,10 +38,9 @@ impl Rich for TrainerState {
         ];
         let rows: Vec<(&str, String)> = rows.into_iter().map(|(k, v)| (k, escape(&v))).collect();
         display::style::container(&format!(
-            "{}{}{}",
+            "{}{}",
             display::section("Training", &display::kv_table(&rows)),
-            loss.to_svg(),
-            lr.to_svg()
+            display::style::row(&[loss.fragment(), lr.fragment()])
         ))
     }
 

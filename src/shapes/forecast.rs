@@ -31,7 +31,7 @@ pub const MAX_LENGTH: usize = 1 << 40;
 /// row (then up to a multiple, when one is set).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShapeForecast {
-    /// What this forecast describes (`no padding`, `pad to 128`).
+    /// What this forecast describes (`longest row only`, `pad to 128`).
     pub label: String,
     /// The multiple rows are padded to, if any.
     pub multiple: Option<usize>,
@@ -73,7 +73,7 @@ impl ShapeForecast {
         }
         let label = match multiple {
             Some(m) if m > 1 => format!("pad to {m}"),
-            _ => "no padding".to_string(),
+            _ => "longest row only".to_string(),
         };
         Ok(ShapeForecast {
             label,
@@ -182,7 +182,7 @@ const HEADERS: [&str; 5] = [
     "batches padded",
     "distinct shapes",
     "compile min",
-    "padding",
+    "padding share",
     "tokens forwarded",
 ];
 
@@ -202,13 +202,14 @@ impl Rich for PaddingComparison {
             self.pad,
             self.pad
                 .resolve(self.platform)
-                .map_or("no padding".to_string(), |m| m.to_string()),
+                .map_or("no multiple (each batch to its longest row)".to_string(), |m| m
+                    .to_string()),
             self.with.ledger.seconds_per_compile,
             self.seconds_saved() / 60.0
         );
         display::style::container(&display::section(
             "Shapes with and without padding",
-            &format!("{intro}{}{}", display::table(&HEADERS, &rows), self.chart().to_svg()),
+            &format!("{intro}{}{}", display::table(&HEADERS, &rows), self.chart().fragment()),
         ))
     }
 
@@ -221,15 +222,16 @@ impl Rich for PaddingComparison {
             self.pad,
             self.pad
                 .resolve(self.platform)
-                .map_or("no padding".to_string(), |m| m.to_string())
+                .map_or("no multiple (each batch to its longest row)".to_string(), |m| m
+                    .to_string())
         );
         s.push_str(&format!(
-            "{:<16}{:>16}{:>13}{:>10}{:>18}\n",
+            "{:<18}{:>16}{:>13}{:>15}{:>18}\n",
             HEADERS[0], HEADERS[1], HEADERS[2], HEADERS[3], HEADERS[4]
         ));
         for r in self.rows() {
             s.push_str(&format!(
-                "{:<16}{:>16}{:>13}{:>10}{:>18}\n",
+                "{:<18}{:>16}{:>13}{:>15}{:>18}\n",
                 r[0], r[1], r[2], r[3], r[4]
             ));
         }

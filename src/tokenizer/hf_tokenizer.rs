@@ -269,9 +269,9 @@ impl crate::display::Rich for Tokenizer {
             (
                 "eos / pad",
                 escape(&format!(
-                    "{:?} / {:?}",
-                    self.special_token("eos_token"),
-                    self.special_token("pad_token")
+                    "{} / {}",
+                    self.special_token("eos_token").unwrap_or("none".into()),
+                    self.special_token("pad_token").unwrap_or("none".into())
                 )),
             ),
             (
@@ -288,10 +288,10 @@ impl crate::display::Rich for Tokenizer {
 
     fn text(&self) -> String {
         format!(
-            "Tokenizer from {}: {} tokens, eos {:?}, chat template {}\n",
+            "Tokenizer from {}: {} tokens, eos {}, chat template {}\n",
             self.dir.display(),
             self.inner.get_vocab_size(true),
-            self.special_token("eos_token"),
+            self.special_token("eos_token").unwrap_or("none".into()),
             if self.chat_template.is_some() { "yes" } else { "none" }
         )
     }

@@ -6,10 +6,12 @@ mod chat_template;
 mod error;
 mod files;
 mod hf_tokenizer;
+mod mask_view;
 mod pyjson;
 
 pub use chat_template::{ChatTemplate, RenderedChat};
 pub use error::TokenizerError;
 pub use files::{TOKENIZER_FILES, copy_tokenizer_files};
 pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
+pub use mask_view::MaskView;
 pub use pyjson::dumps as python_json;

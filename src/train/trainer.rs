@@ -88,8 +88,25 @@ pub trait Trainer: Sized {
 
     /// Runs up to `n` steps (fewer when the run ends first) with a progress bar on a terminal;
     /// returns the last step's metrics.
+    ///
+    /// Prints (on the main rank) the log line of every `logging_steps`-th step as it finishes
+    /// (a notebook cell streams it), and, when the run ends before `n` steps, that it stopped at
+    /// its last step and why.
     fn train_for(&mut self, n: u64) -> Result<Option<Self::Metrics>, TrainError> {
-        self.train_with(n, |_, _, _| Ok(()))
+        let logging = self.train_config().logging_steps;
+        let main = self.core().world.is_main();
+        let start = self.progress().done;
+        let last = self.train_with(n, |t, m, bar| {
+            if main && every(logging, t.progress().done) {
+                bar.suspend(|| print!("{}", t.log_line(m)));
+            }
+            Ok(())
+        })?;
+        let ran = self.progress().done - start;
+        if main && ran < n {
+            println!("{}", stopped_early(ran, n, self.progress()));
+        }
+        Ok(last)
     }
 
     /// [`Trainer::train_for`], calling `after_step` after every step with the trainer, the
@@ -120,6 +137,14 @@ pub trait Trainer: Sized {
     }
 }
 
+/// What `train_for(n)` says when the run ended before `n` steps.
+pub fn stopped_early(ran: u64, asked: u64, p: Progress) -> String {
+    format!(
+        "stopped after {ran} of the {asked} steps asked: the run reached its last step ({} of max_steps {})",
+        p.done, p.total
+    )
+}
+
 /// A bar on standard error (hidden where that is not a terminal, as in a notebook).
 fn progress_bar(p: Progress) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(p.total);
@@ -147,3 +172,17 @@ impl crate::display::Rich for Progress {
 }
 
 crate::rich_display!(Progress);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_early_stop_says_where_and_why() {
+        let line = stopped_early(39, 60, Progress { done: 40, total: 40 });
+        assert_eq!(
+            line,
+            "stopped after 39 of the 60 steps asked: the run reached its last step (40 of max_steps 40)"
+        );
+    }
+}
