@@ -33,10 +33,11 @@ PROBE = r"""() => {
     return cell ? `code cell ${cells.indexOf(cell) + 1}` : 'page';
   };
   for (const svg of document.querySelectorAll('.tt svg')) {
-    const width = svg.width.baseVal.value, height = svg.height.baseVal.value;
+    // Client rectangles, so rotated axis labels are measured as drawn.
+    const box = svg.getBoundingClientRect();
     for (const t of svg.querySelectorAll('text')) {
-      const b = t.getBBox();
-      if (b.width > 0 && (b.x < -1 || b.x + b.width > width + 1 || b.y + b.height > height + 2))
+      const b = t.getBoundingClientRect();
+      if (b.width > 0 && (b.left < box.left - 1 || b.right > box.right + 1 || b.top < box.top - 2 || b.bottom > box.bottom + 2))
         problems.push(`${where(svg)}: SVG text clipped at the edge: "${t.textContent.trim().slice(0, 60)}"`);
     }
   }

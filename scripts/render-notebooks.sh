@@ -24,10 +24,10 @@ cd "$TREETRAIN_ROOT/notebooks"
 notebooks=("$@")
 [ ${#notebooks[@]} -gt 0 ] || notebooks=(*.ipynb)
 if [ $check_only = 0 ]; then
+    # Stale outputs are what this run replaces: execute without the freshness check.
+    TREETRAIN_NOTEBOOK_OUTPUTS=skip bash "$TREETRAIN_ROOT/scripts/run-notebooks.sh" "${notebooks[@]}"
     for nb in "${notebooks[@]}"; do
         nb=$(basename "$nb")
-        # Stale outputs are what this run replaces: execute without the freshness check.
-        TREETRAIN_NOTEBOOK_OUTPUTS=skip bash "$TREETRAIN_ROOT/scripts/run-notebooks.sh" "$nb"
         "$TREETRAIN_DEPS/venv/bin/python" "$TREETRAIN_ROOT/scripts/notebook_outputs.py" commit \
             "$executed/$nb" "$nb" "cells/${nb%.ipynb}.txt"
     done

@@ -48,6 +48,8 @@ pub struct LineChart {
 const MARKERS_UP_TO: usize = 30;
 /// Height of the strip holding the title and the legend.
 const HEADER_PX: u32 = 30;
+/// Height of each further legend line when the legend wraps.
+const LEGEND_LINE_PX: u32 = 20;
 const FONT: &str = "sans-serif";
 
 /// The extent of a chart's finite points.
@@ -75,6 +77,12 @@ impl LineChart {
             name: name.into(),
             points,
         });
+        self
+    }
+
+    /// Sets the pixel size (builder style).
+    pub fn with_size(mut self, width: u32, height: u32) -> Self {
+        self.size = (width, height);
         self
     }
 
@@ -149,7 +157,7 @@ impl LineChart {
         root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
         extent: Extent,
     ) -> Result<(), Box<dyn std::error::Error + '_>> {
-        let (header, plot) = root.split_vertically(HEADER_PX);
+        let (header, plot) = root.split_vertically(self.header_px());
         self.draw_header(&header)?;
         let step = tick_step(extent.x, 8, self.integer_x());
         let x_ticks = ticks(extent.x, step);
@@ -158,9 +166,11 @@ impl LineChart {
         let y_decimals = decimals(y_step);
         let y_scientific = extent.y.0.abs().max(extent.y.1.abs()) < 1e-2;
         let x_fmt = move |x: &f64| format!("{x:.x_decimals$}");
-        let y_fmt = move |y: &f64| match y_scientific && *y != 0.0 {
-            true => format!("{y:.1e}"),
-            false => format!("{y:.y_decimals$}"),
+        // A tick at k * step can land a rounding error away from 0 (-1.7e-24): that is 0.
+        let y_fmt = move |y: &f64| match (y.abs() < y_step * 1e-6, y_scientific) {
+            (true, _) => "0".to_string(),
+            (false, true) => format!("{y:.1e}"),
+            (false, false) => format!("{y:.y_decimals$}"),
         };
         let (x0, x1) = extent.x;
         let mut chart = ChartBuilder::on(&plot)
@@ -188,17 +198,48 @@ impl LineChart {
             .light_line_style(RGBColor(128, 128, 128).mix(0.1))
             .bold_line_style(RGBColor(128, 128, 128).mix(0.3))
             .draw()?;
+        let densest = self.series.iter().map(|s| s.finite().count()).max().unwrap_or(0);
         for (i, s) in self.series.iter().enumerate() {
             let color = series_color(i);
             let points: Vec<(f64, f64)> = s.finite().collect();
-            if points.len() <= MARKERS_UP_TO {
-                chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            // A sparse series beside a dense one (an eval every 20 steps beside the training
+            // loss) is points only: a line between two evals would invent the steps between.
+            let sparse = points.len() * 2 < densest;
+            if points.len() <= MARKERS_UP_TO || sparse {
+                let radius = if sparse { 4 } else { 3 };
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, radius, color.filled())))?;
             }
-            // A sparse series (an eval every few steps) gets a thin line: markers carry it.
-            let width = if points.len() <= MARKERS_UP_TO / 3 { 1 } else { 2 };
-            chart.draw_series(LineSeries::new(points, color.stroke_width(width)))?;
+            if !sparse {
+                chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
+            }
         }
         Ok(())
+    }
+
+    /// Where each legend entry goes: `(x, line)`, wrapping to a new line at the chart's width;
+    /// the title takes the start of line 0.
+    fn legend_layout(&self) -> Vec<(i32, i32)> {
+        let width = self.size.0 as i32 - 8;
+        let mut x = 16 + text_width(&self.title, 14.5);
+        let mut line = 0;
+        self.series
+            .iter()
+            .map(|s| {
+                let w = 36 + text_width(&s.name, 13.0);
+                if x + w > width && x > 16 {
+                    (x, line) = (16, line + 1);
+                }
+                let at = (x, line);
+                x += w;
+                at
+            })
+            .collect()
+    }
+
+    /// Height of the strip above the plot: one line of title and legend, more when it wraps.
+    fn header_px(&self) -> u32 {
+        let lines = self.legend_layout().last().map_or(0, |&(_, l)| l as u32);
+        HEADER_PX + LEGEND_LINE_PX * lines
     }
 
     /// The title, then one swatch and name per series, in a strip above the plot.
@@ -206,19 +247,17 @@ impl LineChart {
         &self,
         area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     ) -> Result<(), Box<dyn std::error::Error + '_>> {
-        let baseline = 20;
         // plotters' SVG backend writes font sizes at 0.8 of what it is given.
         let title = (FONT, 18).into_font().style(FontStyle::Bold);
-        area.draw(&Text::new(self.title.clone(), (8, baseline - 14), title))?;
-        let mut x = 16 + text_width(&self.title, 14.5);
-        for (i, s) in self.series.iter().enumerate() {
+        area.draw(&Text::new(self.title.clone(), (8, 6), title))?;
+        for (i, (s, (x, line))) in self.series.iter().zip(self.legend_layout()).enumerate() {
+            let top = 6 + line * LEGEND_LINE_PX as i32;
             let color = series_color(i);
             area.draw(&PathElement::new(
-                vec![(x, baseline - 6), (x + 18, baseline - 6)],
+                vec![(x, top + 8), (x + 18, top + 8)],
                 color.stroke_width(3),
             ))?;
-            area.draw(&Text::new(s.name.clone(), (x + 22, baseline - 13), (FONT, 16)))?;
-            x += 36 + text_width(&s.name, 13.0);
+            area.draw(&Text::new(s.name.clone(), (x + 22, top + 1), (FONT, 16)))?;
         }
         Ok(())
     }
@@ -342,6 +381,31 @@ mod tests {
             .with_series("eval", vec![(0.0, 50.0), (99.0, 10.0)])
             .to_svg();
         assert_eq!(svg.matches("<circle").count(), 2, "one marker per eval point only");
+        let eval_lines = svg
+            .split("<polyline")
+            .filter(|p| p.contains("stroke=\"#FF7F0E\""))
+            .count();
+        assert_eq!(
+            eval_lines, 1,
+            "the eval series' legend swatch only, no line between evals"
+        );
+    }
+
+    #[test]
+    fn long_legends_wrap_inside_the_chart() {
+        let chart = LineChart::new(
+            "Distinct shapes (= Neuron compiles) over one epoch",
+            "batch",
+            "compiles",
+        )
+        .with_series("longest row only", vec![(0.0, 1.0), (1.0, 2.0)])
+        .with_series("pad to 128 (pad_to_multiple_of=auto)", vec![(0.0, 1.0), (1.0, 1.0)]);
+        let layout = chart.legend_layout();
+        assert_eq!(layout[1].1, 1, "the second entry wraps: {layout:?}");
+        for (i, s) in chart.series.iter().enumerate() {
+            assert!(layout[i].0 + 36 + text_width(&s.name, 13.0) <= chart.size.0 as i32);
+        }
+        assert_eq!(chart.header_px(), HEADER_PX + LEGEND_LINE_PX);
     }
 
     #[test]

@@ -32,7 +32,8 @@ impl GrpoState {
         let kl = LineChart::new("KL", "step", "nats per token")
             .with_series("approx KL (old policy)", self.curve(|m| m.approx_kl))
             .with_series("KL to reference", self.curve(|m| m.kl));
-        [self.reward_chart(), entropy, kl]
+        // Three to a row in a notebook's output area (about 1,120 px at a 1,300 px window).
+        [self.reward_chart(), entropy, kl].map(|c| c.with_size(356, 250))
     }
 
     fn summary_rows(&self) -> Vec<(&'static str, String)> {
@@ -277,26 +278,51 @@ impl GrpoTrainer {
 }
 
 impl GrpoSettings {
-    fn rows(&self) -> Vec<(String, String)> {
+    /// `(field, value, differs from the default)` rows, the rewards as run first.
+    fn rows(&self) -> Vec<(String, String, bool)> {
+        let defaults: std::collections::HashMap<String, String> =
+            display::fields(&super::GrpoConfig::default()).into_iter().collect();
         let rewards: Vec<String> = self.rewards.iter().map(|(n, w)| format!("{n} × {w}")).collect();
-        let mut rows = vec![("rewards (as run)".to_string(), rewards.join(", "))];
+        let mut rows = vec![("rewards (as run)".to_string(), rewards.join(", "), true)];
         rows.extend(
             display::fields(&self.config)
                 .into_iter()
-                .filter(|(k, _)| k != "rewards"),
+                .filter(|(k, _)| k != "rewards")
+                .map(|(k, v)| {
+                    let changed = defaults.get(&k) != Some(&v);
+                    (k, v, changed)
+                }),
         );
         rows
     }
 }
 
 impl Rich for GrpoSettings {
+    /// The settings that differ from `GrpoConfig::default()` in a table; the others folded.
     fn html(&self) -> String {
         let rows = self.rows();
-        display::kv_card("GRPO settings", rows.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        let table = |changed: bool| {
+            let rows: Vec<(&str, String)> = rows
+                .iter()
+                .filter(|r| r.2 == changed)
+                .map(|(k, v, _)| (k.as_str(), escape(v)))
+                .collect();
+            display::kv_table(&rows)
+        };
+        let defaults = rows.iter().filter(|r| !r.2).count();
+        display::style::container(&format!(
+            "{}{}",
+            display::section("GRPO settings (those set, differing from the defaults)", &table(true)),
+            display::style::details(
+                &format!("the other {defaults} settings, at their defaults"),
+                &table(false),
+                false
+            )
+        ))
     }
 
     fn text(&self) -> String {
-        self.rows().iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+        self.rows().iter().map(|(k, v, _)| format!("{k} = {v}\n")).collect()
     }
 }
 
@@ -315,7 +341,7 @@ impl Rich for super::GrpoConfig {
 crate::rich_display!(super::GrpoConfig);
 
 /// Rows of a rollout-batch table shown open; the rest sit in a closed block.
-const BATCH_ROWS_OPEN: usize = 16;
+const BATCH_ROWS_OPEN: usize = 8;
 
 impl Rich for super::RolloutBatch {
     fn html(&self) -> String {
@@ -545,3 +571,25 @@ impl Rich for super::RewardFn {
 }
 
 crate::rich_display!(super::RewardFn);
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+
+    #[test]
+    fn settings_show_what_was_set_and_fold_the_defaults() {
+        let settings = GrpoSettings {
+            config: super::super::GrpoConfig {
+                max_steps: 3,
+                ..Default::default()
+            },
+            rewards: vec![("exact_answer".into(), 1.0), ("brevity".into(), 0.1)],
+        };
+        let html = settings.html();
+        let (shown, folded) = html.split_once("<details>").expect("defaults folded");
+        assert!(shown.contains("exact_answer × 1, brevity × 0.1"), "{shown}");
+        assert!(shown.contains("<th>max_steps</th><td>3</td>"), "{shown}");
+        assert!(!shown.contains("<th>temperature</th>") && folded.contains("<th>temperature</th>"));
+        assert!(settings.text().contains("max_steps = 3\n"));
+    }
+}

@@ -14,7 +14,7 @@ pub const TRAINED: &str = "#2ca02c";
 /// A node with more children than this shows the first `MAX_CHILDREN - 1` and a "+k more" line.
 const MAX_CHILDREN: usize = 6;
 /// The tree picture draws at most this many lines; the rest is one "+k more segments" line.
-const MAX_LINES: usize = 40;
+const MAX_LINES: usize = 28;
 const WIDTH: f64 = 960.0;
 /// Boxes are laid out in this share of the width; labels run to the right of their box.
 const BOX_SHARE: f64 = 0.55;
@@ -270,4 +270,114 @@ pub fn mask_svg(row: &PackedRow) -> Option<String> {
     }
     svg.push_str("</svg>");
     Some(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{PrefixTree, Rollout};
+
+    /// `n` rollouts of a shared 4-token prompt, each with its own 2-token completion.
+    fn fan(n: usize) -> PackedRow {
+        let mut t = PrefixTree::new();
+        for i in 0..n {
+            let ids = vec![1, 2, 3, 4, 100 + i as i64, 500 + i as i64];
+            t.add(
+                Rollout {
+                    completion_mask: vec![0, 0, 0, 0, 1, 1],
+                    old_log_probs: vec![-0.5; 6],
+                    input_ids: ids,
+                    advantage: 1.0,
+                    group_id: "0".into(),
+                },
+                i,
+            )
+            .unwrap();
+        }
+        t.pack()
+    }
+
+    fn accounted(lines: &[Line]) -> usize {
+        lines
+            .iter()
+            .map(|l| match l {
+                Line::Segment(_) => 1,
+                Line::More { segments, .. } => *segments,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn wide_groups_collapse_into_a_more_line() {
+        let row = fan(20);
+        let lines = tree_lines(&row);
+        let drawn = lines.iter().filter(|l| matches!(l, Line::Segment(_))).count();
+        assert_eq!(drawn, MAX_CHILDREN, "the shared prompt and the first five children");
+        assert!(
+            matches!(
+                lines.last(),
+                Some(Line::More {
+                    parent: Some(_),
+                    segments: 15
+                })
+            ),
+            "{lines:?}"
+        );
+        assert_eq!(accounted(&lines), row.segments.len());
+        let svg = tree_svg(&row, &vec![String::new(); row.segments.len()]);
+        assert!(svg.contains("+15 more segments"));
+        assert_eq!(svg.matches("<title>segment").count(), MAX_CHILDREN);
+    }
+
+    #[test]
+    fn big_trees_stop_at_the_line_limit_and_count_the_rest() {
+        // Forks at every depth: many lines, no node with more than two children.
+        let mut t = PrefixTree::new();
+        for i in 0..60i64 {
+            let ids: Vec<i64> = (0..8).map(|d| 1 + ((i >> d) & 1) + 2 * d).collect();
+            let n = ids.len();
+            t.add(
+                Rollout {
+                    completion_mask: (0..n).map(|p| u8::from(p > 0)).collect(),
+                    old_log_probs: vec![-0.5; n],
+                    input_ids: ids,
+                    advantage: 1.0,
+                    group_id: "0".into(),
+                },
+                i as usize,
+            )
+            .unwrap();
+        }
+        let row = t.pack();
+        assert!(row.segments.len() > MAX_LINES, "{} segments", row.segments.len());
+        let lines = tree_lines(&row);
+        assert_eq!(lines.len(), MAX_LINES);
+        assert!(matches!(lines.last(), Some(Line::More { parent: None, .. })));
+        assert_eq!(accounted(&lines), row.segments.len());
+    }
+
+    #[test]
+    fn labels_are_cut_to_fit_with_an_ellipsis() {
+        assert_eq!(fit("a\nb", 10), "a⏎b");
+        assert_eq!(fit("abcdefghij", 5), "abcd…");
+        let row = fan(2);
+        let long = "x".repeat(500);
+        let svg = tree_svg(&row, &vec![long; row.segments.len()]);
+        for label in svg.split("<text").skip(1) {
+            let x: f64 = label
+                .split("x=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let text = label.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(
+                x + text.chars().count() as f64 * CHAR_PX <= WIDTH,
+                "label past the edge at x={x}"
+            );
+        }
+    }
 }

@@ -289,6 +289,49 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("attention pairs: flat / this row"));
+        assert!(
+            html.contains("<details open><summary>Segments (5;"),
+            "a short table starts open"
+        );
+        assert!(
+            html.contains("forwarded once, shared by several rollouts"),
+            "the legend"
+        );
+    }
+
+    #[test]
+    fn a_segment_token_by_token() {
+        let view = TreeView::new(&fixture_row(), None);
+        // Segment 1 is `103 201`: 103 predicts the trained 201, 201 predicts 202 (trained in
+        // two rollouts: two loss terms, the first one's log-prob shown).
+        let seg = view.tokens(1).unwrap();
+        let got: Vec<(usize, i64, i64, Option<i64>, Option<f32>)> = seg
+            .rows
+            .iter()
+            .map(|r| {
+                (
+                    r.packed,
+                    r.position,
+                    r.id,
+                    r.label.as_ref().map(|l| l.0),
+                    r.old_log_prob,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![(2, 2, 103, Some(201), Some(-0.5)), (3, 3, 201, Some(202), Some(-0.5))]
+        );
+        assert_eq!(seg.rollouts, 2);
+        assert!(seg.html().contains("2 trained positions"));
+        let untrained = view.tokens(0).unwrap();
+        assert!(
+            untrained
+                .rows
+                .iter()
+                .all(|r| r.label.is_none() && r.old_log_prob.is_none())
+        );
+        assert!(view.tokens(5).is_none());
     }
 }
 
