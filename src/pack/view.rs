@@ -305,23 +305,11 @@ mod tests {
         // Segment 1 is `103 201`: 103 predicts the trained 201, 201 predicts 202 (trained in
         // two rollouts: two loss terms, the first one's log-prob shown).
         let seg = view.tokens(1).unwrap();
-        let got: Vec<(usize, i64, i64, Option<i64>, Option<f32>)> = seg
-            .rows
-            .iter()
-            .map(|r| {
-                (
-                    r.packed,
-                    r.position,
-                    r.id,
-                    r.label.as_ref().map(|l| l.0),
-                    r.old_log_prob,
-                )
-            })
-            .collect();
-        assert_eq!(
-            got,
-            vec![(2, 2, 103, Some(201), Some(-0.5)), (3, 3, 201, Some(202), Some(-0.5))]
-        );
+        let places: Vec<[i64; 3]> = seg.rows.iter().map(|r| [r.packed as i64, r.position, r.id]).collect();
+        assert_eq!(places, vec![[2, 2, 103], [3, 3, 201]]);
+        let labels: Vec<Option<i64>> = seg.rows.iter().map(|r| r.label.as_ref().map(|l| l.0)).collect();
+        assert_eq!(labels, vec![Some(201), Some(202)]);
+        assert!(seg.rows.iter().all(|r| r.old_log_prob == Some(-0.5)));
         assert_eq!(seg.rollouts, 2);
         assert!(seg.html().contains("2 trained positions"));
         let untrained = view.tokens(0).unwrap();
