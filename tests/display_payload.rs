@@ -87,7 +87,7 @@ fn the_training_core_types_render() {
         loss_type: treetrain::grpo::LossType::DrGrpo,
         ..Default::default()
     };
-    assert!(o.text().contains("beta = 0.04\n") && o.text().contains("loss_type = DrGrpo\n"));
+    assert!(o.text().contains("beta = 0.04\n") && o.text().contains("loss_type = dr_grpo\n"));
     assert!(o.html().contains("GRPO objective") && o.html().contains("<td>0.04</td>"));
     let e = treetrain::sft::SftEval {
         step: 5,
