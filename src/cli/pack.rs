@@ -38,13 +38,7 @@ pub fn run(args: &PackArgs) -> Result<()> {
     let rows = match args.budget {
         Some(budget) => packing.plan(rollouts, budget, 1)?.into_iter().flatten().collect(),
         None if args.flat => vec![pack_flat(&rollouts)?],
-        None => {
-            let mut tree = treetrain::pack::PrefixTree::new();
-            for (i, r) in rollouts.into_iter().enumerate() {
-                tree.add(r, i)?;
-            }
-            vec![tree.pack()]
-        }
+        None => vec![treetrain::pack::pack_tree(&rollouts)?],
     };
     super::jsonl::write(rows.iter().map(|r| r.to_json()))
 }

@@ -88,9 +88,7 @@ fn run<T: Trainer>(mut t: T) -> Result<()> {
     }
     t.train_with(u64::MAX, |t, m, bar| {
         let step = t.progress().done;
-        if every(cfg.logging_steps, step) {
-            bar.suspend(|| say(&t.log_line(m)));
-        }
+        t.log_step(m, bar);
         if every(cfg.eval_steps, step)
             && let Some(e) = t.evaluate_held_out()?
         {

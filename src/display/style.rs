@@ -65,6 +65,22 @@ pub fn legend(entries: &[(&str, &str)]) -> String {
     format!("<div class=\"legend\">{items}</div>")
 }
 
+/// One token as a highlighted span (`.tok.on` trained, `.tok.off` context), newlines shown as ⏎,
+/// `title` on hover.
+pub fn token_span(text: &str, title: &str, trained: bool) -> String {
+    let class = if trained { "tok on" } else { "tok off" };
+    format!(
+        "<span class=\"{class}\" title=\"{}\">{}</span>",
+        super::escape(title),
+        super::escape(&text.replace('\n', "⏎"))
+    )
+}
+
+/// The legend of [`token_span`]s: what a trained and a context token mean here.
+pub fn token_legend(trained: &str, context: &str) -> String {
+    legend(&[("rgba(44,160,44,.45)", trained), ("rgba(128,128,128,.25)", context)])
+}
+
 /// A collapsible block, closed unless `open`.
 pub fn details(summary: &str, body: &str, open: bool) -> String {
     let open = if open { " open" } else { "" };

@@ -222,6 +222,14 @@ impl GrpoTrainer {
             .map(|row| TreeView::new(row, Some(self.tokenizer())))
     }
 
+    /// The config with the reward functions this trainer runs.
+    pub fn settings(&self) -> GrpoSettings {
+        GrpoSettings {
+            config: self.config().clone(),
+            rewards: self.rewards().iter().map(|r| (r.name.clone(), r.weight)).collect(),
+        }
+    }
+
     /// With LoRA: what trains, what the KL term compares against, what a weight sync moves.
     fn lora_rows(&self) -> Vec<(&'static str, String)> {
         let Some(adapter) = &self.model().adapter else {
@@ -265,16 +273,6 @@ pub struct GrpoSettings {
     pub config: super::GrpoConfig,
     /// `(name, weight)` of every reward function the run calls.
     pub rewards: Vec<(String, f32)>,
-}
-
-impl GrpoTrainer {
-    /// The config with the reward functions this trainer runs.
-    pub fn settings(&self) -> GrpoSettings {
-        GrpoSettings {
-            config: self.config().clone(),
-            rewards: self.rewards().iter().map(|r| (r.name.clone(), r.weight)).collect(),
-        }
-    }
 }
 
 impl GrpoSettings {

@@ -1,7 +1,7 @@
 //! The same rollouts packed as a prefix tree and flat, side by side at one scale.
 
 use super::draw::{self, OWN, SHARED, TRAINED};
-use super::{PackError, PackedRow, PrefixTree, Rollout, pack_flat};
+use super::{PackError, PackedRow, Rollout, pack_flat, pack_tree};
 use crate::display::{self, Rich, escape};
 
 /// Tree and flat packings of the same rollouts (from [`PackComparison::new`]).
@@ -19,14 +19,9 @@ const STRIP_PX: f64 = 900.0;
 impl PackComparison {
     /// Packs `rollouts` both ways; errors name the rollout that is malformed.
     pub fn new(rollouts: &[Rollout]) -> Result<Self, PackError> {
-        let flat = pack_flat(rollouts)?;
-        let mut tree = PrefixTree::new();
-        for (i, r) in rollouts.iter().enumerate() {
-            tree.add(r.clone(), i)?;
-        }
         Ok(PackComparison {
-            tree: tree.pack(),
-            flat,
+            tree: pack_tree(rollouts)?,
+            flat: pack_flat(rollouts)?,
         })
     }
 

@@ -25,5 +25,5 @@ pub use rollout::Rollout;
 pub use row::{PackKind, PackedRow, Segment};
 pub use sequence::{FlatRow, pack_flat};
 pub use token_view::{SegmentTokens, TokenRow};
-pub use tree::PrefixTree;
+pub use tree::{PrefixTree, pack_tree};
 pub use view::TreeView;

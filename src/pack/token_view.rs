@@ -82,13 +82,8 @@ impl SegmentTokens {
         self.rows
             .iter()
             .map(|r| {
-                let class = if r.label.is_some() { "tok on" } else { "tok off" };
-                format!(
-                    "<span class=\"{class}\" title=\"position {} · id {}\">{}</span>",
-                    r.position,
-                    r.id,
-                    escape(&r.text.replace('\n', "⏎"))
-                )
+                let title = format!("position {} · id {}", r.position, r.id);
+                display::style::token_span(&r.text, &title, r.label.is_some())
             })
             .collect()
     }
@@ -115,10 +110,7 @@ impl Rich for SegmentTokens {
                 ]
             })
             .collect();
-        let legend = display::style::legend(&[
-            ("rgba(44,160,44,.45)", "predicts a trained token"),
-            ("rgba(128,128,128,.25)", "context only"),
-        ]);
+        let legend = display::style::token_legend("predicts a trained token", "context only");
         display::style::container(&format!(
             "{}{}<p>{}</p>{}",
             display::section(&self.title(), ""),

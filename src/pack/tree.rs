@@ -4,6 +4,16 @@ use super::fxhash::FxHashMap;
 use super::terms::loss_terms;
 use super::{PackError, PackKind, PackedRow, Rollout, RowBuilder, Segment};
 
+/// Every rollout in one prefix tree, packed as one row (errors name the malformed rollout):
+/// the tree twin of [`super::pack_flat`], without a token budget (the planner splits by one).
+pub fn pack_tree(rollouts: &[Rollout]) -> Result<PackedRow, PackError> {
+    let mut tree = PrefixTree::new();
+    for (i, r) in rollouts.iter().enumerate() {
+        tree.add(r.clone(), i)?;
+    }
+    Ok(tree.pack())
+}
+
 /// Key of a trie edge: parent node, token, next token (`END` for a rollout's last token).
 type EdgeKey = (u32, i64, i64);
 const END: i64 = i64::MIN;

@@ -1,7 +1,7 @@
 //! A tokenized conversation token by token, the trained (assistant) tokens highlighted.
 
 use super::{TokenizedChat, Tokenizer, TokenizerError};
-use crate::display::{self, Rich, escape};
+use crate::display::{self, Rich};
 
 /// Every token of a [`TokenizedChat`] with its text and whether the loss trains it (from
 /// [`Tokenizer::mask_view`]).
@@ -36,17 +36,15 @@ impl Rich for MaskView {
             .tokens
             .iter()
             .map(|(id, text, trained)| {
-                let class = if *trained { "tok on" } else { "tok off" };
-                let shown = escape(&text.replace('\n', "⏎"));
                 // A rendered newline ends the line, as in the text the template wrote.
                 let br = if text.ends_with('\n') { "<br>" } else { "" };
-                format!("<span class=\"{class}\" title=\"id {id}\">{shown}</span>{br}")
+                format!(
+                    "{}{br}",
+                    display::style::token_span(text, &format!("id {id}"), *trained)
+                )
             })
             .collect();
-        let legend = display::style::legend(&[
-            ("rgba(44,160,44,.45)", "trained (assistant mask 1)"),
-            ("rgba(128,128,128,.25)", "context (mask 0)"),
-        ]);
+        let legend = display::style::token_legend("trained (assistant mask 1)", "context (mask 0)");
         display::style::container(&format!(
             "{}{legend}<div>{spans}</div>",
             display::section(&format!("{} tokens, {} trained", self.tokens.len(), self.trained()), "")

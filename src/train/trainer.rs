@@ -93,20 +93,24 @@ pub trait Trainer: Sized {
     /// (a notebook cell streams it), and, when the run ends before `n` steps, that it stopped at
     /// its last step and why.
     fn train_for(&mut self, n: u64) -> Result<Option<Self::Metrics>, TrainError> {
-        let logging = self.train_config().logging_steps;
-        let main = self.core().world.is_main();
         let start = self.progress().done;
         let last = self.train_with(n, |t, m, bar| {
-            if main && every(logging, t.progress().done) {
-                bar.suspend(|| print!("{}", t.log_line(m)));
-            }
+            t.log_step(m, bar);
             Ok(())
         })?;
         let ran = self.progress().done - start;
-        if main && ran < n {
+        if self.core().world.is_main() && ran < n {
             println!("{}", stopped_early(ran, n, self.progress()));
         }
         Ok(last)
+    }
+
+    /// Prints `metrics`' log line on the main rank when the step just taken is a
+    /// `logging_steps` step (through `bar`, so the line and the bar do not interleave).
+    fn log_step(&self, metrics: &Self::Metrics, bar: &indicatif::ProgressBar) {
+        if self.core().world.is_main() && every(self.train_config().logging_steps, self.progress().done) {
+            bar.suspend(|| print!("{}", self.log_line(metrics)));
+        }
     }
 
     /// [`Trainer::train_for`], calling `after_step` after every step with the trainer, the
