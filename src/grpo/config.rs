@@ -140,6 +140,11 @@ pub struct GrpoConfig {
     pub top_entropy_quantile: f64,
     /// KL penalty to the starting weights (0: off, no reference model is kept).
     pub beta: f64,
+    /// Multiply each term's KL estimate by its importance ratio (token or sequence level, before
+    /// any clipping; TRL's `use_bias_correction_kl`, from DeepSeek-V3.2): the tokens were sampled
+    /// by the old weights, so the plain `k3` average is biased once the policy has moved. The
+    /// corrected value is also what `ref_kl` reports. Used only with `beta > 0`.
+    pub use_bias_correction_kl: bool,
     /// Advantage scaling within a group.
     pub scale_rewards: ScaleRewards,
     /// How loss terms are averaged.
@@ -208,6 +213,7 @@ impl Default for GrpoConfig {
             importance_sampling_clip_max: Some(3.0),
             importance_sampling_clip_min: None,
             beta: 0.0,
+            use_bias_correction_kl: false,
             scale_rewards: ScaleRewards::Group,
             loss_type: LossType::Dapo,
             per_device_train_batch_size: 8,

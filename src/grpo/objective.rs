@@ -38,6 +38,8 @@ pub struct GrpoObjective {
     pub temperature: f64,
     /// Weight of the per-term KL estimate to a frozen reference (`k3`, Schulman): 0 = off.
     pub beta: f64,
+    /// The KL estimate times the importance ratio (TRL's `use_bias_correction_kl`).
+    pub bias_corrected_kl: bool,
     /// How loss terms are averaged over the step.
     pub loss_type: LossType,
     /// Dr. GRPO's constant (the run's `max_completion_length`).
@@ -65,6 +67,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             chunks: LogprobChunks::default(),
             temperature: c.temperature,
             beta: c.beta,
+            bias_corrected_kl: c.use_bias_correction_kl,
             loss_type: c.loss_type,
             max_completion_length: c.max_completion_length,
             per_device_train_batch_size: c.per_device_train_batch_size,
@@ -86,6 +89,7 @@ impl Default for GrpoObjective {
             chunks: LogprobChunks::default(),
             temperature: 1.0,
             beta: 0.0,
+            bias_corrected_kl: false,
             loss_type: LossType::Dapo,
             activations: Activations::Kept,
             max_completion_length: 0,
@@ -321,7 +325,12 @@ fn loss_of_terms(
                 reference.size()
             )));
         }
-        let kl = k3(&logprobs, &device.put(reference)?.f_to_kind(Kind::Float)?);
+        let mut kl = k3(&logprobs, &device.put(reference)?.f_to_kind(Kind::Float)?);
+        if cfg.bias_corrected_kl {
+            // The ratio before clipping, with its gradient, as TRL multiplies it in; the
+            // sampling correction above weighs the policy term only, never this one.
+            kl = kl.f_mul(&ratio)?;
+        }
         ref_kl_sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
         per_term += kl * cfg.beta;
     }
@@ -437,6 +446,7 @@ impl GrpoObjective {
             ("epsilon_high", self.epsilon_high.to_string()),
             ("temperature", self.temperature.to_string()),
             ("beta", self.beta.to_string()),
+            ("use_bias_correction_kl", self.bias_corrected_kl.to_string()),
             ("loss_type", crate::display::serde_name(&self.loss_type)),
             ("max_completion_length", self.max_completion_length.to_string()),
         ]
