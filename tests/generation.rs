@@ -311,3 +311,77 @@ fn static_cache_overflow_snapshot_and_rollback() {
     cache.reset();
     assert!(cache.is_empty());
 }
+
+/// Three turns of conversations continued from their cache, forked within conversations, rows
+/// finishing at different steps: every turn's greedy tokens and log-probs equal a recomputation
+/// of the whole conversation and a fresh generation that prefills it all.
+#[test]
+fn continued_conversations_equal_prefilling_the_whole_conversation() {
+    let m = load("qwen3", Kind::Float);
+    // An end token the first prompt reaches early, so rows finish at different steps (and a
+    // finished row's padding steps must not enter its cache).
+    let eos = vec![greedy_by_recomputation(&m, PROMPTS[0], 6, &[]).0[2]];
+    let c = GenerationConfig {
+        max_cache_len: Some(96),
+        ..cfg(6, eos.clone(), 4)
+    };
+    let mut g = Generator::new();
+    let (mut conv, first) = g.start_conversations(&m.lm, &prompts(), 2, &c).unwrap();
+    assert_eq!(conv.rows(), 8);
+    assert!(first.iter().any(|o| o.finish_reason == FinishReason::Eos));
+    assert!(first.iter().any(|o| o.finish_reason == FinishReason::Length));
+    let check = |wholes: &[Vec<i64>], out: &[treetrain::generate::Completion], turn: usize| {
+        let fresh = Generator::new()
+            .generate(&m.lm, wholes, &cfg(6, eos.clone(), 4))
+            .unwrap();
+        for (i, (whole, o)) in wholes.iter().zip(out).enumerate() {
+            let (want, lps, _) = greedy_by_recomputation(&m, whole, 6, &eos);
+            assert_eq!(o.output_ids, want, "turn {turn} row {i}");
+            assert_eq!(
+                o.output_ids, fresh[i].output_ids,
+                "turn {turn} row {i} vs re-prefilling"
+            );
+            for (a, b) in o.logprobs.iter().zip(&lps) {
+                assert!((a - b).abs() <= 1e-4, "turn {turn} row {i}: {a} vs {b}");
+            }
+        }
+    };
+    // Turn 2: rows 0, 3, 5, 6 go on with messages of 1-3 tokens, each forked in two.
+    let turns: Vec<(usize, Vec<i64>)> = [0usize, 3, 5, 6]
+        .iter()
+        .map(|&r| {
+            let mut whole = conv.tokens(r).unwrap().to_vec();
+            whole.extend((0..=(r % 3) as i64).map(|k| 30 + k + r as i64));
+            (r, whole)
+        })
+        .collect();
+    let second = g.continue_conversations(&m.lm, &mut conv, &turns, 2, &c).unwrap();
+    assert_eq!(conv.rows(), 8);
+    let wholes: Vec<Vec<i64>> = turns.iter().flat_map(|(_, w)| [w.clone(), w.clone()]).collect();
+    check(&wholes, &second, 2);
+    // Turn 3: two of those, one of them a long message, not forked.
+    let turns: Vec<(usize, Vec<i64>)> = [1usize, 4]
+        .iter()
+        .map(|&r| {
+            let mut whole = conv.tokens(r).unwrap().to_vec();
+            whole.extend(100..100 + 2 * r as i64 + 1);
+            (r, whole)
+        })
+        .collect();
+    let third = g.continue_conversations(&m.lm, &mut conv, &turns, 1, &c).unwrap();
+    let wholes: Vec<Vec<i64>> = turns.iter().map(|(_, w)| w.clone()).collect();
+    check(&wholes, &third, 3);
+    // A sequence that does not extend the row, and one the cache cannot hold, are refused.
+    let wrong = vec![(
+        0usize,
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    )];
+    let err = g.continue_conversations(&m.lm, &mut conv, &wrong, 1, &c).unwrap_err();
+    assert!(err.to_string().contains("do not extend"), "{err}");
+    let mut long = conv.tokens(0).unwrap().to_vec();
+    long.extend(std::iter::repeat_n(9, 60));
+    let err = g
+        .continue_conversations(&m.lm, &mut conv, &[(0, long)], 1, &c)
+        .unwrap_err();
+    assert!(err.to_string().contains("slots left"), "{err}");
+}

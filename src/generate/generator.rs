@@ -110,17 +110,31 @@ pub struct Completion {
 }
 
 /// The decoding state after prefill: cache, which slots hold real tokens, per-row positions.
-struct Decoding<C: KvCache> {
-    cache: C,
+pub(super) struct Decoding<C: KvCache> {
+    pub(super) cache: C,
     /// `[batch, slots]` bool: slots holding real (non-pad) tokens.
-    valid: Tensor,
-    /// Next position id per row (= real tokens so far).
-    next_pos: Vec<i64>,
+    pub(super) valid: Tensor,
+    /// Next position id per row (= real tokens in the cache so far).
+    pub(super) next_pos: Vec<i64>,
     /// Logits `[batch, vocab]` that choose each row's next token.
-    logits: Tensor,
+    pub(super) logits: Tensor,
     /// `[batch, vocab]` bool: the tokens each row has seen (prompt and completion so far), for
     /// the repetition penalty; only when one is set.
-    seen: Option<Tensor>,
+    pub(super) seen: Option<Tensor>,
+}
+
+impl Decoding<StaticCache> {
+    /// The state of `rows` (indices into this one's rows, repeats allowed: a fork).
+    pub(super) fn fork(&self, rows: &[i64]) -> Result<Self, GenerateError> {
+        let index = Device::of(&self.valid).from_slice(rows)?;
+        Ok(Decoding {
+            cache: self.cache.fork(rows)?,
+            valid: self.valid.f_index_select(0, &index)?,
+            next_pos: rows.iter().map(|&r| self.next_pos[r as usize]).collect(),
+            logits: self.logits.f_index_select(0, &index)?,
+            seen: self.seen.as_ref().map(|s| s.f_index_select(0, &index)).transpose()?,
+        })
+    }
 }
 
 /// Generates with any model it is handed; records every forward's input shape in `ledger`.
@@ -139,7 +153,12 @@ impl Generator {
         Generator::default()
     }
 
-    fn check(&self, model: &CausalLm, prompts: &[Vec<i64>], cfg: &GenerationConfig) -> Result<(), GenerateError> {
+    pub(super) fn check(
+        &self,
+        model: &CausalLm,
+        prompts: &[Vec<i64>],
+        cfg: &GenerationConfig,
+    ) -> Result<(), GenerateError> {
         if prompts.is_empty() {
             return Err(GenerateError::Config("no prompts".into()));
         }
@@ -207,48 +226,86 @@ impl Generator {
         model: &CausalLm,
         prompts: &[Vec<i64>],
         cfg: &GenerationConfig,
-        mut cache: C,
+        cache: C,
         slots_total: i64,
     ) -> Result<Decoding<C>, GenerateError> {
         let device = model.device();
         let b = prompts.len() as i64;
-        let (padded, ids, real, pos) = self.pad(prompts, cfg);
+        let mut st = Decoding {
+            cache,
+            valid: device.zeros(&[b, slots_total], Kind::Bool)?,
+            next_pos: vec![0; prompts.len()],
+            logits: Tensor::new(),
+            seen: match cfg.sampling.repetition_penalty != 1.0 {
+                true => Some(device.zeros(&[b, model.config.vocab_size], Kind::Bool)?),
+                false => None,
+            },
+        };
+        self.extend(model, &mut st, prompts, cfg)?;
+        Ok(st)
+    }
+
+    /// Appends `tails[r]` to row `r` of `st` (a prompt into an empty cache, or what follows a
+    /// turn), chunk by chunk, and leaves the logits after each row's last token: tails are
+    /// left-padded to one multiple of the chunk size, so every row's last token sits in the
+    /// last slot and the shape stays `[batch, chunk]`. Positions continue each row's own.
+    pub(super) fn extend<C: KvCache>(
+        &mut self,
+        model: &CausalLm,
+        st: &mut Decoding<C>,
+        tails: &[Vec<i64>],
+        cfg: &GenerationConfig,
+    ) -> Result<(), GenerateError> {
+        let device = model.device();
+        let b = tails.len() as i64;
+        let (padded, ids, real, mut pos) = self.pad(tails, cfg);
+        for (row, p) in pos.chunks_mut(padded as usize).zip(&st.next_pos) {
+            row.iter_mut().for_each(|x| *x += p);
+        }
         let ids = device.from_slice(&ids)?.f_view([b, padded])?;
         let pos = device.from_slice(&pos)?.f_view([b, padded])?;
         let real_t = device.from_slice(&real)?.f_view([b, padded])?;
-        let valid = device.zeros(&[b, slots_total], Kind::Bool)?;
-        valid.narrow(1, 0, padded).copy_(&real_t);
+        let first = st.cache.len();
+        if first + padded > st.valid.size()[1] {
+            return Err(GenerateError::Config(format!(
+                "the cache holds {} positions: {first} used, {padded} more needed",
+                st.valid.size()[1]
+            )));
+        }
+        st.valid.narrow(1, first, padded).copy_(&real_t);
         let chunk = cfg.prefill_chunk_size;
         let mut last = None;
         for start in (0..padded).step_by(chunk as usize) {
             self.ledger.record("prefill", &[b, chunk]);
-            let slots = cache.slots_after(chunk);
-            let mask = Self::mask(&valid, start, chunk, slots, device)?;
+            let slots = st.cache.slots_after(chunk);
+            let mask = Self::mask(&st.valid, first + start, chunk, slots, device)?;
             let h = model.forward_cached(
                 &ids.narrow(1, start, chunk),
                 &pos.narrow(1, start, chunk),
-                &mut cache,
+                &mut st.cache,
                 &mask,
             )?;
             last = Some(h.select(1, chunk - 1));
         }
         let last = last.ok_or_else(|| GenerateError::Config("nothing to prefill".into()))?;
-        Ok(Decoding {
-            cache,
-            valid,
-            next_pos: prompts.iter().map(|p| p.len() as i64).collect(),
-            logits: model.logits(&last).to_kind(Kind::Float),
-            seen: match cfg.sampling.repetition_penalty != 1.0 {
-                true => Some(seen_mask(prompts, model.config.vocab_size, device)?),
-                false => None,
-            },
-        })
+        st.logits = model.logits(&last).to_kind(Kind::Float);
+        for (p, t) in st.next_pos.iter_mut().zip(tails) {
+            *p += t.len() as i64;
+        }
+        if let Some(seen) = &st.seen {
+            let _ = seen
+                .shallow_clone()
+                .f_logical_or_(&seen_mask(tails, model.config.vocab_size, device)?)?;
+        }
+        Ok(())
     }
 
-    fn decode<C: KvCache>(
+    /// Decodes one completion per row of `st`; a row's last chosen token is left out of the
+    /// cache (`next_pos` counts what is in it), so a later [`Generator::extend`] starts there.
+    pub(super) fn decode<C: KvCache>(
         &mut self,
         model: &CausalLm,
-        mut st: Decoding<C>,
+        st: &mut Decoding<C>,
         prompt_index: &[usize],
         cfg: &GenerationConfig,
     ) -> Result<Vec<Completion>, GenerateError> {
@@ -266,23 +323,26 @@ impl Generator {
             .collect();
         let mut done = vec![false; b];
         for step in 0..cfg.max_new_tokens {
-            let next = choose_next(&mut st, &mut out, &mut done, cfg, &mut rngs)?;
+            let fresh: Vec<bool> = done.iter().map(|d| !d).collect();
+            let next = choose_next(st, &mut out, &mut done, cfg, &mut rngs)?;
             if done.iter().all(|&d| d) || step + 1 == cfg.max_new_tokens {
                 break;
             }
-            self.forward_chosen(model, &mut st, &next, &done)?;
+            self.forward_chosen(model, st, &next, &fresh)?;
         }
         Ok(out)
     }
 
     /// Forwards the chosen tokens (padding for finished rows: the same shape every step) and
-    /// leaves the next logits in `st`.
+    /// leaves the next logits in `st`. Only `fresh` rows (those that chose a token this step,
+    /// the one that finished a row included) get a valid slot and advance their position, so
+    /// a finished row's cache holds its own tokens only and can be continued.
     fn forward_chosen<C: KvCache>(
         &mut self,
         model: &CausalLm,
         st: &mut Decoding<C>,
         next: &[i64],
-        done: &[bool],
+        fresh: &[bool],
     ) -> Result<(), GenerateError> {
         let device = model.device();
         let b = next.len() as i64;
@@ -294,10 +354,11 @@ impl Generator {
                 1,
             );
         }
-        let _ = st.valid.narrow(1, start, 1).fill_(1);
+        let fresh_t = device.from_slice(fresh)?.f_view([b, 1])?;
+        st.valid.narrow(1, start, 1).copy_(&fresh_t);
         let pos: Vec<i64> = st.next_pos.clone();
-        for (p, d) in st.next_pos.iter_mut().zip(done) {
-            if !d {
+        for (p, &f) in st.next_pos.iter_mut().zip(fresh) {
+            if f {
                 *p += 1;
             }
         }
@@ -376,9 +437,9 @@ impl Generator {
         cache: C,
         slots: i64,
     ) -> Result<Vec<Completion>, GenerateError> {
-        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
+        let mut st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let index: Vec<usize> = (0..prompts.len()).collect();
-        tch::no_grad(|| self.decode(model, st, &index, cfg))
+        tch::no_grad(|| self.decode(model, &mut st, &index, cfg))
     }
 
     /// `group` completions per prompt (GRPO), prefix-shared: each prompt is prefilled once and
@@ -395,25 +456,30 @@ impl Generator {
             return Err(GenerateError::Config("num_generations must be at least 1".into()));
         }
         privateuse1::checked(model.device(), || {
-            // The prompts' cache and its fork into every group row live at once.
-            let total = prompts.len().saturating_mul(group.saturating_add(1));
-            let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
-            let slots = cache.max_len;
-            let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
-            let rows: Vec<i64> = (0..prompts.len() as i64)
-                .flat_map(|p| std::iter::repeat_n(p, group))
-                .collect();
-            let index = model.device().from_slice(&rows)?;
-            let forked = Decoding {
-                cache: st.cache.fork(&rows)?,
-                valid: st.valid.index_select(0, &index),
-                next_pos: rows.iter().map(|&r| st.next_pos[r as usize]).collect(),
-                logits: st.logits.index_select(0, &index),
-                seen: st.seen.as_ref().map(|s| s.index_select(0, &index)),
-            };
-            let prompt_index: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
-            tch::no_grad(|| self.decode(model, forked, &prompt_index, cfg))
+            let (mut forked, prompt_index) = self.prefill_groups(model, prompts, group, cfg)?;
+            tch::no_grad(|| self.decode(model, &mut forked, &prompt_index, cfg))
         })
+    }
+
+    /// Prefills every prompt once into a static cache and forks its rows into `group` decoding
+    /// rows, prompt by prompt; returns the state and the prompt of each row.
+    pub(super) fn prefill_groups(
+        &mut self,
+        model: &CausalLm,
+        prompts: &[Vec<i64>],
+        group: usize,
+        cfg: &GenerationConfig,
+    ) -> Result<(Decoding<StaticCache>, Vec<usize>), GenerateError> {
+        // The prompts' cache and its fork into every group row live at once.
+        let total = prompts.len().saturating_mul(group.saturating_add(1));
+        let cache = self.static_cache(model, prompts.len() as i64, total, prompts, cfg)?;
+        let slots = cache.max_len;
+        let st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
+        let rows: Vec<i64> = (0..prompts.len() as i64)
+            .flat_map(|p| std::iter::repeat_n(p, group))
+            .collect();
+        let forked = tch::no_grad(|| st.fork(&rows))?;
+        Ok((forked, rows.iter().map(|&r| r as usize).collect()))
     }
 
     /// The same as [`Generator::generate`] with a growing cache (a new shape every step): the
