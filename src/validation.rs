@@ -125,6 +125,14 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Grpo, "epsilon_high", "finite and >= 0", Some("-0.2")),
     rule(Scope::Grpo, "beta", "finite and >= 0", Some("-1.0")),
     rule(Scope::Grpo, "top_entropy_quantile", "in [0, 1]", Some("1.5")),
+    rule(Scope::Grpo, "max_turns", "at least 1", Some("0")),
+    rule(Scope::Grpo, "turn_generations", "at least 1", Some("0")),
+    rule(
+        Scope::Grpo,
+        "max_conversation_length",
+        "above max_completion_length; with an environment, at least the longest prompt (padded to `prefill_chunk_size`) + max_completion_length",
+        Some("8"),
+    ),
     rule(
         Scope::Grpo,
         "importance_sampling_clip_max",

@@ -548,6 +548,7 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
         scale: Default::default(),
         produced: 0,
         generator: Default::default(),
+        multi_turn: None,
     };
     let model = Model::load(&sft_model(), LoadOptions::default()).unwrap();
     let worker = AsyncRollouts::spawn(producer, model, 0, 1);
@@ -956,4 +957,192 @@ fn the_bias_corrected_kl_matches_trls_loss_and_gradients_in_both_packings() {
             "{level:?}: ratio ~1, the case tests nothing"
         );
     }
+}
+
+/// The shipped recipe as a multi-turn run of the retry game: 3 tries, each conversation that
+/// goes on forked in two after a wrong answer. Messages are prefilled 16 slots at a time.
+fn retry_config(prompts: usize) -> GrpoConfig {
+    GrpoConfig {
+        prompts_per_step: prompts,
+        num_generations: 4,
+        max_turns: 3,
+        turn_generations: 2,
+        prefill_chunk_size: 16,
+        max_conversation_length: 256,
+        ..config()
+    }
+}
+
+/// A conversation whose turn holds ids the tokenizer cannot decode (the tiny model's vocabulary
+/// is larger than its tokenizer's) fails like an undecodable single-turn completion.
+fn undecodable(reason: &str) -> bool {
+    reason.contains("does not decode")
+}
+
+fn retry_trainer(prompts: usize) -> GrpoTrainer {
+    use treetrain::shipped::retry::RetryGame;
+    GrpoTrainer::with_environment(retry_config(prompts), RetryGame::default(), Vec::new()).unwrap()
+}
+
+#[test]
+fn multi_turn_rollouts_fork_within_conversations_and_train_the_assistant_only() {
+    let mut t = retry_trainer(4);
+    let m = t.step().unwrap();
+    assert_eq!(m.rewards[0].name, "retry_game");
+    let batch = t.last_batch.clone().unwrap();
+    let tok = t.tokenizer();
+    let mut multi_turn = 0;
+    for g in &batch.groups {
+        // 4 first turns; a wrong answer forks in two, twice at most.
+        assert!(
+            (4..=16).contains(&g.completions.len()),
+            "{} conversations",
+            g.completions.len()
+        );
+        assert!(
+            g.rewards.failures.iter().all(|f| undecodable(&f.reason)),
+            "{:?}",
+            g.rewards.failures
+        );
+        for (c, mask) in g.completions.iter().zip(&g.trained_masks) {
+            assert_eq!(mask.len(), c.output_ids.len());
+            let untrained: Vec<u32> = c
+                .output_ids
+                .iter()
+                .zip(mask)
+                .filter(|(_, m)| **m == 0)
+                .map(|(&t, _)| t as u32)
+                .collect();
+            if untrained.is_empty() {
+                continue;
+            }
+            multi_turn += 1;
+            // What is not trained is the user's feedback as the template renders it.
+            let text = tok.decode(&untrained, false).unwrap();
+            assert!(
+                text.contains("<|im_start|>user\nNo, ") && text.contains(" is wrong. Try again."),
+                "{text:?}"
+            );
+            assert!(text.ends_with("<|im_start|>assistant\n"), "{text:?}");
+            // Each assistant turn that was answered ended on its own generated end-of-turn
+            // token, or at max_completion_length.
+            let eos = tok.eos_token_id().unwrap() as i64;
+            let mut run = 0;
+            for (i, (&id, &m)) in c.output_ids.iter().zip(mask).enumerate() {
+                if m == 1 {
+                    run += 1;
+                    continue;
+                }
+                if run > 0 {
+                    assert!(
+                        c.output_ids[i - 1] == eos || run == 16,
+                        "a turn of {run} tokens ended on {id}"
+                    );
+                }
+                run = 0;
+            }
+        }
+    }
+    assert!(multi_turn > 0, "no conversation went past its first turn");
+    // Nested forks share their earlier turns: the tree forwards them once.
+    assert!(m.packing_ratio > 2.0, "packing ratio {}", m.packing_ratio);
+}
+
+#[test]
+fn tree_packed_multi_turn_rollouts_match_separate_forwards() {
+    use treetrain::grpo::ImportanceSampling;
+    let mut t = retry_trainer(3);
+    t.step().unwrap();
+    let rollouts = t.last_batch.as_ref().unwrap().rollouts();
+    assert!(
+        rollouts
+            .iter()
+            .any(|r| r.completion_mask.windows(3).any(|w| w == [1, 0, 1] || w == [1, 0, 0]))
+    );
+    let policy = untrained_policy();
+    let reference = Model::load(&sft_model(), LoadOptions::default()).unwrap();
+    // Each rollout's own causal forward, TRL's loss term by term, autograd for the gradients.
+    let (want, _, want_grads) =
+        bias_corrected_reference(&policy, &reference, &rollouts, ImportanceSampling::Token, 0.0);
+    for packing in [Packing::Tree, Packing::Flat] {
+        let rows = pack_rollouts(rollouts.clone(), packing, 400).unwrap();
+        let got = accumulate_gradients(&policy.lm, None, &rows, &GrpoObjective::default()).unwrap();
+        let mut grads: Vec<(String, Tensor)> = policy
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(k, v)| (k, v.grad().copy()))
+            .collect();
+        grads.sort_by(|a, b| a.0.cmp(&b.0));
+        zero_grads(&policy);
+        assert!(
+            (got.loss - want).abs() <= 1e-5 * want.abs().max(1e-3),
+            "{packing:?}: {} vs {want}",
+            got.loss
+        );
+        for ((name, a), (_, b)) in grads.iter().zip(&want_grads) {
+            assert!(
+                max_rel(b, a) <= 1e-5,
+                "{packing:?} {name}: gradient differs by {:.2e}",
+                max_rel(b, a)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
+    use treetrain::grpo::{EnvReply, EnvRole, environment};
+    let env = environment("picky", |c| {
+        let task = c.row.get("task").and_then(|v| v.as_str()).unwrap_or("");
+        match task {
+            "add" => panic!("the calculator broke"),
+            "subtract" if c.turn == 1 => Ok(EnvReply::Message {
+                role: EnvRole::Tool,
+                content: "x ".repeat(400),
+            }),
+            "count_letter" => Ok(EnvReply::Done(f32::NAN)),
+            "uppercase" => Ok(EnvReply::Message {
+                role: EnvRole::User,
+                content: "again".into(),
+            }),
+            _ => Ok(EnvReply::Done(if c.last_reply().contains('1') { 1.0 } else { 0.0 })),
+        }
+    });
+    let cfg = GrpoConfig {
+        max_turns: 2,
+        ..retry_config(20)
+    };
+    let mut t = GrpoTrainer::with_environment(cfg, env, Vec::new()).unwrap();
+    let m = t.step().unwrap();
+    let batch = t.last_batch.clone().unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for g in &batch.groups {
+        let task = t.prompts.prompts[g.prompt].row["task"].as_str().unwrap().to_string();
+        for f in g.rewards.failures.iter().filter(|f| !undecodable(&f.reason)) {
+            assert_eq!(f.function, "picky");
+            assert!(
+                f.reason.contains(&format!("prompt row {}", g.dataset_row)),
+                "{}",
+                f.reason
+            );
+            assert_eq!(g.advantages[f.completion], 0.0);
+            let want = match task.as_str() {
+                "add" => "panicked: the calculator broke",
+                "subtract" => "overruns the context",
+                "count_letter" => "returned reward NaN",
+                "uppercase" => "after the last turn (max_turns 2)",
+                other => panic!("{other} failed: {}", f.reason),
+            };
+            assert!(f.reason.contains(want), "{task}: {}", f.reason);
+            seen.insert(task.clone());
+        }
+    }
+    let tasks: Vec<&str> = batch
+        .groups
+        .iter()
+        .map(|g| t.prompts.prompts[g.prompt].row["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 4, "every failure kind was exercised: {seen:?} of {tasks:?}");
+    assert!(m.reward_failures > 0 && m.loss.is_finite());
 }

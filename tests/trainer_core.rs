@@ -252,6 +252,7 @@ fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
         sampler: treetrain::grpo::PromptSampler::new(prompts.prompts.len(), 0),
         produced: 0,
         generator: Default::default(),
+        multi_turn: None,
     };
     let group = producer.score_completions(0, vec![completion(good), completion(vec![1_000_000])], 0);
     assert_eq!(group.rewards.total[0], Some(1.0));

@@ -181,6 +181,16 @@ pub struct GrpoConfig {
     pub eval_dataset: Option<PathBuf>,
     /// Completions per held-out prompt (0: one greedy completion).
     pub eval_samples: usize,
+    /// Multi-turn (a trainer built with an environment): most assistant turns per
+    /// conversation; after the last the environment must answer `Done`.
+    pub max_turns: usize,
+    /// Multi-turn: continuations forked from each conversation that goes on after a turn (1:
+    /// no fork; a prompt then has at most `num_generations x turn_generations^(max_turns - 1)`
+    /// conversations).
+    pub turn_generations: usize,
+    /// Multi-turn: most tokens of a whole conversation (prompt, turns, messages); its KV cache
+    /// holds this many slots. A conversation that would grow past it fails (advantage 0).
+    pub max_conversation_length: usize,
 }
 
 impl Default for GrpoConfig {
@@ -230,6 +240,9 @@ impl Default for GrpoConfig {
             log_completions: 8,
             eval_dataset: None,
             eval_samples: 4,
+            max_turns: 4,
+            turn_generations: 1,
+            max_conversation_length: 1024,
         }
     }
 }
@@ -281,6 +294,8 @@ impl GrpoConfig {
             ("token_budget", self.token_budget),
             ("num_iterations", self.num_iterations),
             ("per_device_train_batch_size", self.per_device_train_batch_size),
+            ("max_turns", self.max_turns),
+            ("turn_generations", self.turn_generations),
         ];
         if self.mode == RolloutMode::Async {
             positive.extend([
@@ -313,6 +328,12 @@ impl GrpoConfig {
         }
         if !(0.0..=1.0).contains(&self.top_entropy_quantile) {
             return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
+        }
+        if self.max_conversation_length <= self.max_completion_length {
+            return Err(TrainError::config(
+                "max_conversation_length",
+                "must exceed max_completion_length (a prompt and one whole turn)",
+            ));
         }
         if let Some(d) = self.delta.filter(|d| !(d.is_finite() && *d > 1.0 + self.epsilon_high)) {
             return Err(TrainError::config(

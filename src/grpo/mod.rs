@@ -30,6 +30,8 @@
 mod advantage;
 mod answer;
 mod config;
+mod environment;
+mod multiturn;
 mod objective;
 mod reward;
 mod rollouts;
@@ -42,6 +44,8 @@ mod worker;
 pub use advantage::{ScaleRewards, group_advantages};
 pub use answer::extract_answer;
 pub use config::{GrpoConfig, ImportanceSampling, LossType, RewardSpec, RolloutMode, SamplingCorrectionMode};
+pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
+pub use multiturn::MultiTurn;
 pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
     grpo_loss_with_reference,

@@ -21,6 +21,8 @@ pub struct RewardInput<'a> {
     pub truncated: bool,
     /// The dataset row the prompt came from (every column, e.g. `answer`, `task`).
     pub row: &'a Map<String, Value>,
+    /// Multi-turn: the environment's reward of the conversation (`None` in single-turn runs).
+    pub environment: Option<f32>,
 }
 
 /// A reward closure: `None` means "cannot score this rollout" (reported; advantage 0).
@@ -112,6 +114,12 @@ impl RewardFn {
                     .is_some_and(|rest| !rest.trim().is_empty() && !rest.contains("Answer:"));
             Some(if ok { 1.0 } else { 0.0 })
         })
+    }
+
+    /// The environment's reward of a multi-turn conversation, named after the environment
+    /// (`None`, hence a failure, when no environment scored it).
+    pub fn environment(name: &str) -> Self {
+        RewardFn::new(name, |x| x.environment)
     }
 
     /// A built-in reward function.
@@ -250,6 +258,7 @@ mod tests {
             completion_ids: &[],
             truncated: false,
             row,
+            environment: None,
         }
     }
 

@@ -50,9 +50,22 @@ impl PromptSet {
         max_len: usize,
         skip_invalid: bool,
     ) -> Result<Self, TrainError> {
+        Self::load_with_tools(ds, tokenizer, field, max_len, skip_invalid, None)
+    }
+
+    /// [`PromptSet::load`], chat prompts rendered with `tools` (transformers' `tools=`).
+    pub fn load_with_tools(
+        ds: &Dataset,
+        tokenizer: &Tokenizer,
+        field: &str,
+        max_len: usize,
+        skip_invalid: bool,
+        tools: Option<Value>,
+    ) -> Result<Self, TrainError> {
         let mut set = PromptSet::default();
         let opts = ChatOptions {
             add_generation_prompt: true,
+            tools,
             ..Default::default()
         };
         for (i, row) in ds.rows().enumerate() {
@@ -161,6 +174,10 @@ pub struct ScoredGroup {
     pub rewards: GroupRewards,
     /// One per completion.
     pub advantages: Vec<f32>,
+    /// Multi-turn: per completion, 1 on the tokens the model generated, 0 on the environment's
+    /// messages (empty: single-turn, every completion token trained).
+    #[serde(default)]
+    pub trained_masks: Vec<Vec<u8>>,
 }
 
 /// One step's worth of scored groups and how they were made.
@@ -198,14 +215,20 @@ impl RolloutBatch {
                 g.completions
                     .iter()
                     .zip(&g.advantages)
-                    .filter(move |(c, _)| !(mask_truncated && c.finish_reason == FinishReason::Length))
-                    .map(move |(c, &advantage)| {
+                    .enumerate()
+                    .filter(move |(_, (c, _))| !(mask_truncated && c.finish_reason == FinishReason::Length))
+                    .map(move |(i, (c, &advantage))| {
                         let p = g.prompt_ids.len();
                         let input_ids: Vec<i64> = g.prompt_ids.iter().chain(&c.output_ids).copied().collect();
                         let mut old_log_probs = vec![0.0; p];
                         old_log_probs.extend(&c.untruncated_logprobs);
+                        let mut completion_mask = vec![0; p];
+                        match g.trained_masks.get(i) {
+                            Some(mask) => completion_mask.extend(mask),
+                            None => completion_mask.extend(std::iter::repeat_n(1, c.output_ids.len())),
+                        }
                         Rollout {
-                            completion_mask: (0..input_ids.len()).map(|i| u8::from(i >= p)).collect(),
+                            completion_mask,
                             old_log_probs,
                             input_ids,
                             advantage,
@@ -394,6 +417,8 @@ pub struct RolloutProducer {
     pub produced: u64,
     /// The generator (its shape ledger grows across batches).
     pub generator: Generator,
+    /// Multi-turn rollouts with an environment (`None`: one completion per rollout).
+    pub multi_turn: Option<super::MultiTurn>,
 }
 
 impl RolloutProducer {
@@ -406,12 +431,28 @@ impl RolloutProducer {
         let mine = share(all.len(), self.shard.rank, self.shard.size);
         let first_row = (mine.start * self.group) as u64;
         let picked = &all[mine];
-        let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
         let mut cfg = self.generation.clone();
         cfg.sampling.seed = self.generation.sampling.seed ^ SplitMix64::new(self.produced).next_u64();
         cfg.sampling.first_row = first_row;
+        let batch = match self.multi_turn.clone() {
+            Some(turns) => self.produce_conversations(model, picked, &cfg, &turns, version)?,
+            None => self.produce_completions(model, picked, &cfg, version)?,
+        };
+        self.produced += 1;
+        Ok(batch)
+    }
+
+    /// One completion per rollout: `group` of them per prompt of `picked`.
+    fn produce_completions(
+        &mut self,
+        model: &CausalLm,
+        picked: &[usize],
+        cfg: &GenerationConfig,
+        version: u64,
+    ) -> Result<RolloutBatch, TrainError> {
+        let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
         let start = Instant::now();
-        let completions = self.generator.generate_groups(model, &prompt_ids, self.group, &cfg)?;
+        let completions = self.generator.generate_groups(model, &prompt_ids, self.group, cfg)?;
         let generation_s = start.elapsed().as_secs_f64();
         let generated_tokens = completions.iter().map(|c| c.output_ids.len()).sum();
         let start = Instant::now();
@@ -426,7 +467,7 @@ impl RolloutProducer {
                 )
             })
             .collect();
-        let batch = RolloutBatch {
+        Ok(RolloutBatch {
             version,
             index: self.produced,
             groups,
@@ -434,9 +475,7 @@ impl RolloutProducer {
             reward_s: start.elapsed().as_secs_f64(),
             generated_tokens,
             reward_names: self.rewards.iter().map(|r| r.name.clone()).collect(),
-        };
-        self.produced += 1;
-        Ok(batch)
+        })
     }
 
     /// Decodes and scores the completions of prompt `p` (an index into the prompt set) made by
@@ -465,6 +504,7 @@ impl RolloutProducer {
                 completion_ids: &c.output_ids,
                 truncated: c.finish_reason == FinishReason::Length,
                 row: &prompt.row,
+                environment: None,
             })
             .collect();
         let mut rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
@@ -484,6 +524,7 @@ impl RolloutProducer {
             texts,
             rewards,
             advantages,
+            trained_masks: Vec::new(),
         }
     }
 }

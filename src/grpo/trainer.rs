@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::advantage::mean_std;
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
+use super::{Environment, MultiTurn};
 use super::{
     GrpoConfig, GrpoObjective, PromptSampler, PromptSet, RewardFn, RolloutBatch, RolloutMode, RolloutProducer, Shard,
     UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts, plan_rank_update, with_entropy_floor,
@@ -18,6 +19,7 @@ use crate::pack::{PackedRow, Packing};
 use crate::tokenizer::Tokenizer;
 use crate::train::distributed::World;
 use crate::train::{TrainConfig, TrainCore, TrainError, Trainer};
+use serde_json::Value;
 
 /// Mean and spread of one reward function over a step's rollouts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -203,6 +205,8 @@ pub struct GrpoTrainer {
     /// A batch with optimizer steps left (`num_iterations > 1`).
     pending: Option<(RolloutBatch, usize)>,
     source: Source,
+    /// Multi-turn rollouts (a trainer built with an environment).
+    multi_turn: Option<MultiTurn>,
 }
 
 impl std::fmt::Debug for GrpoTrainer {
@@ -223,7 +227,37 @@ impl GrpoTrainer {
 
     /// A trainer with the given reward functions (closures; `config.rewards` is ignored).
     pub fn with_rewards(config: GrpoConfig, rewards: Vec<RewardFn>) -> Result<Self, TrainError> {
-        Self::build(config, rewards, None)
+        Self::build(config, rewards, None, None)
+    }
+
+    /// A trainer of multi-turn rollouts: `environment` answers every assistant turn (the
+    /// contract: [`super::environment`]); its reward ([`RewardFn::environment`]) comes first,
+    /// then `rewards`, which see each whole conversation as the completion. `max_turns`,
+    /// `turn_generations` and `max_conversation_length` of `config` bound the conversations.
+    pub fn with_environment(
+        config: GrpoConfig,
+        environment: impl Environment + 'static,
+        rewards: Vec<RewardFn>,
+    ) -> Result<Self, TrainError> {
+        let env: Arc<dyn Environment> = Arc::new(environment);
+        let all = std::iter::once(RewardFn::environment(env.name()))
+            .chain(rewards)
+            .collect();
+        Self::build(config, all, None, Some(env))
+    }
+
+    /// [`GrpoTrainer::with_environment`], continuing from a checkpoint.
+    pub fn resume_with_environment(
+        config: GrpoConfig,
+        environment: impl Environment + 'static,
+        rewards: Vec<RewardFn>,
+        checkpoint: &Path,
+    ) -> Result<Self, TrainError> {
+        let env: Arc<dyn Environment> = Arc::new(environment);
+        let all = std::iter::once(RewardFn::environment(env.name()))
+            .chain(rewards)
+            .collect();
+        Self::build(config, all, Some(checkpoint), Some(env))
     }
 
     /// Continues a run from a folder written by [`Trainer::save_checkpoint`] with the
@@ -232,7 +266,7 @@ impl GrpoTrainer {
     /// next unseen batch of prompts.
     pub fn resume_from(config: GrpoConfig, checkpoint: &Path) -> Result<Self, TrainError> {
         let rewards = builtin_rewards(&config);
-        Self::build(config, rewards, Some(checkpoint))
+        Self::build(config, rewards, Some(checkpoint), None)
     }
 
     /// [`GrpoTrainer::resume_from`] with the given reward functions.
@@ -241,20 +275,37 @@ impl GrpoTrainer {
         rewards: Vec<RewardFn>,
         checkpoint: &Path,
     ) -> Result<Self, TrainError> {
-        Self::build(config, rewards, Some(checkpoint))
+        Self::build(config, rewards, Some(checkpoint), None)
     }
 
-    fn build(config: GrpoConfig, rewards: Vec<RewardFn>, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
+    fn build(
+        config: GrpoConfig,
+        rewards: Vec<RewardFn>,
+        checkpoint: Option<&Path>,
+        environment: Option<Arc<dyn Environment>>,
+    ) -> Result<Self, TrainError> {
         config.validate()?;
         check_rewards(&rewards)?;
         let mut core = TrainCore::load(&config.train, checkpoint)?;
         core.set_schedule(&config.train, config.max_steps);
+        let tools = environment.as_ref().and_then(|e| e.tools());
+        let multi_turn = environment.map(|environment| MultiTurn {
+            environment,
+            max_turns: config.max_turns,
+            turn_generations: config.turn_generations,
+            max_conversation_length: config.max_conversation_length,
+            prompt_field: config.prompt_field.clone(),
+        });
         let prompts = Arc::new(load_prompt_set(
             &config,
             &core.tokenizer,
             &TrainCore::open_dataset(&config.train)?,
+            tools.clone(),
         )?);
         check_columns(&rewards, &prompts, "dataset")?;
+        if multi_turn.is_some() {
+            check_conversation_room(&config, &prompts)?;
+        }
         let generation = generation_config(&config, &core.special);
         let rewards = Arc::new(rewards);
         let mut producer = RolloutProducer {
@@ -271,6 +322,7 @@ impl GrpoTrainer {
             sampler: PromptSampler::new(prompts.prompts.len(), config.train.seed),
             produced: 0,
             generator: Default::default(),
+            multi_turn: multi_turn.clone(),
         };
         let mut state = GrpoState {
             total_steps: config.max_steps,
@@ -297,7 +349,7 @@ impl GrpoTrainer {
         };
         let reference = (config.beta > 0.0).then(|| reference_of(&core)).transpose()?;
         let held_out = match &config.eval_dataset {
-            Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?)?),
+            Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?, tools)?),
             None => None,
         };
         if let Some(h) = &held_out {
@@ -316,6 +368,7 @@ impl GrpoTrainer {
             held_out,
             pending: None,
             source,
+            multi_turn,
         })
     }
 
@@ -603,7 +656,8 @@ impl GrpoTrainer {
 
     /// Prompts of another file or folder (a held-out split), read like the training prompts.
     pub fn load_prompts(&self, path: &Path) -> Result<PromptSet, TrainError> {
-        load_prompt_set(&self.config, &self.core.tokenizer, &Dataset::open(path)?)
+        let tools = self.multi_turn.as_ref().and_then(|m| m.environment.tools());
+        load_prompt_set(&self.config, &self.core.tokenizer, &Dataset::open(path)?, tools)
     }
 
     /// Mean rewards of the current policy on `prompts`: `samples` completions per prompt at the
@@ -625,6 +679,7 @@ impl GrpoTrainer {
             sampler: PromptSampler::new(prompts.prompts.len(), seed),
             produced: 0,
             generator: Default::default(),
+            multi_turn: self.multi_turn.clone(),
         };
         let batch = producer
             .produce(&self.core.model.lm, self.state.global_step)?
@@ -691,7 +746,7 @@ impl Trainer for GrpoTrainer {
 
     fn from_config(config: GrpoConfig, resume_from: Option<&Path>) -> Result<Self, TrainError> {
         let rewards = builtin_rewards(&config);
-        Self::build(config, rewards, resume_from)
+        Self::build(config, rewards, resume_from, None)
     }
     fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
         GrpoTrainer::step(self)
@@ -855,13 +910,37 @@ fn check_columns(rewards: &[RewardFn], prompts: &PromptSet, which: &str) -> Resu
 }
 
 /// The prompts of `ds`, read as the run's config says.
-fn load_prompt_set(config: &GrpoConfig, tokenizer: &Tokenizer, ds: &Dataset) -> Result<PromptSet, TrainError> {
-    PromptSet::load(
+/// Refuses a multi-turn run whose conversation cache cannot hold its longest prompt (padded to
+/// the prefill chunk) and a first turn.
+fn check_conversation_room(config: &GrpoConfig, prompts: &PromptSet) -> Result<(), TrainError> {
+    let chunk = config.prefill_chunk_size.max(1) as usize;
+    let longest = prompts.prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    let need = longest.div_ceil(chunk) * chunk + config.max_completion_length;
+    if config.max_conversation_length < need {
+        return Err(TrainError::config(
+            "max_conversation_length",
+            format!(
+                "is {}: the longest prompt ({longest} tokens, padded to {chunk}) and a {}-token turn need {need}",
+                config.max_conversation_length, config.max_completion_length
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn load_prompt_set(
+    config: &GrpoConfig,
+    tokenizer: &Tokenizer,
+    ds: &Dataset,
+    tools: Option<Value>,
+) -> Result<PromptSet, TrainError> {
+    PromptSet::load_with_tools(
         ds,
         tokenizer,
         &config.prompt_field,
         config.max_prompt_length,
         config.train.skip_invalid_rows,
+        tools,
     )
 }
 

@@ -5,6 +5,7 @@
 //! the committed files equal what the generator makes.
 
 pub mod datasets;
+pub mod retry;
 pub mod tasks;
 pub mod tiny_model;
 

@@ -1,0 +1,275 @@
+//! Rolling out multi-turn conversations with an [`Environment`] (the contract is in
+//! [`super::environment`]): the first turn of `group` conversations per prompt, then turn after
+//! turn the environment's reply, each going-on conversation continued from its cache and forked
+//! `turn_generations` ways, until every conversation is done, failed or out of turns.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::environment::{Conversation, EnvReply, Environment, Talk};
+use super::group_advantages;
+use super::reward::{RewardInput, score_group};
+use super::rollouts::{RolloutBatch, RolloutProducer, ScoredGroup};
+use crate::generate::{Conversations, FinishReason, GenerationConfig};
+use crate::model::CausalLm;
+use crate::train::TrainError;
+use crate::util::SplitMix64;
+
+/// How multi-turn rollouts run: the environment and the limits of a conversation.
+#[derive(Clone)]
+pub struct MultiTurn {
+    /// Replies to every assistant turn.
+    pub environment: Arc<dyn Environment>,
+    /// Most assistant turns per conversation; the environment must answer `Done` after it.
+    pub max_turns: usize,
+    /// Continuations forked from each conversation that goes on after a turn.
+    pub turn_generations: usize,
+    /// Most tokens of a whole conversation (its KV cache holds this many slots).
+    pub max_conversation_length: usize,
+    /// The dataset column holding the prompt's messages.
+    pub prompt_field: String,
+}
+
+impl std::fmt::Debug for MultiTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiTurn")
+            .field("environment", &self.environment.name())
+            .field("max_turns", &self.max_turns)
+            .field("turn_generations", &self.turn_generations)
+            .field("max_conversation_length", &self.max_conversation_length)
+            .finish()
+    }
+}
+
+/// A conversation that ended: its record and its outcome (reward, or why it failed).
+type Ended = (Talk, Result<f32, String>);
+
+impl RolloutProducer {
+    /// Multi-turn rollouts of the prompts `picked`, scored and grouped per prompt.
+    pub(super) fn produce_conversations(
+        &mut self,
+        model: &CausalLm,
+        picked: &[usize],
+        cfg: &GenerationConfig,
+        turns: &MultiTurn,
+        version: u64,
+    ) -> Result<RolloutBatch, TrainError> {
+        let start = Instant::now();
+        let mut cfg = cfg.clone();
+        cfg.max_cache_len = Some(turns.max_conversation_length as i64);
+        let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
+        let mut live = Vec::with_capacity(picked.len() * self.group);
+        for (k, &p) in picked.iter().enumerate() {
+            let prompt = &self.prompts.prompts[p];
+            let messages = match prompt.row.get(&turns.prompt_field) {
+                Some(Value::Array(m)) => m.clone(),
+                _ => {
+                    return Err(TrainError::Data(format!(
+                        "prompt row {}: multi-turn rollouts need `{}` to be a list of chat messages",
+                        prompt.dataset_row, turns.prompt_field
+                    )));
+                }
+            };
+            live.extend(std::iter::repeat_n(
+                Talk::new(k, messages, prompt.text.clone()),
+                self.group,
+            ));
+        }
+        let (mut conv, mut outs) = self
+            .generator
+            .start_conversations(model, &prompt_ids, self.group, &cfg)?;
+        let mut ended: Vec<Ended> = Vec::new();
+        for turn in 1..=turns.max_turns {
+            let going_on = self.take_turn(picked, &mut live, &outs, &conv, turns, turn, &cfg, &mut ended);
+            if going_on.is_empty() {
+                break;
+            }
+            cfg.sampling.seed ^= SplitMix64::new(turn as u64).next_u64();
+            let whole: Vec<(usize, Vec<i64>)> = going_on
+                .iter()
+                .map(|(row, talk)| {
+                    let ids = prompt_ids[talk.prompt].iter().chain(&talk.ids).copied().collect();
+                    (*row, ids)
+                })
+                .collect();
+            outs = self
+                .generator
+                .continue_conversations(model, &mut conv, &whole, turns.turn_generations, &cfg)?;
+            live = going_on
+                .into_iter()
+                .flat_map(|(_, talk)| std::iter::repeat_n(talk, turns.turn_generations))
+                .collect();
+        }
+        let generation_s = start.elapsed().as_secs_f64();
+        let generated_tokens = ended
+            .iter()
+            .map(|(t, _)| t.trained.iter().filter(|&&m| m == 1).count())
+            .sum();
+        let start = Instant::now();
+        let groups = picked
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| {
+                let mine: Vec<&Ended> = ended.iter().filter(|(t, _)| t.prompt == k).collect();
+                self.score_conversations(p, &mine, turns.environment.name(), version)
+            })
+            .collect();
+        Ok(RolloutBatch {
+            version,
+            index: self.produced,
+            groups,
+            generation_s,
+            reward_s: start.elapsed().as_secs_f64(),
+            generated_tokens,
+            reward_names: self.rewards.iter().map(|r| r.name.clone()).collect(),
+        })
+    }
+
+    /// Absorbs every live conversation's latest turn and asks the environment; ended ones go
+    /// to `ended`, the rest (with the environment's message appended) come back with their
+    /// cache row.
+    #[allow(clippy::too_many_arguments)]
+    fn take_turn(
+        &self,
+        picked: &[usize],
+        live: &mut Vec<Talk>,
+        outs: &[crate::generate::Completion],
+        conv: &Conversations,
+        turns: &MultiTurn,
+        turn: usize,
+        cfg: &GenerationConfig,
+        ended: &mut Vec<Ended>,
+    ) -> Vec<(usize, Talk)> {
+        let env = turns.environment.as_ref();
+        let tools = env.tools();
+        let mut going_on = Vec::new();
+        for (row, (mut talk, out)) in std::mem::take(live).into_iter().zip(outs).enumerate() {
+            if let Err(e) = talk.absorb(out, &self.tokenizer) {
+                ended.push((talk, Err(e)));
+                continue;
+            }
+            let prompt = &self.prompts.prompts[picked[talk.prompt]];
+            let view = Conversation {
+                row: &prompt.row,
+                messages: &talk.messages,
+                turn,
+                last_turn: turn == turns.max_turns,
+            };
+            let reply = match catch_unwind(AssertUnwindSafe(|| env.reply(&view))) {
+                Ok(r) => r,
+                Err(panic) => Err(format!("panicked: {}", super::panic_message(panic.as_ref()))),
+            };
+            match reply {
+                Ok(EnvReply::Done(r)) if r.is_finite() => ended.push((talk, Ok(r))),
+                Ok(EnvReply::Done(r)) => ended.push((talk, Err(format!("returned reward {r}")))),
+                Ok(EnvReply::Message { .. }) if turn == turns.max_turns => {
+                    let why = format!(
+                        "replied with a message after the last turn (max_turns {})",
+                        turns.max_turns
+                    );
+                    ended.push((talk, Err(why)));
+                }
+                Ok(EnvReply::Message { role, content }) => {
+                    let end = (out.finish_reason == FinishReason::Eos)
+                        .then(|| {
+                            out.output_ids
+                                .last()
+                                .map(|&t| self.tokenizer.decode(&[t as u32], false))
+                        })
+                        .flatten()
+                        .and_then(Result::ok);
+                    let added = talk.add_message(role, &content, &self.tokenizer, tools.as_ref(), end.as_deref());
+                    match added.and_then(|()| Self::fits(prompt.ids.len(), &talk, conv, row, turns, cfg)) {
+                        Ok(()) => going_on.push((row, talk)),
+                        Err(e) => ended.push((talk, Err(e))),
+                    }
+                }
+                Err(e) => ended.push((talk, Err(e))),
+            }
+        }
+        going_on
+    }
+
+    /// Scores the conversations of prompt `p`: every reward function sees the conversation
+    /// after the prompt (as the template renders it) as the completion, and the environment's
+    /// reward; a failed conversation is reported under the environment's name with its reason.
+    fn score_conversations(&self, p: usize, ended: &[&Ended], env_name: &str, version: u64) -> ScoredGroup {
+        let prompt = &self.prompts.prompts[p];
+        let texts: Vec<String> = ended
+            .iter()
+            .map(|(t, _)| {
+                let reply = t.messages.last().and_then(|m| m.get("content")?.as_str()).unwrap_or("");
+                format!("{}{reply}", t.rendered.get(prompt.text.len()..).unwrap_or(""))
+            })
+            .collect();
+        let inputs: Vec<RewardInput> = ended
+            .iter()
+            .zip(&texts)
+            .map(|((t, outcome), text)| RewardInput {
+                prompt: &prompt.text,
+                completion: text,
+                completion_ids: &t.ids,
+                truncated: t.finish == FinishReason::Length,
+                row: &prompt.row,
+                environment: outcome.as_ref().ok().copied(),
+            })
+            .collect();
+        let mut rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
+        for (i, (_, outcome)) in ended.iter().enumerate() {
+            if let Err(reason) = outcome {
+                rewards
+                    .failures
+                    .retain(|f| !(f.completion == i && f.function == env_name));
+                let reason = format!("conversation {i} of prompt row {}: {reason}", prompt.dataset_row);
+                rewards.fail_completion(i, prompt.dataset_row, env_name, reason);
+            }
+        }
+        let advantages = group_advantages(&rewards.total, self.scale);
+        ScoredGroup {
+            version,
+            origin: self.produced,
+            prompt: p,
+            dataset_row: prompt.dataset_row,
+            prompt_ids: prompt.ids.clone(),
+            prompt_text: prompt.text.clone(),
+            completions: ended.iter().map(|(t, _)| t.completion(t.prompt)).collect(),
+            texts,
+            rewards,
+            advantages,
+            trained_masks: ended.iter().map(|(t, _)| t.trained.clone()).collect(),
+        }
+    }
+
+    /// Refuses a conversation (cache row `row`) whose next turn would overrun its context:
+    /// more tokens than `max_conversation_length`, or more cache slots than are left.
+    fn fits(
+        prompt_len: usize,
+        talk: &Talk,
+        conv: &Conversations,
+        row: usize,
+        turns: &MultiTurn,
+        cfg: &GenerationConfig,
+    ) -> Result<(), String> {
+        let whole = prompt_len + talk.ids.len();
+        let total = whole + cfg.max_new_tokens;
+        if total > turns.max_conversation_length {
+            return Err(format!(
+                "overruns the context: {total} tokens with the next turn, max_conversation_length is {}",
+                turns.max_conversation_length
+            ));
+        }
+        let tail = whole - conv.cached_tokens(row).unwrap_or(0).min(whole);
+        let need = Conversations::slots_needed(tail, cfg);
+        if need > conv.slots_left() {
+            return Err(format!(
+                "overruns the cache: the next turn needs {need} slots, {} are left of max_conversation_length {} (turns and messages are padded to the prefill chunk)",
+                conv.slots_left(),
+                turns.max_conversation_length
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,95 @@
+//! The shipped multi-turn task: the shipped questions with several tries. After a wrong answer
+//! the user says it is wrong and names it; the model answers again. A right answer ends the
+//! conversation with a reward that is lower the more tries it took; the last wrong try ends it
+//! with 0. What GRPO can learn here beyond first answers: not to repeat a rejected answer.
+
+use crate::grpo::{Conversation, EnvReply, EnvRole, Environment, extract_answer};
+
+/// The shipped questions with up to `tries` answers (the run's `max_turns` should equal it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryGame {
+    /// Answers allowed.
+    pub tries: usize,
+    /// Reward lost per extra try (a right first answer earns 1).
+    pub cost_per_retry: f32,
+}
+
+impl Default for RetryGame {
+    fn default() -> Self {
+        RetryGame {
+            tries: 3,
+            cost_per_retry: 0.3,
+        }
+    }
+}
+
+impl RetryGame {
+    /// The user's reply to a wrong answer.
+    pub fn feedback(wrong: &str) -> String {
+        format!("No, {wrong} is wrong. Try again.")
+    }
+}
+
+impl Environment for RetryGame {
+    fn name(&self) -> &str {
+        "retry_game"
+    }
+
+    fn reply(&self, c: &Conversation) -> Result<EnvReply, String> {
+        let answer = c
+            .row
+            .get("answer")
+            .and_then(|v| v.as_str())
+            .ok_or("the prompt row has no string `answer` column")?;
+        let given = extract_answer(c.last_reply());
+        if given == answer {
+            let reward = 1.0 - self.cost_per_retry * (c.turn - 1) as f32;
+            return Ok(EnvReply::Done(reward.max(0.0)));
+        }
+        if c.turn >= self.tries || c.last_turn {
+            return Ok(EnvReply::Done(0.0));
+        }
+        Ok(EnvReply::Message {
+            role: EnvRole::User,
+            content: Self::feedback(given),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Map, Value, json};
+
+    fn talk(row: &Map<String, Value>, messages: &[Value], turn: usize) -> Result<EnvReply, String> {
+        RetryGame::default().reply(&Conversation {
+            row,
+            messages,
+            turn,
+            last_turn: false,
+        })
+    }
+
+    #[test]
+    fn rewards_fall_with_tries_and_wrong_answers_get_feedback() {
+        let row: Map<String, Value> = serde_json::from_str(r#"{"answer": "12"}"#).unwrap();
+        let said = |text: &str| {
+            vec![
+                json!({"role": "user", "content": "?"}),
+                json!({"role": "assistant", "content": text}),
+            ]
+        };
+        assert_eq!(talk(&row, &said("Answer: 12"), 1), Ok(EnvReply::Done(1.0)));
+        assert_eq!(talk(&row, &said("Answer: 12"), 2), Ok(EnvReply::Done(0.7)));
+        assert_eq!(
+            talk(&row, &said("Answer: 11"), 1),
+            Ok(EnvReply::Message {
+                role: EnvRole::User,
+                content: "No, 11 is wrong. Try again.".into()
+            })
+        );
+        assert_eq!(talk(&row, &said("Answer: 11"), 3), Ok(EnvReply::Done(0.0)));
+        let no_answer = Map::new();
+        assert!(talk(&no_answer, &said("Answer: 1"), 1).unwrap_err().contains("answer"));
+    }
+}
