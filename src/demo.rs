@@ -1,6 +1,7 @@
 //! The main job on the shipped defaults (`treetrain demo`, `scripts/demo.sh`): the environment,
 //! what padding buys on Neuron, the tiny model scoring conversations, a short SFT run, GRPO of
-//! the shipped SFT model with tree-packed updates, and tree vs flat packing of a real update.
+//! the shipped SFT model with tree-packed updates, tree vs flat packing of a real update, and
+//! multi-turn GRPO of the shipped retry game (nested forks).
 //! [`run`] prints each section as it goes and returns a [`DemoSummary`] of the numbers; files
 //! (report.html, charts, the GRPO log and checkpoint) go to the output folder.
 
@@ -60,6 +61,8 @@ pub struct DemoSummary {
     pub grpo: serde_json::Value,
     /// Tree vs flat packing of one real update.
     pub tree_packing: serde_json::Value,
+    /// Multi-turn GRPO of the retry game: conversations, turns and their packing.
+    pub multi_turn: serde_json::Value,
     /// Files written.
     pub files: Vec<String>,
 }
@@ -97,6 +100,11 @@ pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
         "\n== 6. The last informative step's rollouts: tree vs flat packing of the update (forward + backward)\n\n",
     )?;
     let tree_packing = packing_section(&grpo, &shown, log)?;
+    write_log(
+        log,
+        "\n== 7. Multi-turn: the retry game (3 tries, wrong answers answered by the user and forked in two)\n\n",
+    )?;
+    let multi_turn = multi_turn_section(log)?;
     let checkpoint = grpo.save_checkpoint()?;
     let html = format!(
         "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}{}{}{}",
@@ -134,6 +142,7 @@ pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
         sft,
         grpo: grpo_summary,
         tree_packing,
+        multi_turn,
         files,
     })
 }
@@ -326,6 +335,55 @@ fn packing_section(
         "tree_speedup": flat_ms / tree_ms,
         "loss_tree": tree.loss,
         "loss_flat": flat.loss,
+    }))
+}
+
+/// Section 7: a few multi-turn GRPO steps of the shipped retry game; the nested forks' packing.
+fn multi_turn_section(log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
+    let root = crate::shipped::datasets_dir();
+    let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
+    config.train.output_dir = None;
+    config.prompts_per_step = 8;
+    config.num_generations = 4;
+    config.max_turns = 3;
+    config.turn_generations = 2;
+    config.prefill_chunk_size = 16;
+    config.max_conversation_length = 256;
+    config.max_steps = 6;
+    let game = crate::shipped::retry::RetryGame::default();
+    let mut grpo = GrpoTrainer::with_environment(config, game, Vec::new())?;
+    let mut steps = Vec::new();
+    for _ in 0..6 {
+        let m = grpo.step()?;
+        let batch = grpo.last_batch.as_ref();
+        let conversations: usize = batch.map_or(0, |b| b.groups.iter().map(|g| g.completions.len()).sum());
+        let line = format!(
+            "step {}: reward {:.3}, {conversations} conversations of 8 prompts, failed {}, update packing {:.1}x\n",
+            m.step, m.reward_mean, m.reward_failures, m.packing_ratio
+        );
+        write_log(log, &line)?;
+        steps.push(serde_json::json!({"reward": m.reward_mean, "conversations": conversations, "packing_ratio": m.packing_ratio}));
+    }
+    let batch = grpo
+        .last_batch
+        .clone()
+        .ok_or_else(|| TrainError::config("max_steps", "the multi-turn run took no step"))?;
+    let (_, tree) = grpo.measure_update(&batch, Packing::Tree, 1)?;
+    let (_, flat) = grpo.measure_update(&batch, Packing::Flat, 1)?;
+    let line = format!(
+        "last batch: {} tokens flat, {} forwarded as prefix trees (packing ratio {:.2}); loss {:.6} vs {:.6}\n",
+        flat.forwarded_tokens,
+        tree.forwarded_tokens,
+        tree.packing_ratio(),
+        tree.loss,
+        flat.loss
+    );
+    write_log(log, &line)?;
+    Ok(serde_json::json!({
+        "steps": steps,
+        "flat_tokens": flat.forwarded_tokens,
+        "tree_tokens": tree.forwarded_tokens,
+        "packing_ratio": tree.packing_ratio(),
     }))
 }
 

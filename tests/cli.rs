@@ -323,6 +323,7 @@ fn the_demo_tells_the_whole_story() {
         "== 4. SFT",
         "== 5. GRPO",
         "== 6. The last informative step",
+        "== 7. Multi-turn",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }
@@ -357,6 +358,10 @@ fn the_demo_tells_the_whole_story() {
     assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-3), "{t}");
     let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
     assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-6), "{tree} vs {flat}");
+    // Multi-turn: conversations forked within turns share more than single-turn groups.
+    let mt = &summary["multi_turn"];
+    assert_eq!(mt["steps"].as_array().unwrap().len(), 6, "{mt}");
+    assert!(mt["packing_ratio"].as_f64().unwrap() > 2.0, "{mt}");
     assert_eq!(
         std::fs::read_to_string(out.join("grpo/log.jsonl"))
             .unwrap()

@@ -884,7 +884,7 @@ fn bias_corrected_reference(
         let d = Tensor::from_slice(ref_lp.iter().map(|&x| x as f32).collect::<Vec<_>>().as_slice()) - &new;
         let kl = (d.exp() - &d - 1.0) * &ratio;
         kl_total += kl.sum(Kind::Float).double_value(&[]);
-        total = total + (policy_term + kl * beta).sum(Kind::Float);
+        total += (policy_term + kl * beta).sum(Kind::Float);
         terms += at.len() as i64;
     }
     let loss = total / terms as f64;

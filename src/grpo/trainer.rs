@@ -662,7 +662,8 @@ impl GrpoTrainer {
 
     /// Mean rewards of the current policy on `prompts`: `samples` completions per prompt at the
     /// run's sampling settings with a fixed `seed` (so two calls differ only by the weights),
-    /// or one greedy completion when `samples` is 0.
+    /// or one greedy completion when `samples` is 0. Multi-turn: one conversation per sample
+    /// (no forks after a turn).
     pub fn evaluate(&self, prompts: &PromptSet, samples: usize, seed: u64) -> Result<EvalResult, TrainError> {
         let mut generation = self.generation.clone();
         generation.sampling.seed = seed;
@@ -679,7 +680,11 @@ impl GrpoTrainer {
             sampler: PromptSampler::new(prompts.prompts.len(), seed),
             produced: 0,
             generator: Default::default(),
-            multi_turn: self.multi_turn.clone(),
+            // One conversation per sample: forks would weigh conversations that go on more.
+            multi_turn: self.multi_turn.clone().map(|m| MultiTurn {
+                turn_generations: 1,
+                ..m
+            }),
         };
         let batch = producer
             .produce(&self.core.model.lm, self.state.global_step)?
