@@ -83,7 +83,14 @@ impl RolloutProducer {
             .start_conversations(model, &prompt_ids, self.group, &cfg)?;
         let mut ended: Vec<Ended> = Vec::new();
         for turn in 1..=turns.max_turns {
-            let going_on = self.take_turn(picked, &mut live, &outs, &conv, turns, turn, &cfg, &mut ended);
+            let round = Round {
+                picked,
+                conv: &conv,
+                turns,
+                turn,
+                cfg: &cfg,
+            };
+            let going_on = self.take_turn(&round, std::mem::take(&mut live), &outs, &mut ended);
             if going_on.is_empty() {
                 break;
             }
@@ -131,22 +138,20 @@ impl RolloutProducer {
     /// Absorbs every live conversation's latest turn and asks the environment; ended ones go
     /// to `ended`, the rest (with the environment's message appended) come back with their
     /// cache row.
-    #[allow(clippy::too_many_arguments)]
     fn take_turn(
         &self,
-        picked: &[usize],
-        live: &mut Vec<Talk>,
+        round: &Round,
+        live: Vec<Talk>,
         outs: &[crate::generate::Completion],
-        conv: &Conversations,
-        turns: &MultiTurn,
-        turn: usize,
-        cfg: &GenerationConfig,
         ended: &mut Vec<Ended>,
     ) -> Vec<(usize, Talk)> {
+        let Round {
+            picked, turns, turn, ..
+        } = *round;
         let env = turns.environment.as_ref();
         let tools = env.tools();
         let mut going_on = Vec::new();
-        for (row, (mut talk, out)) in std::mem::take(live).into_iter().zip(outs).enumerate() {
+        for (row, (mut talk, out)) in live.into_iter().zip(outs).enumerate() {
             if let Err(e) = talk.absorb(out, &self.tokenizer) {
                 ended.push((talk, Err(e)));
                 continue;
@@ -182,7 +187,7 @@ impl RolloutProducer {
                         .flatten()
                         .and_then(Result::ok);
                     let added = talk.add_message(role, &content, &self.tokenizer, tools.as_ref(), end.as_deref());
-                    match added.and_then(|()| Self::fits(prompt.ids.len(), &talk, conv, row, turns, cfg)) {
+                    match added.and_then(|()| round.fits(prompt.ids.len(), &talk, row)) {
                         Ok(()) => going_on.push((row, talk)),
                         Err(e) => ended.push((talk, Err(e))),
                     }
@@ -242,17 +247,25 @@ impl RolloutProducer {
             trained_masks: ended.iter().map(|(t, _)| t.trained.clone()).collect(),
         }
     }
+}
 
+/// One turn of a batch's conversations: what deciding each conversation's fate needs.
+struct Round<'a> {
+    /// The batch's prompts (indices into the run's).
+    picked: &'a [usize],
+    /// Their conversations' cache.
+    conv: &'a Conversations,
+    turns: &'a MultiTurn,
+    /// Assistant turns taken.
+    turn: usize,
+    cfg: &'a GenerationConfig,
+}
+
+impl Round<'_> {
     /// Refuses a conversation (cache row `row`) whose next turn would overrun its context:
     /// more tokens than `max_conversation_length`, or more cache slots than are left.
-    fn fits(
-        prompt_len: usize,
-        talk: &Talk,
-        conv: &Conversations,
-        row: usize,
-        turns: &MultiTurn,
-        cfg: &GenerationConfig,
-    ) -> Result<(), String> {
+    fn fits(&self, prompt_len: usize, talk: &Talk, row: usize) -> Result<(), String> {
+        let (conv, turns, cfg) = (self.conv, self.turns, self.cfg);
         let whole = prompt_len + talk.ids.len();
         let total = whole + cfg.max_new_tokens;
         if total > turns.max_conversation_length {
