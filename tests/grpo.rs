@@ -1146,3 +1146,34 @@ fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
     assert_eq!(seen.len(), 4, "every failure kind was exercised: {seen:?} of {tasks:?}");
     assert!(m.reward_failures > 0 && m.loss.is_finite());
 }
+
+#[test]
+fn multi_turn_rollouts_run_async_and_evaluate_one_conversation_per_sample() {
+    use treetrain::shipped::retry::RetryGame;
+    let cfg = GrpoConfig {
+        mode: RolloutMode::Async,
+        max_steps: 2,
+        ..retry_config(2)
+    };
+    let mut t = GrpoTrainer::with_environment(cfg, RetryGame::default(), Vec::new()).unwrap();
+    t.train_for(2).unwrap();
+    assert!(t.state.history.iter().all(|m| m.loss.is_finite() && m.staleness <= 1));
+    assert!(
+        t.last_batch
+            .as_ref()
+            .unwrap()
+            .groups
+            .iter()
+            .all(|g| g.trained_masks.len() == g.completions.len())
+    );
+    // Evaluation forks nothing: at most `samples` conversations per held-out prompt.
+    let held_out = t.load_prompts(&root().join("datasets/grpo/test.parquet")).unwrap();
+    let few = treetrain::grpo::PromptSet {
+        prompts: held_out.prompts[..5].to_vec(),
+        skipped: 0,
+    };
+    let e = t.evaluate(&few, 3, 1).unwrap();
+    // (Scored ones: a conversation that does not decode is not counted.)
+    assert!((10..=15).contains(&e.completions), "{} conversations", e.completions);
+    assert_eq!(e.per_function[0].name, "retry_game");
+}
