@@ -368,23 +368,8 @@ fn multi_turn_section(log: &mut dyn Write) -> Result<serde_json::Value, DemoErro
         .last_batch
         .clone()
         .ok_or_else(|| TrainError::config("max_steps", "the multi-turn run took no step"))?;
-    let (_, tree) = grpo.measure_update(&batch, Packing::Tree, 1)?;
-    let (_, flat) = grpo.measure_update(&batch, Packing::Flat, 1)?;
-    let line = format!(
-        "last batch: {} tokens flat, {} forwarded as prefix trees (packing ratio {:.2}); loss {:.6} vs {:.6}\n",
-        flat.forwarded_tokens,
-        tree.forwarded_tokens,
-        tree.packing_ratio(),
-        tree.loss,
-        flat.loss
-    );
-    write_log(log, &line)?;
-    Ok(serde_json::json!({
-        "steps": steps,
-        "flat_tokens": flat.forwarded_tokens,
-        "tree_tokens": tree.forwarded_tokens,
-        "packing_ratio": tree.packing_ratio(),
-    }))
+    let packing = packing_section(&grpo, &batch, log)?;
+    Ok(serde_json::json!({"steps": steps, "packing": packing}))
 }
 
 /// Two completions of every prompt of `batch`, for the report.

@@ -361,7 +361,7 @@ fn the_demo_tells_the_whole_story() {
     // Multi-turn: conversations forked within turns share more than single-turn groups.
     let mt = &summary["multi_turn"];
     assert_eq!(mt["steps"].as_array().unwrap().len(), 6, "{mt}");
-    assert!(mt["packing_ratio"].as_f64().unwrap() > 2.0, "{mt}");
+    assert!(mt["packing"]["packing_ratio"].as_f64().unwrap() > 2.0, "{mt}");
     assert_eq!(
         std::fs::read_to_string(out.join("grpo/log.jsonl"))
             .unwrap()

@@ -839,10 +839,18 @@ fn the_sampling_correction_follows_trls_four_modes_in_both_packings() {
     }
 }
 
-fn zero_grads(m: &Model) {
+/// The gradients left in `m`'s variables, by name, which are then cleared.
+fn take_grads(m: &Model) -> Vec<(String, Tensor)> {
+    let mut grads: Vec<(String, Tensor)> =
+        m.vs.variables()
+            .into_iter()
+            .map(|(k, v)| (k, v.grad().copy()))
+            .collect();
+    grads.sort_by(|a, b| a.0.cmp(&b.0));
     for (_, mut v) in m.vs.variables() {
         v.zero_grad();
     }
+    grads
 }
 
 /// TRL's loss with `beta` and `use_bias_correction_kl`, built here from each rollout's own
@@ -889,14 +897,7 @@ fn bias_corrected_reference(
     }
     let loss = total / terms as f64;
     loss.backward();
-    let mut grads: Vec<(String, Tensor)> = policy
-        .vs
-        .variables()
-        .into_iter()
-        .map(|(k, v)| (k, v.grad().copy()))
-        .collect();
-    grads.sort_by(|a, b| a.0.cmp(&b.0));
-    zero_grads(policy);
+    let grads = take_grads(policy);
     (loss.double_value(&[]), kl_total / terms as f64, grads)
 }
 
@@ -918,14 +919,7 @@ fn the_bias_corrected_kl_matches_trls_loss_and_gradients_in_both_packings() {
                 ..GrpoObjective::default()
             };
             let got = accumulate_gradients(&policy.lm, Some(&reference.lm), &rows, &objective).unwrap();
-            let mut grads: Vec<(String, Tensor)> = policy
-                .vs
-                .variables()
-                .into_iter()
-                .map(|(k, v)| (k, v.grad().copy()))
-                .collect();
-            grads.sort_by(|a, b| a.0.cmp(&b.0));
-            zero_grads(&policy);
+            let grads = take_grads(&policy);
             assert!(
                 (got.loss - want).abs() <= 1e-4 * want.abs(),
                 "{level:?} {packing:?}: {} vs {want}",
@@ -1067,14 +1061,7 @@ fn tree_packed_multi_turn_rollouts_match_separate_forwards() {
     for packing in [Packing::Tree, Packing::Flat] {
         let rows = pack_rollouts(rollouts.clone(), packing, 400).unwrap();
         let got = accumulate_gradients(&policy.lm, None, &rows, &GrpoObjective::default()).unwrap();
-        let mut grads: Vec<(String, Tensor)> = policy
-            .vs
-            .variables()
-            .into_iter()
-            .map(|(k, v)| (k, v.grad().copy()))
-            .collect();
-        grads.sort_by(|a, b| a.0.cmp(&b.0));
-        zero_grads(&policy);
+        let grads = take_grads(&policy);
         assert!(
             (got.loss - want).abs() <= 1e-5 * want.abs().max(1e-3),
             "{packing:?}: {} vs {want}",

@@ -124,15 +124,7 @@ impl RolloutProducer {
                 self.score_conversations(p, &mine, turns.environment.name(), version)
             })
             .collect();
-        Ok(RolloutBatch {
-            version,
-            index: self.produced,
-            groups,
-            generation_s,
-            reward_s: start.elapsed().as_secs_f64(),
-            generated_tokens,
-            reward_names: self.rewards.iter().map(|r| r.name.clone()).collect(),
-        })
+        Ok(self.batch(version, groups, generation_s, start, generated_tokens))
     }
 
     /// Absorbs every live conversation's latest turn and asks the environment; ended ones go

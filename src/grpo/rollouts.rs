@@ -467,15 +467,27 @@ impl RolloutProducer {
                 )
             })
             .collect();
-        Ok(RolloutBatch {
+        Ok(self.batch(version, groups, generation_s, start, generated_tokens))
+    }
+
+    /// The batch of `groups`, scored since `scoring_start`.
+    pub(super) fn batch(
+        &self,
+        version: u64,
+        groups: Vec<ScoredGroup>,
+        generation_s: f64,
+        scoring_start: Instant,
+        generated_tokens: usize,
+    ) -> RolloutBatch {
+        RolloutBatch {
             version,
             index: self.produced,
             groups,
             generation_s,
-            reward_s: start.elapsed().as_secs_f64(),
+            reward_s: scoring_start.elapsed().as_secs_f64(),
             generated_tokens,
             reward_names: self.rewards.iter().map(|r| r.name.clone()).collect(),
-        })
+        }
     }
 
     /// Decodes and scores the completions of prompt `p` (an index into the prompt set) made by
