@@ -357,6 +357,7 @@ fn continued_conversations_equal_prefilling_the_whole_conversation() {
         .collect();
     let second = g.continue_conversations(&m.lm, &mut conv, &turns, 2, &c).unwrap();
     assert_eq!(conv.rows(), 8);
+    assert!(conv.html().contains("cache slots used / held"), "{}", conv.html());
     let wholes: Vec<Vec<i64>> = turns.iter().flat_map(|(_, w)| [w.clone(), w.clone()]).collect();
     check(&wholes, &second, 2);
     // Turn 3: two of those, one of them a long message, not forked.

@@ -61,6 +61,40 @@ impl Conversations {
     }
 }
 
+impl Conversations {
+    fn rows_shown(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("conversations", self.rows().to_string()),
+            (
+                "cache slots used / held",
+                format!("{} / {}", self.state.cache.len(), self.state.cache.max_len),
+            ),
+            (
+                "tokens per conversation",
+                match (
+                    self.tokens.iter().map(Vec::len).min(),
+                    self.tokens.iter().map(Vec::len).max(),
+                ) {
+                    (Some(lo), Some(hi)) => format!("{lo} to {hi}"),
+                    _ => "none".into(),
+                },
+            ),
+        ]
+    }
+}
+
+impl crate::display::Rich for Conversations {
+    fn html(&self) -> String {
+        let rows = self.rows_shown();
+        crate::display::kv_card("Conversations", rows.iter().map(|(k, v)| (*k, v.as_str())))
+    }
+    fn text(&self) -> String {
+        self.rows_shown().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+    }
+}
+
+crate::rich_display!(Conversations);
+
 impl Generator {
     /// Starts `group` conversations per prompt: each prompt prefilled once, its cache row
     /// forked into `group` rows, the first assistant turn decoded. The cache holds

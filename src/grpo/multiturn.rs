@@ -94,7 +94,9 @@ impl RolloutProducer {
             if going_on.is_empty() {
                 break;
             }
-            cfg.sampling.seed ^= SplitMix64::new(turn as u64).next_u64();
+            // Continuation rows depend on the outcomes, so each rank draws from streams of its
+            // own (the first turn's rows are the whole batch's, as in single-turn runs).
+            cfg.sampling.seed ^= SplitMix64::new(((self.shard.rank as u64) << 32) | turn as u64).next_u64();
             let whole: Vec<(usize, Vec<i64>)> = going_on
                 .iter()
                 .map(|(row, talk)| {

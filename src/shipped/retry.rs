@@ -56,6 +56,32 @@ impl Environment for RetryGame {
     }
 }
 
+impl RetryGame {
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let rewards: Vec<String> = (0..self.tries)
+            .map(|k| format!("{:.2}", (1.0 - self.cost_per_retry * k as f32).max(0.0)))
+            .collect();
+        vec![
+            ("environment", self.name().to_string()),
+            ("tries", self.tries.to_string()),
+            ("reward by try", rewards.join(", ")),
+            ("after a wrong answer", Self::feedback("<answer>")),
+        ]
+    }
+}
+
+impl crate::display::Rich for RetryGame {
+    fn html(&self) -> String {
+        let rows = self.rows();
+        crate::display::kv_card("Retry game", rows.iter().map(|(k, v)| (*k, v.as_str())))
+    }
+    fn text(&self) -> String {
+        self.rows().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+    }
+}
+
+crate::rich_display!(RetryGame);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +115,11 @@ mod tests {
             })
         );
         assert_eq!(talk(&row, &said("Answer: 11"), 3), Ok(EnvReply::Done(0.0)));
+        let card = crate::display::Rich::html(&RetryGame::default());
+        assert!(
+            card.contains("1.00, 0.70, 0.40") && card.contains("No, &lt;answer&gt; is wrong."),
+            "{card}"
+        );
         let no_answer = Map::new();
         assert!(talk(&no_answer, &said("Answer: 1"), 1).unwrap_err().contains("answer"));
     }
