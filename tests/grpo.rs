@@ -980,9 +980,18 @@ fn retry_trainer(prompts: usize) -> GrpoTrainer {
 
 #[test]
 fn multi_turn_rollouts_fork_within_conversations_and_train_the_assistant_only() {
+    use treetrain::shipped::retry::RetryGame;
+    let too_long = GrpoConfig {
+        max_conversation_length: 4096,
+        ..retry_config(1)
+    };
+    let err = GrpoTrainer::with_environment(too_long, RetryGame::default(), Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("max_position_embeddings is 2048"), "{err}");
     let mut t = retry_trainer(4);
     let m = t.step().unwrap();
     assert_eq!(m.rewards[0].name, "retry_game");
+    // Lengths count what the model generated: three turns of at most 16 tokens.
+    assert!(m.completion_length_max <= 48 && m.completion_length >= 1.0, "{m:?}");
     let batch = t.last_batch.clone().unwrap();
     let tok = t.tokenizer();
     let mut multi_turn = 0;

@@ -180,6 +180,17 @@ pub struct ScoredGroup {
     pub trained_masks: Vec<Vec<u8>>,
 }
 
+impl ScoredGroup {
+    /// Tokens the model generated for completion `i` (multi-turn: its turns, not the
+    /// environment's messages).
+    pub fn generated_tokens(&self, i: usize) -> usize {
+        match self.trained_masks.get(i) {
+            Some(mask) => mask.iter().filter(|&&m| m == 1).count(),
+            None => self.completions.get(i).map_or(0, |c| c.output_ids.len()),
+        }
+    }
+}
+
 /// One step's worth of scored groups and how they were made.
 #[derive(Debug, Clone)]
 pub struct RolloutBatch {

@@ -51,7 +51,8 @@ pub struct GrpoStepMetrics {
     pub rewards: Vec<RewardStat>,
     /// Rollouts some reward function failed on (advantage 0).
     pub reward_failures: usize,
-    /// Mean completion length (tokens).
+    /// Mean completion length: tokens the model generated (multi-turn: over all its turns,
+    /// the environment's messages not counted).
     pub completion_length: f64,
     /// Longest completion.
     pub completion_length_max: usize,
@@ -305,6 +306,11 @@ impl GrpoTrainer {
         check_columns(&rewards, &prompts, "dataset")?;
         if multi_turn.is_some() {
             check_conversation_room(&config, &prompts)?;
+            core.model
+                .lm
+                .config
+                .check_positions(config.max_conversation_length, "max_conversation_length")
+                .map_err(|e| TrainError::config("max_conversation_length", e))?;
         }
         let generation = generation_config(&config, &core.special);
         let rewards = Arc::new(rewards);
@@ -570,7 +576,7 @@ impl GrpoTrainer {
         let lengths: Vec<usize> = batch
             .groups
             .iter()
-            .flat_map(|g| g.completions.iter().map(|c| c.output_ids.len()))
+            .flat_map(|g| (0..g.completions.len()).map(|i| g.generated_tokens(i)))
             .collect();
         let n = lengths.len().max(1) as f64;
         let truncated = batch
