@@ -10,7 +10,6 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::environment::{Conversation, EnvReply, Environment, Talk};
-use super::group_advantages;
 use super::reward::{RewardInput, score_group};
 use super::rollouts::{RolloutBatch, RolloutProducer, ScoredGroup};
 use crate::generate::{Conversations, FinishReason, GenerationConfig};
@@ -219,27 +218,14 @@ impl RolloutProducer {
         let mut rewards = score_group(&self.rewards, prompt.dataset_row, &inputs);
         for (i, (_, outcome)) in ended.iter().enumerate() {
             if let Err(reason) = outcome {
-                rewards
-                    .failures
-                    .retain(|f| !(f.completion == i && f.function == env_name));
+                // (Replaces the environment reward's own "returned None" for it.)
                 let reason = format!("conversation {i} of prompt row {}: {reason}", prompt.dataset_row);
                 rewards.fail_completion(i, prompt.dataset_row, env_name, reason);
             }
         }
-        let advantages = group_advantages(&rewards.total, self.scale);
-        ScoredGroup {
-            version,
-            origin: self.produced,
-            prompt: p,
-            dataset_row: prompt.dataset_row,
-            prompt_ids: prompt.ids.clone(),
-            prompt_text: prompt.text.clone(),
-            completions: ended.iter().map(|(t, _)| t.completion(t.prompt)).collect(),
-            texts,
-            rewards,
-            advantages,
-            trained_masks: ended.iter().map(|(t, _)| t.trained.clone()).collect(),
-        }
+        let completions = ended.iter().map(|(t, _)| t.completion(t.prompt)).collect();
+        let masks = ended.iter().map(|(t, _)| t.trained.clone()).collect();
+        self.scored_group(p, version, completions, texts, rewards, masks)
     }
 }
 

@@ -190,8 +190,11 @@ pub struct GroupRewards {
 
 impl GroupRewards {
     /// Marks completion `completion` as unscorable: every function's score and the total become
-    /// `None` (advantage 0), and one failure under `function` says why.
+    /// `None` (advantage 0), and one failure under `function` says why (replacing that
+    /// function's own entry for it, so each (function, completion) fails once).
     pub fn fail_completion(&mut self, completion: usize, dataset_row: usize, function: &str, reason: String) {
+        self.failures
+            .retain(|f| !(f.completion == completion && f.function == function));
         for scores in &mut self.per_function {
             if let Some(s) = scores.get_mut(completion) {
                 *s = None;

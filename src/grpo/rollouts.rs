@@ -535,6 +535,21 @@ impl RolloutProducer {
             let reason = format!("completion does not decode: {reason}");
             rewards.fail_completion(i, prompt.dataset_row, "decode", reason);
         }
+        self.scored_group(p, version, completions, texts, rewards, Vec::new())
+    }
+
+    /// The group of prompt `p` made by weights of `version`: its scored completions (with
+    /// multi-turn `trained_masks`) and their advantages.
+    pub(super) fn scored_group(
+        &self,
+        p: usize,
+        version: u64,
+        completions: Vec<Completion>,
+        texts: Vec<String>,
+        rewards: GroupRewards,
+        trained_masks: Vec<Vec<u8>>,
+    ) -> ScoredGroup {
+        let prompt = &self.prompts.prompts[p];
         let advantages = group_advantages(&rewards.total, self.scale);
         ScoredGroup {
             version,
@@ -547,7 +562,7 @@ impl RolloutProducer {
             texts,
             rewards,
             advantages,
-            trained_masks: Vec::new(),
+            trained_masks,
         }
     }
 }

@@ -240,11 +240,7 @@ impl GrpoTrainer {
         environment: impl Environment + 'static,
         rewards: Vec<RewardFn>,
     ) -> Result<Self, TrainError> {
-        let env: Arc<dyn Environment> = Arc::new(environment);
-        let all = std::iter::once(RewardFn::environment(env.name()))
-            .chain(rewards)
-            .collect();
-        Self::build(config, all, None, Some(env))
+        Self::build_with_environment(config, Arc::new(environment), rewards, None)
     }
 
     /// [`GrpoTrainer::with_environment`], continuing from a checkpoint.
@@ -254,11 +250,20 @@ impl GrpoTrainer {
         rewards: Vec<RewardFn>,
         checkpoint: &Path,
     ) -> Result<Self, TrainError> {
-        let env: Arc<dyn Environment> = Arc::new(environment);
-        let all = std::iter::once(RewardFn::environment(env.name()))
+        Self::build_with_environment(config, Arc::new(environment), rewards, Some(checkpoint))
+    }
+
+    /// The environment's reward first, then `rewards`.
+    fn build_with_environment(
+        config: GrpoConfig,
+        environment: Arc<dyn Environment>,
+        rewards: Vec<RewardFn>,
+        checkpoint: Option<&Path>,
+    ) -> Result<Self, TrainError> {
+        let all = std::iter::once(RewardFn::environment(environment.name()))
             .chain(rewards)
             .collect();
-        Self::build(config, all, Some(checkpoint), Some(env))
+        Self::build(config, all, checkpoint, Some(environment))
     }
 
     /// Continues a run from a folder written by [`Trainer::save_checkpoint`] with the
