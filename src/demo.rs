@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::{PadTo, Platform};
 use crate::display::{LineChart, Rich};
-use crate::grpo::{EvalResult, GrpoConfig, GrpoTrainer, RolloutBatch};
+use crate::grpo::{EvalResult, GrpoConfig, GrpoTrainer, RewardStat, RolloutBatch};
 use crate::model::{LoadOptions, Model};
 use crate::pack::Packing;
 use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
@@ -116,7 +116,6 @@ pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
     );
     write_file(&out.join("report.html"), &html)?;
     write_file(&out.join("shapes.svg"), &comparison.chart().to_svg())?;
-    write_file(&out.join("grpo_curves.svg"), &grpo.state.reward_chart().to_svg())?;
     let files = [
         "report.html",
         "shapes.svg",
@@ -243,7 +242,11 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
     let _ = std::fs::remove_file(out.join("grpo/log.jsonl"));
     let mut grpo = GrpoTrainer::new(config)?;
     let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
+    // Held-out exact accuracy every `eval_steps` (8 samples of each test prompt, one seed): the
+    // curve a researcher reads first, drawn as points beside the per-step training reward.
+    let eval_every = grpo.config().train.eval_steps.unwrap_or(u64::MAX).max(1);
     let before = grpo.evaluate(&held_out, 8, 99)?;
+    let mut held_out_exact = vec![(0.0, exact_share(&before))];
     let steps = grpo.state.total_steps;
     let t = std::time::Instant::now();
     let mut shown = None;
@@ -258,14 +261,30 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         }
         if m.step % 10 == 0 || m.step == 1 {
             let line = format!(
-                "step {:>3}: reward {:.3}, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
-                m.step, m.reward_mean, m.completion_length, m.entropy, m.packing_ratio, m.step_s
+                "step {:>3}: reward {:.3}, exact {:.3}, groups with equal rewards {:.0}%, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
+                m.step,
+                m.reward_mean,
+                exact_mean(&m.rewards),
+                100.0 * m.frac_reward_zero_std,
+                m.completion_length,
+                m.entropy,
+                m.packing_ratio,
+                m.step_s
             );
             write_log(log, &line)?;
+        }
+        if m.step % eval_every == 0 && m.step < steps {
+            let e = grpo.evaluate(&held_out, 8, 99)?;
+            held_out_exact.push((m.step as f64, exact_share(&e)));
+            write_log(
+                log,
+                &format!("  held-out exact answers at step {}: {:.3}\n", m.step, exact_share(&e)),
+            )?;
         }
     }
     let seconds = t.elapsed().as_secs_f64();
     let after = grpo.evaluate(&held_out, 8, 99)?;
+    held_out_exact.push((steps as f64, exact_share(&after)));
     let per_fn = |e: &EvalResult| {
         e.per_function
             .iter()
@@ -274,14 +293,23 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
             .join(", ")
     };
     let line = format!(
-        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {seconds:.1} s\n",
+        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {seconds:.1} s (held-out evaluations included)\n\
+         held-out exact answers: {:.3} -> {:.3} ({:+.3})\n",
         after.completions,
         before.reward_mean,
         per_fn(&before),
         after.reward_mean,
-        per_fn(&after)
+        per_fn(&after),
+        exact_share(&before),
+        exact_share(&after),
+        exact_share(&after) - exact_share(&before),
     );
     write_log(log, &line)?;
+    let chart = grpo
+        .state
+        .reward_chart()
+        .with_series("held-out exact_answer", held_out_exact.clone());
+    write_file(&out.join("grpo_curves.svg"), &chart.to_svg())?;
     write_log(log, &grpo.state.text())?;
     let shown = match shown.or_else(|| grpo.last_batch.clone()) {
         Some(b) => b,
@@ -293,6 +321,10 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "seconds": seconds,
         "held_out_reward_before": before.reward_mean,
         "held_out_reward_after": after.reward_mean,
+        "held_out_exact_before": exact_share(&before),
+        "held_out_exact_after": exact_share(&after),
+        "held_out_exact_curve": held_out_exact,
+        "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.frac_reward_zero_std),
         "held_out_before": before,
         "held_out_after": after,
         "train_reward_first_step": grpo.state.history.first().map(|m| m.reward_mean),
@@ -302,6 +334,16 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "generation_distinct_shapes": grpo.generation_shapes().map_or(0, |l| l.total_distinct()),
     });
     Ok((grpo, shown, summary))
+}
+
+/// Share of held-out completions whose answer is exactly right (the `exact_answer` reward's
+/// mean; 0 when the run has no such reward).
+fn exact_share(e: &EvalResult) -> f64 {
+    exact_mean(&e.per_function)
+}
+
+fn exact_mean(stats: &[RewardStat]) -> f64 {
+    stats.iter().find(|r| r.name == "exact_answer").map_or(0.0, |r| r.mean)
 }
 
 /// Section 6: the same update packed both ways, best of 3 timings each.

@@ -312,7 +312,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
 }
 
 #[test]
-#[ignore = "slow: the whole demo (~40 s)"]
+#[ignore = "slow: the whole demo (~3 min)"]
 fn the_demo_tells_the_whole_story() {
     let out = std::env::temp_dir().join(format!("treetrain-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
@@ -333,7 +333,7 @@ fn the_demo_tells_the_whole_story() {
         "sft_curves.svg",
         "grpo_curves.svg",
         "grpo/log.jsonl",
-        "grpo/checkpoint-40/model.safetensors",
+        "grpo/checkpoint-250/model.safetensors",
     ] {
         assert!(out.join(file).exists(), "{file} missing");
     }
@@ -346,7 +346,19 @@ fn the_demo_tells_the_whole_story() {
         g["held_out_reward_before"].as_f64().unwrap(),
         g["held_out_reward_after"].as_f64().unwrap(),
     );
-    assert!(after > before + 0.02, "held-out reward {before} -> {after}");
+    assert!(after > before + 0.05, "held-out reward {before} -> {after}");
+    // The shipped recipe's point: held-out exact answers (100 prompts x 8 samples) rise.
+    // Measured 0.155 -> 0.326 (+0.17); the bound leaves room for another machine's rounding.
+    let (exact_before, exact_after) = (
+        g["held_out_exact_before"].as_f64().unwrap(),
+        g["held_out_exact_after"].as_f64().unwrap(),
+    );
+    assert!(
+        exact_after > exact_before + 0.1,
+        "held-out exact answers {exact_before} -> {exact_after}"
+    );
+    let curve = g["held_out_exact_curve"].as_array().unwrap();
+    assert_eq!(curve.len(), 11, "step 0, every 25 steps, the end: {curve:?}");
     let t = &summary["tree_packing"];
     // The speedup itself is timing, measured by the benches; here: the tree shares, and both
     // packings give the same loss.
@@ -367,7 +379,7 @@ fn the_demo_tells_the_whole_story() {
             .unwrap()
             .lines()
             .count(),
-        40
+        250
     );
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("Sample completions") && html.contains("Latest micro-batch"));

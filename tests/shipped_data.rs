@@ -58,3 +58,25 @@ fn seeded_weights_are_deterministic_and_shaped_as_initialised() {
     let params: i64 = shipped.vs.variables().values().map(|t| t.numel() as i64).sum();
     assert_eq!(params, shipped.lm.config.num_parameters());
 }
+
+/// The shipped tasks' point: the model picks a listed item by a rule, never spells one, so every
+/// item and answer must be a single token of the shipped tokenizer, the same in the question as
+/// after `Answer:`.
+#[test]
+fn every_listed_item_and_answer_is_one_token_in_question_and_reply() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/tiny-qwen3");
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let ids = |text: &str| tok.encode(text, false).unwrap().get_ids().to_vec();
+    for t in treetrain::shipped::tasks::tasks(400, 11) {
+        let question = ids(&t.question);
+        let reply = ids(&treetrain::shipped::tasks::format_reply(&t.answer));
+        let answer = ids(&format!(" {}", t.answer));
+        assert_eq!(answer.len(), 1, "answer {:?} of {:?}", t.answer, t.question);
+        assert!(reply.ends_with(&answer), "{:?}", t.answer);
+        for item in &t.options {
+            let id = ids(&format!(" {item}"));
+            assert_eq!(id.len(), 1, "item {item:?}");
+            assert!(question.contains(&id[0]), "{item:?} not a token of {:?}", t.question);
+        }
+    }
+}

@@ -11,7 +11,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use super::tasks::{Task, format_reply, tasks};
+use super::tasks::{Task, TaskKind, format_reply, sft_reply, tasks, tasks_of};
 use crate::util::SplitMix64;
 
 /// One chat message.
@@ -33,10 +33,24 @@ fn msg(role: &str, content: &str) -> ChatMessage {
 /// System prompt used by part of the SFT conversations and by every GRPO prompt.
 pub const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
 
-/// SFT conversations: one or two question/answer turns, a system prompt on about a third.
+/// SFT conversations of the shipped mix: one or two question/answer turns, a system prompt on
+/// about a third; replies from [`sft_reply`] (a random listed item, see [`super::tasks`]).
 pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)> {
+    let mut reply_rng = SplitMix64::new(seed ^ 0x5f7_a45);
+    conversations(&tasks_of(&TaskKind::SFT, 2 * n, seed), n, seed, |t| {
+        sft_reply(t, &mut reply_rng)
+    })
+}
+
+/// `n` conversations over `pool` (two tasks a conversation at most), each assistant turn written
+/// by `reply`; the task kinds of each conversation's turns, comma-joined.
+fn conversations(
+    pool: &[Task],
+    n: usize,
+    seed: u64,
+    mut reply: impl FnMut(&Task) -> String,
+) -> Vec<(Vec<ChatMessage>, String)> {
     let mut rng = SplitMix64::new(seed ^ 0x5f7);
-    let pool = tasks(2 * n, seed);
     let mut it = pool.iter();
     (0..n)
         .map(|_| {
@@ -46,10 +60,9 @@ pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)>
             }
             let turns = if rng.below(4) == 0 { 2 } else { 1 };
             let mut kinds = Vec::new();
-            for _ in 0..turns {
-                let t: &Task = it.next().expect("pool holds two tasks per conversation");
+            for t in it.by_ref().take(turns) {
                 m.push(msg("user", &t.question));
-                m.push(msg("assistant", &format_reply(&t.answer)));
+                m.push(msg("assistant", &reply(t)));
                 kinds.push(t.kind.name());
             }
             (m, kinds.join(","))
@@ -57,9 +70,13 @@ pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)>
         .collect()
 }
 
-/// GRPO prompts: system + user question, with the exact answer and task kind.
+/// GRPO prompts of the shipped mix: system + user question, with the exact answer and task kind.
 pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
-    tasks(n, seed)
+    with_system_prompt(tasks(n, seed))
+}
+
+fn with_system_prompt(tasks: Vec<Task>) -> Vec<(Vec<ChatMessage>, Task)> {
+    tasks
         .into_iter()
         .map(|t| (vec![msg("system", SYSTEM_PROMPT), msg("user", &t.question)], t))
         .collect()
@@ -145,14 +162,20 @@ pub fn write_all(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Every text of the shipped data (for tokenizer training).
+/// The text the shipped tokenizer is trained on: the first shipped mix
+/// ([`TaskKind::TOKENIZER_CORPUS`]) as its SFT conversations (correct replies) and GRPO splits
+/// were, so the tokenizer stays as it was when the task mix changes.
 pub fn corpus() -> Vec<String> {
-    let mut texts: Vec<String> = sft_conversations(SFT_TRAIN, 1)
+    let kinds = &TaskKind::TOKENIZER_CORPUS;
+    let sft = conversations(&tasks_of(kinds, 2 * SFT_TRAIN, 1), SFT_TRAIN, 1, |t| {
+        format_reply(&t.answer)
+    });
+    let mut texts: Vec<String> = sft
         .into_iter()
         .flat_map(|(m, _)| m.into_iter().map(|x| x.content))
         .collect();
     for (split_n, seed) in [(GRPO_TRAIN, 2), (GRPO_TEST, 3)] {
-        for (m, t) in grpo_prompts(split_n, seed) {
+        for (m, t) in with_system_prompt(tasks_of(kinds, split_n, seed)) {
             texts.extend(m.into_iter().map(|x| x.content));
             texts.push(format_reply(&t.answer));
         }

@@ -1,26 +1,72 @@
-//! Verifiable tasks small enough for a tiny model to learn on a CPU in minutes: arithmetic and
-//! string manipulation with exactly one correct answer.
+//! Verifiable tasks small enough for a tiny model to learn on a CPU in minutes.
+//!
+//! The shipped mix ([`TaskKind::SHIPPED`]) asks the model to pick one item of a listed four or
+//! five by a rule named in the question: the largest or smallest number, the first or last item,
+//! the item listed twice. Every item and every answer is one whole token of the shipped
+//! tokenizer (a number 0-49 or a syllable, with its leading space), so what is learnt is the
+//! rule, not spelling. The SFT replies name a *random* listed item ([`sft_reply`]): SFT teaches
+//! the reply format and the answer space, and whatever the model gains beyond chance on held-out
+//! prompts comes from the GRPO reward alone.
+//!
+//! The first shipped mix (arithmetic, reversing, upper-casing, letter counting;
+//! [`TaskKind::TOKENIZER_CORPUS`]) is kept as the text the shipped tokenizer is trained on, so
+//! the tokenizer and every fixture made with it stay as they were. A tiny model did not learn
+//! those tasks by SFT or by GRPO (a question's word and its answer are split into different
+//! tokens, so each answer is a memorised table).
 
 use crate::util::SplitMix64;
 
 /// The kinds of task in the shipped datasets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskKind {
-    /// `a + b` with small operands.
+    /// The largest of four numbers.
+    Largest,
+    /// The smallest of four numbers.
+    Smallest,
+    /// The first of four items (numbers or syllables).
+    First,
+    /// The last of four items.
+    Last,
+    /// The one item listed twice among five.
+    Repeated,
+    /// The four listed items repeated in order (SFT only: it teaches copying from the prompt).
+    Repeat,
+    /// `a + b` with small operands (tokenizer corpus).
     Add,
-    /// `a - b`, possibly negative.
+    /// `a - b`, possibly negative (tokenizer corpus).
     Subtract,
-    /// A word spelled backwards.
+    /// A word spelled backwards (tokenizer corpus).
     Reverse,
-    /// A word in capitals.
+    /// A word in capitals (tokenizer corpus).
     Uppercase,
-    /// How many times a letter occurs in a word.
+    /// How many times a letter occurs in a word (tokenizer corpus).
     CountLetter,
 }
 
 impl TaskKind {
-    /// All kinds, in generation order.
-    pub const ALL: [TaskKind; 5] = [
+    /// The shipped mix, in generation order.
+    pub const SHIPPED: [TaskKind; 5] = [
+        TaskKind::Largest,
+        TaskKind::Smallest,
+        TaskKind::First,
+        TaskKind::Last,
+        TaskKind::Repeated,
+    ];
+
+    /// The SFT mix: the shipped kinds and [`TaskKind::Repeat`], whose replies teach copying.
+    pub const SFT: [TaskKind; 8] = [
+        TaskKind::Largest,
+        TaskKind::Repeat,
+        TaskKind::Smallest,
+        TaskKind::First,
+        TaskKind::Repeat,
+        TaskKind::Last,
+        TaskKind::Repeated,
+        TaskKind::Repeat,
+    ];
+
+    /// The first shipped mix, whose text trains the shipped tokenizer.
+    pub const TOKENIZER_CORPUS: [TaskKind; 5] = [
         TaskKind::Add,
         TaskKind::Subtract,
         TaskKind::Reverse,
@@ -31,6 +77,12 @@ impl TaskKind {
     /// Stable name stored in the datasets' `task` column.
     pub fn name(self) -> &'static str {
         match self {
+            TaskKind::Largest => "largest",
+            TaskKind::Smallest => "smallest",
+            TaskKind::First => "first",
+            TaskKind::Last => "last",
+            TaskKind::Repeated => "repeated",
+            TaskKind::Repeat => "repeat",
             TaskKind::Add => "add",
             TaskKind::Subtract => "subtract",
             TaskKind::Reverse => "reverse",
@@ -49,12 +101,20 @@ pub struct Task {
     pub question: String,
     /// The one correct answer.
     pub answer: String,
+    /// The distinct items the question lists (empty for the tokenizer-corpus kinds).
+    pub options: Vec<String>,
 }
 
 const SYLLABLES: [&str; 24] = [
     "ka", "lo", "mi", "ra", "te", "su", "no", "pe", "vi", "da", "ze", "bo", "fu", "gi", "ha", "jo", "ku", "ly", "ma",
     "ne", "or", "pi", "sa", "tu",
 ];
+
+/// Items a selection task lists: numbers 0-49 and syllables, each one token with its space.
+const MAX_NUMBER: u64 = 50;
+
+/// Items listed by a selection question (the `Repeated` kind lists one of them twice).
+pub const LISTED: usize = 4;
 
 /// A pronounceable made-up word of 2 to 4 syllables.
 pub fn word(rng: &mut SplitMix64) -> String {
@@ -64,10 +124,105 @@ pub fn word(rng: &mut SplitMix64) -> String {
         .collect()
 }
 
+fn pick(rng: &mut SplitMix64, options: &[&str]) -> String {
+    options[rng.below(options.len() as u64) as usize].to_string()
+}
+
+/// `LISTED` distinct numbers or syllables, in random order.
+fn distinct_items(rng: &mut SplitMix64, numbers: bool) -> Vec<String> {
+    let mut items: Vec<String> = Vec::with_capacity(LISTED);
+    while items.len() < LISTED {
+        let item = if numbers {
+            rng.below(MAX_NUMBER).to_string()
+        } else {
+            SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize].to_string()
+        };
+        if !items.contains(&item) {
+            items.push(item);
+        }
+    }
+    items
+}
+
 /// Generates one task of `kind`; phrasing varies so the model must read the question.
 pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
-    let pick = |rng: &mut SplitMix64, options: &[&str]| options[rng.below(options.len() as u64) as usize].to_string();
     match kind {
+        TaskKind::Largest | TaskKind::Smallest | TaskKind::First | TaskKind::Last | TaskKind::Repeated => {
+            selection_task(kind, rng)
+        }
+        TaskKind::Repeat => repeat_task(rng),
+        TaskKind::Add | TaskKind::Subtract | TaskKind::Reverse | TaskKind::Uppercase | TaskKind::CountLetter => {
+            corpus_task(kind, rng)
+        }
+    }
+}
+
+/// A question naming a rule and listing items; the answer is the item the rule picks.
+fn selection_task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
+    let numbers = matches!(kind, TaskKind::Largest | TaskKind::Smallest) || rng.below(2) == 0;
+    let options = distinct_items(rng, numbers);
+    let value = |s: &String| s.parse::<u64>().unwrap_or(0);
+    let (answer, listed, templates): (String, Vec<String>, [&str; 2]) = match kind {
+        TaskKind::Largest => (
+            options.iter().max_by_key(|s| value(s)).cloned().unwrap_or_default(),
+            options.clone(),
+            ["Which number is largest: {list}?", "Name the biggest of {list}."],
+        ),
+        TaskKind::Smallest => (
+            options.iter().min_by_key(|s| value(s)).cloned().unwrap_or_default(),
+            options.clone(),
+            ["Which number is smallest: {list}?", "Name the least of {list}."],
+        ),
+        TaskKind::First => (
+            options[0].clone(),
+            options.clone(),
+            ["Which item comes first: {list}?", "Name the first of {list}."],
+        ),
+        TaskKind::Last => (
+            options[LISTED - 1].clone(),
+            options.clone(),
+            ["Which item comes last: {list}?", "Name the last of {list}."],
+        ),
+        _ => {
+            // One item listed twice, at a random position among the others.
+            let twice = options[rng.below(LISTED as u64) as usize].clone();
+            let mut listed = options.clone();
+            listed.insert(rng.below(LISTED as u64 + 1) as usize, twice.clone());
+            (
+                twice,
+                listed,
+                [
+                    "Which item is listed twice: {list}?",
+                    "Name the repeated one of {list}.",
+                ],
+            )
+        }
+    };
+    let template = pick(rng, &templates);
+    Task {
+        kind,
+        question: template.replace("{list}", &listed.join(", ")),
+        answer,
+        options,
+    }
+}
+
+/// The listed items to repeat in order: the answer is the list itself.
+fn repeat_task(rng: &mut SplitMix64) -> Task {
+    let numbers = rng.below(2) == 0;
+    let listed = distinct_items(rng, numbers).join(", ");
+    let template = pick(rng, &["Repeat the list: {list}.", "Copy {list}."]);
+    Task {
+        kind: TaskKind::Repeat,
+        question: template.replace("{list}", &listed),
+        answer: listed,
+        options: Vec::new(),
+    }
+}
+
+/// The first shipped mix's questions (the tokenizer's corpus).
+fn corpus_task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
+    let (question, answer) = match kind {
         TaskKind::Add | TaskKind::Subtract => {
             let a = rng.below(50) as i64;
             let b = rng.below(50) as i64;
@@ -80,53 +235,50 @@ pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
                 rng,
                 &["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"],
             );
-            Task {
-                kind,
-                question: template
-                    .replace("{a}", &a.to_string())
-                    .replace("{op}", op)
-                    .replace("{b}", &b.to_string()),
-                answer: value.to_string(),
-            }
+            let question = template
+                .replace("{a}", &a.to_string())
+                .replace("{op}", op)
+                .replace("{b}", &b.to_string());
+            (question, value.to_string())
         }
         TaskKind::Reverse => {
             let w = word(rng);
             let template = pick(rng, &["Reverse the word {w}.", "Spell {w} backwards."]);
-            Task {
-                kind,
-                question: template.replace("{w}", &w),
-                answer: w.chars().rev().collect(),
-            }
+            (template.replace("{w}", &w), w.chars().rev().collect())
         }
         TaskKind::Uppercase => {
             let w = word(rng);
             let template = pick(rng, &["Write {w} in capital letters.", "Uppercase the word {w}."]);
-            Task {
-                kind,
-                question: template.replace("{w}", &w),
-                answer: w.to_uppercase(),
-            }
+            (template.replace("{w}", &w), w.to_uppercase())
         }
-        TaskKind::CountLetter => {
+        _ => {
             let w = word(rng);
             let chars: Vec<char> = w.chars().collect();
             let letter = chars[rng.below(chars.len() as u64) as usize];
             let count = chars.iter().filter(|&&c| c == letter).count();
-            Task {
-                kind,
-                question: format!("How many times does the letter {letter} appear in {w}?"),
-                answer: count.to_string(),
-            }
+            (
+                format!("How many times does the letter {letter} appear in {w}?"),
+                count.to_string(),
+            )
         }
+    };
+    Task {
+        kind,
+        question,
+        answer,
+        options: Vec::new(),
     }
 }
 
-/// `n` tasks cycling through every kind, from `seed`.
-pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
+/// `n` tasks cycling through `kinds`, from `seed`.
+pub fn tasks_of(kinds: &[TaskKind], n: usize, seed: u64) -> Vec<Task> {
     let mut rng = SplitMix64::new(seed);
-    (0..n)
-        .map(|i| task(TaskKind::ALL[i % TaskKind::ALL.len()], &mut rng))
-        .collect()
+    (0..n).map(|i| task(kinds[i % kinds.len()], &mut rng)).collect()
+}
+
+/// `n` tasks of the shipped mix, from `seed`.
+pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
+    tasks_of(&TaskKind::SHIPPED, n, seed)
 }
 
 /// The assistant reply the SFT data teaches: the answer in a fixed format rewards can check.
@@ -134,36 +286,92 @@ pub fn format_reply(answer: &str) -> String {
     format!("Answer: {answer}")
 }
 
+/// Share of SFT replies to selection tasks that name the correct item; the others name a
+/// uniformly random listed item.
+pub const SFT_RULE_SHARE: f64 = 0.3;
+
+/// The SFT reply to a task: with probability [`SFT_RULE_SHARE`] the correct item, else a
+/// uniformly random listed item, in the reply format. SFT so teaches the format, the answer
+/// space and only a faint preference for the rule, which GRPO's reward must make a habit;
+/// tasks that list nothing to choose from get their correct answer.
+pub fn sft_reply(task: &Task, rng: &mut SplitMix64) -> String {
+    if task.options.is_empty() || rng.next_f64() < SFT_RULE_SHARE {
+        return format_reply(&task.answer);
+    }
+    format_reply(&task.options[rng.below(task.options.len() as u64) as usize])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn listed(question: &str) -> Vec<String> {
+        let list = question.rsplit_once(['?', '.']).map_or(question, |(q, _)| q);
+        let list = list.rsplit_once(": ").or_else(|| list.rsplit_once(" of ")).unwrap().1;
+        list.split(", ").map(str::to_string).collect()
+    }
+
     #[test]
-    fn answers_are_correct_and_deterministic() {
-        let a = tasks(200, 9);
-        assert_eq!(a, tasks(200, 9));
-        for t in &a {
-            match t.kind {
-                TaskKind::Add | TaskKind::Subtract => {
-                    let nums: Vec<i64> = t
-                        .question
-                        .split(|c: char| !c.is_ascii_digit())
-                        .filter(|s| !s.is_empty())
-                        .map(|s| s.parse().unwrap())
+    fn selection_answers_follow_the_named_rule() {
+        let all = tasks(500, 9);
+        assert_eq!(all, tasks(500, 9));
+        for t in &all {
+            let items = listed(&t.question);
+            let numbers: Vec<u64> = items.iter().filter_map(|s| s.parse().ok()).collect();
+            let want = match t.kind {
+                TaskKind::Largest => numbers.iter().max().unwrap().to_string(),
+                TaskKind::Smallest => numbers.iter().min().unwrap().to_string(),
+                TaskKind::First => items[0].clone(),
+                TaskKind::Last => items[items.len() - 1].clone(),
+                TaskKind::Repeated => {
+                    let twice: Vec<&String> = items
+                        .iter()
+                        .filter(|i| items.iter().filter(|j| j == i).count() == 2)
                         .collect();
-                    let want = if t.kind == TaskKind::Add {
-                        nums[0] + nums[1]
-                    } else {
-                        nums[0] - nums[1]
-                    };
-                    assert_eq!(t.answer, want.to_string(), "{}", t.question);
+                    assert_eq!(twice.len(), 2, "{}", t.question);
+                    twice[0].clone()
                 }
+                other => panic!("{other:?} is not in the shipped mix"),
+            };
+            assert_eq!(t.answer, want, "{}", t.question);
+            assert_eq!(t.options.len(), LISTED, "{}", t.question);
+            assert!(t.options.iter().all(|o| items.contains(o)), "{}", t.question);
+            if matches!(t.kind, TaskKind::Largest | TaskKind::Smallest) {
+                assert_eq!(numbers.len(), items.len(), "{}", t.question);
+            }
+        }
+        for kind in TaskKind::SHIPPED {
+            assert!(all.iter().any(|t| t.kind == kind));
+        }
+    }
+
+    #[test]
+    fn sft_replies_are_listed_items_right_a_rule_share_more_than_chance() {
+        let mut rng = SplitMix64::new(4);
+        let all = tasks(4000, 5);
+        let mut right = 0;
+        for t in &all {
+            let reply = sft_reply(t, &mut rng);
+            let item = reply.strip_prefix("Answer: ").unwrap();
+            assert!(t.options.iter().any(|o| o == item), "{reply} for {}", t.question);
+            right += usize::from(item == t.answer);
+        }
+        // SFT_RULE_SHARE right by rule, a quarter of the rest by chance: 0.475 x 4000 = 1900,
+        // sd ~32; uniform replies alone would give 1000.
+        assert!((1750..2050).contains(&right), "{right} right of 4000");
+    }
+
+    #[test]
+    fn corpus_kinds_keep_their_answers() {
+        for t in tasks_of(&TaskKind::TOKENIZER_CORPUS, 100, 9) {
+            assert!(t.options.is_empty());
+            match t.kind {
                 TaskKind::Reverse => {
                     let word: String = t.answer.chars().rev().collect();
                     assert!(t.question.contains(&word), "{}", t.question);
                 }
                 TaskKind::Uppercase => assert_eq!(t.answer, t.answer.to_uppercase()),
-                TaskKind::CountLetter => assert!(t.answer.parse::<usize>().unwrap() >= 1),
+                _ => assert!(t.answer.parse::<i64>().is_ok(), "{}", t.question),
             }
         }
     }
