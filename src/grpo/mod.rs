@@ -54,7 +54,7 @@ pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, Rewa
 pub use rollouts::{
     PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup, Shard,
 };
-pub use trainer::{EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
+pub use trainer::{EvalBreakdown, EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
 pub use update::{
     RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, entropy_floor, pack_rollouts,
     plan_rank_update, with_entropy_floor,

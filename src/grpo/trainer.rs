@@ -704,6 +704,70 @@ impl GrpoTrainer {
     }
 }
 
+impl GrpoTrainer {
+    /// [`evaluate`](Self::evaluate) on each part of `prompts` that shares a value of `column`, a
+    /// string column of the prompt rows (the shipped prompts' `task`): which kinds of prompt a
+    /// run has learnt, not only how many. Parts in order of first appearance; every part is
+    /// sampled with the same `seed`. A row without a string `column` is an error naming it.
+    pub fn evaluate_by(
+        &self,
+        prompts: &PromptSet,
+        column: &str,
+        samples: usize,
+        seed: u64,
+    ) -> Result<EvalBreakdown, TrainError> {
+        let mut parts: Vec<(String, PromptSet)> = Vec::new();
+        for p in &prompts.prompts {
+            let Some(value) = p.row.get(column).and_then(|v| v.as_str()) else {
+                return Err(TrainError::Data(format!(
+                    "prompt row {} has no string column `{column}` to group the evaluation by",
+                    p.dataset_row
+                )));
+            };
+            match parts.iter_mut().find(|(v, _)| v == value) {
+                Some((_, part)) => part.prompts.push(p.clone()),
+                None => parts.push((
+                    value.to_string(),
+                    PromptSet {
+                        prompts: vec![p.clone()],
+                        skipped: 0,
+                    },
+                )),
+            }
+        }
+        let parts = parts
+            .into_iter()
+            .map(|(value, part)| Ok((value, self.evaluate(&part, samples, seed)?)))
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        Ok(EvalBreakdown {
+            column: column.to_string(),
+            parts,
+        })
+    }
+}
+
+/// Held-out results per value of a prompt column ([`GrpoTrainer::evaluate_by`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalBreakdown {
+    /// The column the prompts were grouped by.
+    pub column: String,
+    /// Each value with the evaluation of its prompts.
+    pub parts: Vec<(String, EvalResult)>,
+}
+
+impl EvalBreakdown {
+    /// The mean of reward function `name` for each value (0 where the run has no such function).
+    pub fn means(&self, name: &str) -> Vec<(String, f64)> {
+        self.parts
+            .iter()
+            .map(|(v, e)| {
+                let mean = e.per_function.iter().find(|r| r.name == name).map_or(0.0, |r| r.mean);
+                (v.clone(), mean)
+            })
+            .collect()
+    }
+}
+
 /// Every rank's update statistics summed (each rank's are its share of the step's means, as
 /// [`accumulate_share`] divides by the step's totals); timings stay this rank's.
 fn sum_over_ranks(stats: &mut UpdateStats, world: &World) -> Result<(), TrainError> {

@@ -444,6 +444,57 @@ impl Rich for super::EvalResult {
 
 crate::rich_display!(super::EvalResult);
 
+impl super::EvalBreakdown {
+    fn header(&self) -> Vec<String> {
+        let mut h = vec![self.column.clone(), "completions".into(), "reward".into()];
+        if let Some((_, e)) = self.parts.first() {
+            h.extend(e.per_function.iter().map(|r| r.name.clone()));
+        }
+        h
+    }
+
+    fn cells(&self) -> Vec<Vec<String>> {
+        self.parts
+            .iter()
+            .map(|(value, e)| {
+                let mut row = vec![
+                    value.clone(),
+                    e.completions.to_string(),
+                    format!("{:.3}", e.reward_mean),
+                ];
+                row.extend(e.per_function.iter().map(|r| format!("{:.3}", r.mean)));
+                row
+            })
+            .collect()
+    }
+}
+
+impl Rich for super::EvalBreakdown {
+    fn html(&self) -> String {
+        let header = self.header();
+        let headers: Vec<&str> = header.iter().map(String::as_str).collect();
+        let rows: Vec<Vec<String>> = self
+            .cells()
+            .into_iter()
+            .map(|r| r.iter().map(|c| escape(c)).collect())
+            .collect();
+        let step = self.parts.first().map_or(0, |(_, e)| e.step);
+        let title = format!("Evaluation by {} at step {step}", self.column);
+        display::style::container(&display::section(&title, &display::table(&headers, &rows)))
+    }
+
+    fn text(&self) -> String {
+        let mut out = self.header().join("\t") + "\n";
+        for row in self.cells() {
+            out.push_str(&row.join("\t"));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+crate::rich_display!(super::EvalBreakdown);
+
 impl Rich for super::UpdateStats {
     fn html(&self) -> String {
         let rows = [
