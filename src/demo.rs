@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::{PadTo, Platform};
 use crate::display::{LineChart, Rich};
-use crate::grpo::{EvalResult, GrpoConfig, GrpoTrainer, RewardStat, RolloutBatch};
+use crate::grpo::{EvalBreakdown, EvalResult, GrpoConfig, GrpoStepMetrics, GrpoTrainer, RewardStat, RolloutBatch};
 use crate::model::{LoadOptions, Model};
 use crate::pack::Packing;
 use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
@@ -261,18 +261,7 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
             shown = Some(b.clone());
         }
         if m.step % 10 == 0 || m.step == 1 {
-            let line = format!(
-                "step {:>3}: reward {:.3}, exact {:.3}, groups with equal rewards {:.0}%, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
-                m.step,
-                m.reward_mean,
-                exact_mean(&m.rewards),
-                100.0 * m.frac_reward_zero_std,
-                m.completion_length,
-                m.entropy,
-                m.packing_ratio,
-                m.step_s
-            );
-            write_log(log, &line)?;
+            write_log(log, &step_line(&m))?;
         }
         if m.step % eval_every == 0 && m.step < steps {
             let e = grpo.evaluate(&held_out, 8, 99)?;
@@ -287,35 +276,9 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
     let after = grpo.evaluate(&held_out, 8, 99)?;
     let by_task_after = grpo.evaluate_by(&held_out, "task", 8, 99)?;
     held_out_exact.push((steps as f64, exact_share(&after)));
-    let per_fn = |e: &EvalResult| {
-        e.per_function
-            .iter()
-            .map(|r| format!("{} {:.3}", r.name, r.mean))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let line = format!(
-        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {seconds:.1} s (held-out evaluations included)\n\
-         held-out exact answers: {:.3} -> {:.3} ({:+.3})\n",
-        after.completions,
-        before.reward_mean,
-        per_fn(&before),
-        after.reward_mean,
-        per_fn(&after),
-        exact_share(&before),
-        exact_share(&after),
-        exact_share(&after) - exact_share(&before),
-    );
-    write_log(log, &line)?;
-    let by_task: Vec<String> = by_task_before
-        .means("exact_answer")
-        .into_iter()
-        .zip(by_task_after.means("exact_answer"))
-        .map(|((task, a), (_, b))| format!("{task} {a:.3} -> {b:.3}"))
-        .collect();
     write_log(
         log,
-        &format!("held-out exact answers by task: {}\n", by_task.join(", ")),
+        &held_out_report([&before, &after], [&by_task_before, &by_task_after], steps, seconds),
     )?;
     let chart = grpo
         .state
@@ -348,6 +311,53 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "generation_distinct_shapes": grpo.generation_shapes().map_or(0, |l| l.total_distinct()),
     });
     Ok((grpo, shown, summary))
+}
+
+/// The demo's line for a GRPO step: reward, exact answers, zero-variance groups, packing.
+fn step_line(m: &GrpoStepMetrics) -> String {
+    format!(
+        "step {:>3}: reward {:.3}, exact {:.3}, groups with equal rewards {:.0}%, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
+        m.step,
+        m.reward_mean,
+        exact_mean(&m.rewards),
+        100.0 * m.frac_reward_zero_std,
+        m.completion_length,
+        m.entropy,
+        m.packing_ratio,
+        m.step_s
+    )
+}
+
+/// Held-out rewards before and after the run, its exact answers overall and by task kind.
+fn held_out_report(eval: [&EvalResult; 2], by_task: [&EvalBreakdown; 2], steps: u64, seconds: f64) -> String {
+    let [before, after] = eval;
+    let per_fn = |e: &EvalResult| {
+        e.per_function
+            .iter()
+            .map(|r| format!("{} {:.3}", r.name, r.mean))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let kinds: Vec<String> = by_task[0]
+        .means("exact_answer")
+        .into_iter()
+        .zip(by_task[1].means("exact_answer"))
+        .map(|((task, a), (_, b))| format!("{task} {a:.3} -> {b:.3}"))
+        .collect();
+    format!(
+        "held-out reward ({} completions: 8 per test prompt): {:.3} ({}) -> {:.3} ({}) after {steps} steps in {seconds:.1} s (held-out evaluations included)\n\
+         held-out exact answers: {:.3} -> {:.3} ({:+.3})\n\
+         held-out exact answers by task: {}\n",
+        after.completions,
+        before.reward_mean,
+        per_fn(before),
+        after.reward_mean,
+        per_fn(after),
+        exact_share(before),
+        exact_share(after),
+        exact_share(after) - exact_share(before),
+        kinds.join(", ")
+    )
 }
 
 /// Share of held-out completions whose answer is exactly right (the `exact_answer` reward's
