@@ -367,7 +367,7 @@ fn exact_share(e: &EvalResult) -> f64 {
 }
 
 fn exact_mean(stats: &[RewardStat]) -> f64 {
-    stats.iter().find(|r| r.name == "exact_answer").map_or(0.0, |r| r.mean)
+    RewardStat::mean_in(stats, "exact_answer").unwrap_or(0.0)
 }
 
 /// Section 6: the same update packed both ways, best of 3 timings each.

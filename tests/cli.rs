@@ -312,7 +312,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
 }
 
 #[test]
-#[ignore = "slow: the whole demo (~3 min)"]
+#[ignore = "slow: the whole demo (~1.5 min)"]
 fn the_demo_tells_the_whole_story() {
     let out = std::env::temp_dir().join(format!("treetrain-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
@@ -348,7 +348,7 @@ fn the_demo_tells_the_whole_story() {
     );
     assert!(after > before + 0.05, "held-out reward {before} -> {after}");
     // The shipped recipe's point: held-out exact answers (100 prompts x 8 samples) rise.
-    // Measured 0.155 -> 0.326 (+0.17); the bound leaves room for another machine's rounding.
+    // Measured 0.177 -> 0.335 (+0.158); the bound leaves room for another machine's rounding.
     let (exact_before, exact_after) = (
         g["held_out_exact_before"].as_f64().unwrap(),
         g["held_out_exact_after"].as_f64().unwrap(),

@@ -32,6 +32,13 @@ pub struct RewardStat {
     pub std: f64,
 }
 
+impl RewardStat {
+    /// The mean of the function called `name` among `stats` (a step's or an evaluation's).
+    pub fn mean_in(stats: &[RewardStat], name: &str) -> Option<f64> {
+        stats.iter().find(|r| r.name == name).map(|r| r.mean)
+    }
+}
+
 /// Metrics of one GRPO step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GrpoStepMetrics {
@@ -702,9 +709,7 @@ impl GrpoTrainer {
             .gather(&self.core.world)?;
         Ok(EvalResult::from_batch(&batch, &self.rewards, self.state.global_step))
     }
-}
 
-impl GrpoTrainer {
     /// [`evaluate`](Self::evaluate) on each part of `prompts` that shares a value of `column`, a
     /// string column of the prompt rows (the shipped prompts' `task`): which kinds of prompt a
     /// run has learnt, not only how many. Parts in order of first appearance; every part is
@@ -760,10 +765,7 @@ impl EvalBreakdown {
     pub fn means(&self, name: &str) -> Vec<(String, f64)> {
         self.parts
             .iter()
-            .map(|(v, e)| {
-                let mean = e.per_function.iter().find(|r| r.name == name).map_or(0.0, |r| r.mean);
-                (v.clone(), mean)
-            })
+            .map(|(v, e)| (v.clone(), RewardStat::mean_in(&e.per_function, name).unwrap_or(0.0)))
             .collect()
     }
 }

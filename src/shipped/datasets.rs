@@ -34,7 +34,8 @@ fn msg(role: &str, content: &str) -> ChatMessage {
 pub const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
 
 /// SFT conversations of the shipped mix: one or two question/answer turns, a system prompt on
-/// about a third; replies from [`sft_reply`] (a random listed item, see [`super::tasks`]).
+/// about a third; replies from [`sft_reply`] (the correct item or a random listed one, see
+/// [`super::tasks`]).
 pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)> {
     let mut reply_rng = SplitMix64::new(seed ^ 0x5f7_a45);
     conversations(&tasks_of(&TaskKind::SFT, 2 * n, seed), n, seed, |t| {
@@ -122,6 +123,9 @@ pub const SFT_TRAIN: usize = 2000;
 pub const GRPO_TRAIN: usize = 500;
 /// GRPO held-out prompts.
 pub const GRPO_TEST: usize = 100;
+/// SFT conversations, GRPO training and held-out prompts of the first task mix in the
+/// tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
+const TOKENIZER_CORPUS_SIZES: [usize; 3] = [2000, 500, 100];
 
 /// Writes `sft/train.parquet`, `grpo/train.parquet` and `grpo/test.parquet` under `root`.
 pub fn write_all(root: &Path) -> Result<(), String> {
@@ -167,14 +171,13 @@ pub fn write_all(root: &Path) -> Result<(), String> {
 /// were, so the tokenizer stays as it was when the task mix changes.
 pub fn corpus() -> Vec<String> {
     let kinds = &TaskKind::TOKENIZER_CORPUS;
-    let sft = conversations(&tasks_of(kinds, 2 * SFT_TRAIN, 1), SFT_TRAIN, 1, |t| {
-        format_reply(&t.answer)
-    });
+    let [sft_n, train_n, test_n] = TOKENIZER_CORPUS_SIZES;
+    let sft = conversations(&tasks_of(kinds, 2 * sft_n, 1), sft_n, 1, |t| format_reply(&t.answer));
     let mut texts: Vec<String> = sft
         .into_iter()
         .flat_map(|(m, _)| m.into_iter().map(|x| x.content))
         .collect();
-    for (split_n, seed) in [(GRPO_TRAIN, 2), (GRPO_TEST, 3)] {
+    for (split_n, seed) in [(train_n, 2), (test_n, 3)] {
         for (m, t) in with_system_prompt(tasks_of(kinds, split_n, seed)) {
             texts.extend(m.into_iter().map(|x| x.content));
             texts.push(format_reply(&t.answer));

@@ -4,9 +4,9 @@
 //! five by a rule named in the question: the largest or smallest number, the first or last item,
 //! the item listed twice. Every item and every answer is one whole token of the shipped
 //! tokenizer (a number 0-49 or a syllable, with its leading space), so what is learnt is the
-//! rule, not spelling. The SFT replies name a *random* listed item ([`sft_reply`]): SFT teaches
-//! the reply format and the answer space, and whatever the model gains beyond chance on held-out
-//! prompts comes from the GRPO reward alone.
+//! rule, not spelling. The SFT replies name the correct item in [`SFT_RULE_SHARE`] of cases and a
+//! random listed item otherwise ([`sft_reply`]): SFT teaches the reply format, the answer space
+//! and a faint preference for each rule, which the GRPO reward has to make a habit.
 //!
 //! The first shipped mix (arithmetic, reversing, upper-casing, letter counting;
 //! [`TaskKind::TOKENIZER_CORPUS`]) is kept as the text the shipped tokenizer is trained on, so
@@ -161,36 +161,31 @@ pub fn task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
 fn selection_task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
     let numbers = matches!(kind, TaskKind::Largest | TaskKind::Smallest) || rng.below(2) == 0;
     let options = distinct_items(rng, numbers);
+    let mut listed = options.clone();
     let value = |s: &String| s.parse::<u64>().unwrap_or(0);
-    let (answer, listed, templates): (String, Vec<String>, [&str; 2]) = match kind {
+    let (answer, templates): (String, [&str; 2]) = match kind {
         TaskKind::Largest => (
             options.iter().max_by_key(|s| value(s)).cloned().unwrap_or_default(),
-            options.clone(),
             ["Which number is largest: {list}?", "Name the biggest of {list}."],
         ),
         TaskKind::Smallest => (
             options.iter().min_by_key(|s| value(s)).cloned().unwrap_or_default(),
-            options.clone(),
             ["Which number is smallest: {list}?", "Name the least of {list}."],
         ),
         TaskKind::First => (
             options[0].clone(),
-            options.clone(),
             ["Which item comes first: {list}?", "Name the first of {list}."],
         ),
         TaskKind::Last => (
             options[LISTED - 1].clone(),
-            options.clone(),
             ["Which item comes last: {list}?", "Name the last of {list}."],
         ),
         _ => {
             // One item listed twice, at a random position among the others.
             let twice = options[rng.below(LISTED as u64) as usize].clone();
-            let mut listed = options.clone();
             listed.insert(rng.below(LISTED as u64 + 1) as usize, twice.clone());
             (
                 twice,
-                listed,
                 [
                     "Which item is listed twice: {list}?",
                     "Name the repeated one of {list}.",
