@@ -1,7 +1,7 @@
 //! The main job on the shipped defaults (`treetrain demo`, `scripts/demo.sh`): the environment,
 //! what padding buys on Neuron, the tiny model scoring conversations, a short SFT run, GRPO of
 //! the shipped SFT model with tree-packed updates, tree vs flat packing of a real update, and
-//! multi-turn GRPO of the shipped retry game (nested forks).
+//! multi-turn GRPO of the shipped calculator tool task (nested forks).
 //! [`run`] prints each section as it goes and returns a [`DemoSummary`] of the numbers; files
 //! (report.html, charts, the GRPO log and checkpoint) go to the output folder.
 
@@ -15,6 +15,7 @@ use crate::model::{LoadOptions, Model};
 use crate::pack::Packing;
 use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
 use crate::shapes::{PaddingComparison, synthetic_lengths};
+use crate::shipped::{ShippedEnvironment, calculator::Calculator};
 use crate::tokenizer::Tokenizer;
 use crate::train::{TrainConfig, TrainError, Trainer};
 
@@ -61,7 +62,7 @@ pub struct DemoSummary {
     pub grpo: serde_json::Value,
     /// Tree vs flat packing of one real update.
     pub tree_packing: serde_json::Value,
-    /// Multi-turn GRPO of the retry game: conversations, turns and their packing.
+    /// Multi-turn GRPO of the calculator tool task: held-out reward, tool calls, packing.
     pub multi_turn: serde_json::Value,
     /// Files written.
     pub files: Vec<String>,
@@ -102,9 +103,9 @@ pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
     let tree_packing = packing_section(&grpo, &shown, log)?;
     write_log(
         log,
-        "\n== 7. Multi-turn: the retry game (3 tries, wrong answers answered by the user and forked in two)\n\n",
+        "\n== 7. Multi-turn with a tool: the calculator task (datasets/calculator.toml; each tool result forked in two)\n\n",
     )?;
-    let multi_turn = multi_turn_section(log)?;
+    let multi_turn = multi_turn_section(out, log)?;
     let checkpoint = grpo.save_checkpoint()?;
     let html = format!(
         "<!doctype html><meta charset=\"utf-8\"><title>treetrain demo</title>{}{}{}{}{}",
@@ -121,6 +122,7 @@ pub fn run(out: &Path, log: &mut dyn Write) -> Result<DemoSummary, DemoError> {
         "shapes.svg",
         "sft_curves.svg",
         "grpo_curves.svg",
+        "calculator_curves.svg",
         "grpo/log.jsonl",
         "summary.json",
     ];
@@ -404,38 +406,77 @@ fn packing_section(
     }))
 }
 
-/// Section 7: a few multi-turn GRPO steps of the shipped retry game; the nested forks' packing.
-fn multi_turn_section(log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
+/// Section 7: multi-turn GRPO of the shipped calculator tool task (`datasets/calculator.toml`):
+/// the held-out reward before, during and after, how often the model calls the tool, and the
+/// nested forks' packing of the last step.
+fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
     let root = crate::shipped::datasets_dir();
-    let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
+    let mut config = GrpoConfig::from_toml_file(&root.join("calculator.toml"))?;
     config.train.output_dir = None;
-    config.prompts_per_step = 8;
-    config.num_generations = 4;
-    config.max_turns = 3;
-    config.turn_generations = 2;
-    config.prefill_chunk_size = 16;
-    config.max_conversation_length = 256;
-    config.max_steps = 6;
-    let game = crate::shipped::retry::RetryGame::default();
-    let mut grpo = GrpoTrainer::with_environment(config, game, Vec::new())?;
+    let (samples, eval_every) = (config.eval_samples, config.train.eval_steps.unwrap_or(u64::MAX).max(1));
+    let mut grpo = ShippedEnvironment::Calculator.trainer(config, None)?;
+    let held_out = grpo.load_prompts(&root.join("calculator/test.parquet"))?;
+    let before = grpo.evaluate(&held_out, samples, 99)?;
+    let mut curve = vec![(0.0, before.reward_mean)];
     let mut steps = Vec::new();
-    for _ in 0..6 {
+    let t = std::time::Instant::now();
+    while grpo.state.global_step < grpo.state.total_steps {
         let m = grpo.step()?;
-        let batch = grpo.last_batch.as_ref();
-        let conversations: usize = batch.map_or(0, |b| b.groups.iter().map(|g| g.completions.len()).sum());
-        let line = format!(
-            "step {}: reward {:.3}, {conversations} conversations of 8 prompts, failed {}, update packing {:.1}x\n",
-            m.step, m.reward_mean, m.reward_failures, m.packing_ratio
+        let calls = grpo
+            .last_batch
+            .as_ref()
+            .map_or(0.0, |b| Calculator::call_share(b, grpo.tokenizer()));
+        if m.step % 5 == 0 || m.step == 1 {
+            let line = format!(
+                "step {:>2}: reward {:.3}, calls the calculator in {:.0}% of conversations, groups with equal rewards {:.0}%, failed {}, update packing {:.1}x, {:.2} s\n",
+                m.step,
+                m.reward_mean,
+                100.0 * calls,
+                100.0 * m.frac_reward_zero_std,
+                m.reward_failures,
+                m.packing_ratio,
+                m.step_s
+            );
+            write_log(log, &line)?;
+        }
+        if m.step % eval_every == 0 && m.step < grpo.state.total_steps {
+            curve.push((m.step as f64, grpo.evaluate(&held_out, samples, 99)?.reward_mean));
+        }
+        steps.push(
+            serde_json::json!({"reward": m.reward_mean, "tool_call_share": calls, "packing_ratio": m.packing_ratio}),
         );
-        write_log(log, &line)?;
-        steps.push(serde_json::json!({"reward": m.reward_mean, "conversations": conversations, "packing_ratio": m.packing_ratio}));
     }
+    let seconds = t.elapsed().as_secs_f64();
+    let after = grpo.evaluate(&held_out, samples, 99)?;
+    curve.push((grpo.state.global_step as f64, after.reward_mean));
+    write_log(
+        log,
+        &format!(
+            "held-out right answers ({} prompts x {samples} conversations): {:.3} -> {:.3} in {} steps ({seconds:.0} s)\n",
+            held_out.prompts.len(),
+            before.reward_mean,
+            after.reward_mean,
+            grpo.state.global_step
+        ),
+    )?;
+    let chart = grpo
+        .state
+        .reward_chart()
+        .with_series("held-out right answers", curve.clone());
+    write_file(&out.join("calculator_curves.svg"), &chart.to_svg())?;
     let batch = grpo
         .last_batch
         .clone()
         .ok_or_else(|| TrainError::config("max_steps", "the multi-turn run took no step"))?;
     let packing = packing_section(&grpo, &batch, log)?;
-    Ok(serde_json::json!({"steps": steps, "packing": packing}))
+    Ok(serde_json::json!({
+        "seconds": seconds,
+        "held_out_reward_before": before.reward_mean,
+        "held_out_reward_after": after.reward_mean,
+        "held_out_curve": curve,
+        "steps": steps,
+        "packing": packing,
+    }))
 }
 
 /// Two completions of every prompt of `batch`, for the report.

@@ -262,24 +262,88 @@ fn generate_greedy_matches_transformers_and_reports_each_completion() {
     );
 }
 
-#[test]
-fn grpo_runs_from_a_toml_file_and_resumes() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("treetrain-cli-grpo-{}", std::process::id()));
+/// An empty scratch folder for test `name`.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("treetrain-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // The shipped recipe with absolute paths and a private output folder.
-    let shipped = std::fs::read_to_string(root.join("datasets/grpo.toml")).unwrap();
-    let datasets = root.join("datasets");
-    let text = shipped
-        .replace("\"tiny-qwen3-sft\"", &format!("{:?}", datasets.join("tiny-qwen3-sft")))
-        .replace("\"grpo/", &format!("\"{}/grpo/", datasets.display()))
-        .replace("\"../target/grpo-tiny\"", &format!("{:?}", dir.join("out")))
-        .replace("prompts_per_step = 16", "prompts_per_step = 2")
-        .replace("eval_samples = 8", "eval_samples = 1")
-        .replace("eval_steps = 20", "eval_steps = 1");
-    let cfg = dir.join("grpo.toml");
-    std::fs::write(&cfg, text).unwrap();
+    dir
+}
+
+/// The shipped recipe `datasets/NAME.toml` written into `dir` with absolute model and data
+/// paths, its output under `dir/out`, and `edits` (text replacements) applied.
+fn local_recipe(name: &str, dir: &std::path::Path, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let datasets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
+    let shipped = std::fs::read_to_string(datasets.join(format!("{name}.toml"))).unwrap();
+    let mut text: String = shipped
+        .lines()
+        .map(|line| match line.split_once(" = \"") {
+            Some(("model" | "dataset" | "eval_dataset", path)) => {
+                let key = line.split_once(' ').unwrap().0;
+                format!("{key} = {:?}", datasets.join(path.trim_end_matches('"')))
+            }
+            Some(("output_dir", _)) => format!("output_dir = {:?}", dir.join("out")),
+            _ => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (from, to) in edits {
+        assert!(text.contains(from), "{name}.toml has no {from:?}");
+        text = text.replace(from, to);
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn grpo_runs_a_shipped_environment() {
+    let dir = scratch_dir("env");
+    // The calculator recipe at test size (one step of 2 prompts).
+    let cfg = local_recipe(
+        "calculator",
+        &dir,
+        &[
+            ("prompts_per_step = 8", "prompts_per_step = 2"),
+            // No held-out evaluation: one step is what this test runs.
+            ("eval_steps = 10", ""),
+        ],
+    );
+    let cfg = cfg.to_str().unwrap();
+    let (ok, out, err) = treetrain(&[
+        "grpo",
+        "--config",
+        cfg,
+        "--max-steps",
+        "1",
+        "--environment",
+        "calculator",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("step    1: reward") && out.contains("(calculator "),
+        "{out}"
+    );
+    assert!(dir.join("out/checkpoint-1/model.safetensors").exists());
+    let (ok, _, err) = treetrain(&["grpo", "--config", cfg, "--environment", "chess"]);
+    assert!(
+        !ok && err.contains("--environment chess") && err.contains("retry-game"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn grpo_runs_from_a_toml_file_and_resumes() {
+    let dir = scratch_dir("grpo");
+    let cfg = local_recipe(
+        "grpo",
+        &dir,
+        &[
+            ("prompts_per_step = 16", "prompts_per_step = 2"),
+            ("eval_samples = 8", "eval_samples = 1"),
+        ],
+    );
     let cfg = cfg.to_str().unwrap();
     let (ok, out, err) = treetrain(&["grpo", "--config", cfg, "--max-steps", "2", "--mode", "async"]);
     assert!(ok, "{err}");
@@ -332,6 +396,7 @@ fn the_demo_tells_the_whole_story() {
         "shapes.svg",
         "sft_curves.svg",
         "grpo_curves.svg",
+        "calculator_curves.svg",
         "grpo/log.jsonl",
         "grpo/checkpoint-250/model.safetensors",
     ] {
@@ -369,9 +434,19 @@ fn the_demo_tells_the_whole_story() {
     // The loss is a sum that cancels to ~1e-4 here: fp32 rounding is compared against 1e-3.
     let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
     assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-3), "{tree} vs {flat}");
-    // Multi-turn: conversations forked within turns share more than single-turn groups.
+    // Multi-turn with a tool: the calculator recipe's held-out right answers rise (measured
+    // 0.085 -> 0.173), and conversations forked after the tool's result share more than
+    // single-turn groups.
     let mt = &summary["multi_turn"];
-    assert_eq!(mt["steps"].as_array().unwrap().len(), 6, "{mt}");
+    assert_eq!(mt["steps"].as_array().unwrap().len(), 40, "{mt}");
+    let (tool_before, tool_after) = (
+        mt["held_out_reward_before"].as_f64().unwrap(),
+        mt["held_out_reward_after"].as_f64().unwrap(),
+    );
+    assert!(
+        tool_after > tool_before + 0.05,
+        "calculator: {tool_before} -> {tool_after}"
+    );
     assert!(mt["packing"]["packing_ratio"].as_f64().unwrap() > 2.0, "{mt}");
     assert_eq!(
         std::fs::read_to_string(out.join("grpo/log.jsonl"))

@@ -26,12 +26,29 @@ fn shipped_parquet_reads_back_what_the_generator_wrote() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     let sft = all(&Dataset::open(&root.join("sft/train.parquet")).unwrap());
     assert_eq!(sft.len(), 2000);
+    let calculator = all(&Dataset::open(&root.join("sft/calculator.parquet")).unwrap());
+    assert_eq!(calculator.len(), 2 * treetrain::shipped::datasets::SFT_CALCULATOR);
+    let schema = json!([treetrain::shipped::calculator::Calculator::schema()]);
+    for (i, ex) in calculator.iter().enumerate() {
+        let Example::Conversation { messages, tools } = ex else {
+            panic!()
+        };
+        assert_eq!(tools, &Some(schema.clone()));
+        // Each question twice: answered directly, then through a call and the tool's result.
+        assert_eq!(messages.len(), if i % 2 == 0 { 3 } else { 5 }, "{messages:?}");
+    }
     let (first, _) = treetrain::shipped::datasets::sft_conversations(1, 1).remove(0);
     let want: Vec<serde_json::Value> = first
         .iter()
         .map(|m| json!({"role": m.role, "content": m.content}))
         .collect();
-    assert_eq!(sft[0], Example::Conversation(want));
+    assert_eq!(
+        sft[0],
+        Example::Conversation {
+            messages: want,
+            tools: None
+        }
+    );
     let grpo = all(&Dataset::open(&root.join("grpo")).unwrap());
     assert_eq!(grpo.len(), 600, "test + train files of the folder");
     assert!(matches!(&grpo[0], Example::Prompt(p) if p.as_array().unwrap().len() == 2));
@@ -46,6 +63,8 @@ fn jsonl_formats_prompt_completion_sharegpt_and_extra_fields() {
         json!({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}),
         json!({"messages": [{"role": "user", "content": "x", "name": null}, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]}),
         json!({"prompt": [{"role": "user", "content": "q"}]}),
+        json!({"messages": [{"role": "user", "content": "t"}], "tools": "[{\"type\": \"function\"}]"}),
+        json!({"messages": [{"role": "user", "content": "t"}], "tools": [{"type": "function"}]}),
     ];
     std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n\n")).unwrap();
     let ex = all(&Dataset::open(&f).unwrap());
@@ -58,18 +77,44 @@ fn jsonl_formats_prompt_completion_sharegpt_and_extra_fields() {
     );
     assert_eq!(
         ex[1],
-        Example::Conversation(vec![
-            json!({"role": "user", "content": "hi"}),
-            json!({"role": "assistant", "content": "hello"})
-        ])
+        Example::Conversation {
+            messages: vec![
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "assistant", "content": "hello"})
+            ],
+            tools: None
+        }
     );
-    let Example::Conversation(m) = &ex[2] else { panic!() };
+    let Example::Conversation { messages: m, .. } = &ex[2] else {
+        panic!()
+    };
     assert!(m[0].get("name").is_none(), "nulls added by struct columns are dropped");
     assert!(
         m[1]["tool_calls"].is_array(),
         "an assistant turn with tool calls may have empty content"
     );
     assert!(matches!(&ex[3], Example::Prompt(p) if p.is_array()));
+    for row in &ex[4..] {
+        let Example::Conversation { tools, .. } = row else {
+            panic!()
+        };
+        assert_eq!(
+            tools,
+            &Some(json!([{"type": "function"}])),
+            "tools as JSON text or as a list"
+        );
+    }
+    for (tools, why) in [
+        (json!("[{"), "is not JSON"),
+        (json!({"type": "function"}), "must be a list"),
+    ] {
+        let row = json!({"messages": [{"role": "user", "content": "t"}], "tools": tools});
+        let err = Example::from_row(7, row.as_object().unwrap()).unwrap_err().to_string();
+        assert!(
+            err.contains("row 7") && err.contains("tools") && err.contains(why),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -174,10 +219,13 @@ fn arrow_ipc_streams_and_files_with_large_types() {
     assert_eq!(ex.len(), 4);
     assert_eq!(
         ex[3],
-        Example::Conversation(vec![
-            json!({"role": "user", "content": "c"}),
-            json!({"role": "assistant", "content": "d"})
-        ])
+        Example::Conversation {
+            messages: vec![
+                json!({"role": "user", "content": "c"}),
+                json!({"role": "assistant", "content": "d"})
+            ],
+            tools: None
+        }
     );
 }
 

@@ -42,7 +42,9 @@ fn sft_toml(dir: &Path, name: &str, batch: usize, out: &Path, steps: u64, extra:
     path
 }
 
-/// A GRPO config of `prompts` prompts per process.
+/// A GRPO config of `prompts` prompts per process. AdamW's `eps` is 1e-6: with the default
+/// 1e-8, entries whose gradient is noise-sized (a sum over ranks vs over one batch differs in
+/// its last bits) still move by O(lr), and the two runs' weights part by more than rounding.
 fn grpo_toml(dir: &Path, name: &str, prompts: usize, packing: &str, out: &Path) -> PathBuf {
     let d = datasets();
     let text = format!(
@@ -50,6 +52,7 @@ fn grpo_toml(dir: &Path, name: &str, prompts: usize, packing: &str, out: &Path) 
          max_completion_length = 12\ntemperature = 1.0\nlearning_rate = 0.001\nmax_steps = 3\n\
          packing = \"{packing}\"\ntoken_budget = 96\nmode = \"sync\"\nseed = 7\nbeta = 0.04\n\
          distributed_timeout_s = 60\n\
+         [adamw]\neps = 1e-6\n\
          [[rewards]]\nname = \"exact_answer\"\nweight = 1.0\n[[rewards]]\nname = \"answer_format\"\nweight = 0.5\n",
         d.join("tiny-qwen3-sft"),
         d.join("grpo/train.parquet"),

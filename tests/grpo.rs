@@ -1159,6 +1159,40 @@ fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
     assert!(m.reward_failures > 0 && m.loss.is_finite());
 }
 
+/// The shipped tool task learns (`datasets/calculator.toml` at its length): the model calls the
+/// calculator more and held-out right answers rise; each call's result is forked in two.
+#[test]
+#[ignore = "slow: the calculator recipe's 40 multi-turn GRPO steps (~60 s)"]
+fn the_calculator_task_reward_rises() {
+    use treetrain::shipped::{ShippedEnvironment, calculator::Calculator};
+    let mut cfg = GrpoConfig::from_toml_file(&root().join("datasets/calculator.toml")).unwrap();
+    cfg.train.output_dir = None;
+    let steps = cfg.max_steps;
+    let mut t = ShippedEnvironment::Calculator.trainer(cfg, None).unwrap();
+    let held_out = t
+        .load_prompts(&root().join("datasets/calculator/test.parquet"))
+        .unwrap();
+    let before = t.evaluate(&held_out, 4, 99).unwrap().reward_mean;
+    let mut calls = Vec::new();
+    for _ in 0..steps {
+        t.step().unwrap();
+        calls.push(Calculator::call_share(t.last_batch.as_ref().unwrap(), t.tokenizer()));
+    }
+    let after = t.evaluate(&held_out, 4, 99).unwrap().reward_mean;
+    eprintln!("calculator: held-out right answers {before:.3} -> {after:.3}; tool calls {calls:.2?}");
+    // Measured 0.085 -> 0.173: the model learns to call (44% -> 95% of conversations), and
+    // what it then gets wrong is copying the question or the result.
+    assert!(
+        after > before + 0.05,
+        "held-out right answers {before:.3} -> {after:.3}"
+    );
+    let mean = |c: &[f64]| c.iter().sum::<f64>() / c.len() as f64;
+    let (first, last) = (mean(&calls[..5]), mean(&calls[calls.len() - 5..]));
+    assert!(last > first + 0.2, "tool calls {first:.2} -> {last:.2}");
+    // Forked after the tool's result: shared turns are forwarded once.
+    assert!(t.state.history.iter().all(|m| m.packing_ratio > 2.0));
+}
+
 #[test]
 fn multi_turn_rollouts_run_async_and_evaluate_one_conversation_per_sample() {
     use treetrain::shipped::retry::RetryGame;

@@ -14,8 +14,11 @@ fn committed_files_equal_a_fresh_generation() {
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     for f in [
         "sft/train.parquet",
+        "sft/calculator.parquet",
         "grpo/train.parquet",
         "grpo/test.parquet",
+        "calculator/train.parquet",
+        "calculator/test.parquet",
         "tiny-qwen3/config.json",
         "tiny-qwen3/tokenizer.json",
         "tiny-qwen3/tokenizer_config.json",

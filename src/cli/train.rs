@@ -8,6 +8,7 @@ use treetrain::display::Rich;
 use treetrain::grpo::{GrpoConfig, GrpoTrainer, RolloutMode};
 use treetrain::pack::Packing;
 use treetrain::sft::{SftConfig, SftTrainer};
+use treetrain::shipped::ShippedEnvironment;
 use treetrain::train::{Trainer, every};
 
 /// Arguments of `sft`.
@@ -45,6 +46,9 @@ pub struct GrpoArgs {
     /// Resume from this checkpoint folder.
     #[arg(long)]
     resume_from: Option<PathBuf>,
+    /// Multi-turn rollouts with a shipped environment (its reward replaces `rewards`).
+    #[arg(long, value_parser = super::choice::<ShippedEnvironment>("--environment"))]
+    environment: Option<ShippedEnvironment>,
 }
 
 /// Runs `sft`.
@@ -61,7 +65,11 @@ pub fn grpo(args: &GrpoArgs) -> Result<()> {
     cfg.max_steps = args.max_steps.unwrap_or(cfg.max_steps);
     cfg.mode = args.mode.unwrap_or(cfg.mode);
     cfg.packing = args.packing.unwrap_or(cfg.packing);
-    run(GrpoTrainer::from_config(cfg, args.resume_from.as_deref())?)
+    let resume = args.resume_from.as_deref();
+    match args.environment {
+        Some(env) => run(env.trainer(cfg, resume)?),
+        None => run(GrpoTrainer::from_config(cfg, resume)?),
+    }
 }
 
 /// Trains to the last step: an evaluation first (when `eval_steps` is set), a line every

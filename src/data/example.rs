@@ -9,7 +9,13 @@ use super::DataError;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Example {
     /// `messages`: a whole conversation.
-    Conversation(Vec<Value>),
+    Conversation {
+        /// The messages.
+        messages: Vec<Value>,
+        /// The row's `tools` column (TRL's per-row tool schemas, rendered by the chat template
+        /// as transformers' `tools=`): a list of schemas, stored as a list or as JSON text.
+        tools: Option<Value>,
+    },
     /// `prompt` + `completion`, each a string or a list of messages.
     PromptCompletion {
         /// The prompt.
@@ -80,6 +86,26 @@ pub fn messages(value: &Value, row: usize, field: &'static str) -> Result<Vec<Va
         .collect()
 }
 
+/// The `tools` column of row `row`: absent or null is none; JSON text is parsed; either way it
+/// must be a list (of tool schemas).
+fn tools(row: &serde_json::Map<String, Value>, row_index: usize) -> Result<Option<Value>, DataError> {
+    let bad = |message: String| DataError::Row {
+        row: row_index,
+        field: "tools",
+        message,
+    };
+    let value = match row.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| bad(format!("is not JSON: {e}")))?,
+        Some(v) => v.clone(),
+    };
+    match value {
+        Value::Array(list) if list.is_empty() => Ok(None),
+        Value::Array(_) => Ok(Some(value)),
+        _ => Err(bad("must be a list of tool schemas".into())),
+    }
+}
+
 impl Example {
     /// Builds an example from a row's JSON object, by the columns present: `messages` (or
     /// `conversations`), else `prompt` (+ `completion`).
@@ -95,11 +121,13 @@ impl Example {
                 }),
             }
         };
-        if let Some(m) = row.get("messages").filter(|v| !v.is_null()) {
-            return Ok(Example::Conversation(messages(m, row_index, "messages")?));
-        }
-        if let Some(m) = row.get("conversations").filter(|v| !v.is_null()) {
-            return Ok(Example::Conversation(messages(m, row_index, "conversations")?));
+        for field in ["messages", "conversations"] {
+            if let Some(m) = row.get(field).filter(|v| !v.is_null()) {
+                return Ok(Example::Conversation {
+                    messages: messages(m, row_index, field)?,
+                    tools: tools(row, row_index)?,
+                });
+            }
         }
         match (
             row.get("prompt").filter(|v| !v.is_null()),

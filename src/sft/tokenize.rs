@@ -44,7 +44,7 @@ fn ids(v: Vec<u32>) -> Vec<i64> {
 pub fn tokenize(tok: &Tokenizer, ex: &Example, row: usize, opts: &TokenizeOptions) -> Result<TrainExample, String> {
     let at = |e: String| format!("row {row} (0-based): {e}");
     let mut out = match ex {
-        Example::Conversation(messages) => conversation(tok, messages, opts).map_err(at)?,
+        Example::Conversation { messages, tools } => conversation(tok, messages, tools, opts).map_err(at)?,
         Example::PromptCompletion {
             prompt: Value::String(p),
             completion: Value::String(c),
@@ -72,10 +72,20 @@ pub fn tokenize(tok: &Tokenizer, ex: &Example, row: usize, opts: &TokenizeOption
     Ok(out)
 }
 
-/// A conversation through the chat template; the assistant's tokens trained, or all of them.
-fn conversation(tok: &Tokenizer, messages: &[Value], opts: &TokenizeOptions) -> Result<TrainExample, String> {
+/// A conversation through the chat template (with its row's tools); the assistant's tokens
+/// trained, or all of them.
+fn conversation(
+    tok: &Tokenizer,
+    messages: &[Value],
+    tools: &Option<Value>,
+    opts: &TokenizeOptions,
+) -> Result<TrainExample, String> {
+    let chat_opts = ChatOptions {
+        tools: tools.clone(),
+        ..Default::default()
+    };
     let chat = tok
-        .tokenize_chat(&Value::Array(messages.to_vec()), &ChatOptions::default())
+        .tokenize_chat(&Value::Array(messages.to_vec()), &chat_opts)
         .map_err(|e| e.to_string())?;
     let mask = if opts.assistant_only_loss {
         if !chat.assistant_masks.contains(&1) {

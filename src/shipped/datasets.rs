@@ -11,7 +11,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use super::tasks::{Task, TaskKind, format_reply, sft_reply, tasks, tasks_of};
+use super::calculator::Calculator;
+use super::tasks::{Task, TaskKind, arithmetic_tasks, format_reply, sft_reply, tasks, tasks_of};
 use crate::util::SplitMix64;
 
 /// One chat message.
@@ -41,6 +42,23 @@ pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)>
     conversations(&tasks_of(&TaskKind::SFT, 2 * n, seed), n, seed, |t| {
         sft_reply(t, &mut reply_rng)
     })
+}
+
+/// SFT conversations of the calculator task ([`super::calculator`]): each of `n` questions
+/// twice, after the system prompt: answered directly (correctly), then through a call to the
+/// calculator and its result.
+pub fn calculator_conversations(n: usize, seed: u64) -> Vec<Vec<ChatMessage>> {
+    arithmetic_tasks(n, seed)
+        .into_iter()
+        .flat_map(|t| {
+            let ask = vec![msg("system", SYSTEM_PROMPT), msg("user", &t.question)];
+            let answer = msg("assistant", &format_reply(&t.answer));
+            let direct = [ask.clone(), vec![answer.clone()]].concat();
+            let call = msg("assistant", &Calculator::call_text(&t.question));
+            let result = msg("tool", &Calculator::respond(Ok(t.question.clone())));
+            [direct, [ask, vec![call, result, answer]].concat()]
+        })
+        .collect()
 }
 
 /// `n` conversations over `pool` (two tasks a conversation at most), each assistant turn written
@@ -74,6 +92,11 @@ fn conversations(
 /// GRPO prompts of the shipped mix: system + user question, with the exact answer and task kind.
 pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
     with_system_prompt(tasks(n, seed))
+}
+
+/// GRPO prompts of the calculator task (its environment adds the tool), as [`grpo_prompts`].
+pub fn calculator_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
+    with_system_prompt(arithmetic_tasks(n, seed))
 }
 
 fn with_system_prompt(tasks: Vec<Task>) -> Vec<(Vec<ChatMessage>, Task)> {
@@ -117,8 +140,14 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
     Ok(())
 }
 
-/// Sizes of the shipped splits.
+/// Sizes of the shipped splits: SFT conversations of the selection mix.
 pub const SFT_TRAIN: usize = 2000;
+/// Questions of the calculator task in the SFT data (each twice; `sft/calculator.parquet`).
+pub const SFT_CALCULATOR: usize = 600;
+/// Calculator GRPO training and held-out prompts.
+pub const CALCULATOR_TRAIN: usize = 500;
+/// Calculator GRPO held-out prompts.
+pub const CALCULATOR_TEST: usize = 100;
 /// GRPO training prompts.
 pub const GRPO_TRAIN: usize = 500;
 /// GRPO held-out prompts.
@@ -127,43 +156,65 @@ pub const GRPO_TEST: usize = 100;
 /// tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
 const TOKENIZER_CORPUS_SIZES: [usize; 3] = [2000, 500, 100];
 
-/// Writes `sft/train.parquet`, `grpo/train.parquet` and `grpo/test.parquet` under `root`.
+/// Writes `sft/train.parquet` (the selection mix's conversations), `sft/calculator.parquet`
+/// (the calculator's, with a `tools` column), `grpo/{train,test}.parquet` and
+/// `calculator/{train,test}.parquet` under `root`. The SFT recipe reads the whole `sft/` folder.
 pub fn write_all(root: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(root.join("sft")).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(root.join("grpo")).map_err(|e| e.to_string())?;
-    let sft = sft_conversations(SFT_TRAIN, 1);
-    let msgs: Vec<&[ChatMessage]> = sft.iter().map(|(m, _)| m.as_slice()).collect();
+    for dir in ["sft", "grpo", "calculator"] {
+        std::fs::create_dir_all(root.join(dir)).map_err(|e| e.to_string())?;
+    }
+    let selection = sft_conversations(SFT_TRAIN, 1);
+    let msgs: Vec<&[ChatMessage]> = selection.iter().map(|(m, _)| m.as_slice()).collect();
+    let kinds = selection.iter().map(|(_, k)| k.as_str());
     write(
         &root.join("sft/train.parquet"),
         vec![
             ("messages", messages_array(&msgs)),
+            ("task", Arc::new(StringArray::from_iter_values(kinds))),
+        ],
+    )?;
+    let calculator = calculator_conversations(SFT_CALCULATOR, 4);
+    let msgs: Vec<&[ChatMessage]> = calculator.iter().map(Vec::as_slice).collect();
+    let tools = serde_json::json!([Calculator::schema()]).to_string();
+    write(
+        &root.join("sft/calculator.parquet"),
+        vec![
+            ("messages", messages_array(&msgs)),
             (
                 "task",
-                Arc::new(StringArray::from_iter_values(sft.iter().map(|(_, k)| k.as_str()))),
+                Arc::new(StringArray::from_iter_values(msgs.iter().map(|_| "calculator"))),
+            ),
+            (
+                "tools",
+                Arc::new(StringArray::from_iter_values(msgs.iter().map(|_| tools.as_str()))),
             ),
         ],
     )?;
-    for (split, n, seed) in [("train", GRPO_TRAIN, 2), ("test", GRPO_TEST, 3)] {
-        let rows = grpo_prompts(n, seed);
-        let prompts: Vec<&[ChatMessage]> = rows.iter().map(|(m, _)| m.as_slice()).collect();
-        write(
-            &root.join(format!("grpo/{split}.parquet")),
-            vec![
-                ("prompt", messages_array(&prompts)),
-                (
-                    "answer",
-                    Arc::new(StringArray::from_iter_values(
-                        rows.iter().map(|(_, t)| t.answer.as_str()),
-                    )),
-                ),
-                (
-                    "task",
-                    Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, t)| t.kind.name()))),
-                ),
-            ],
-        )?;
+    let splits = [
+        ("grpo/train", grpo_prompts(GRPO_TRAIN, 2)),
+        ("grpo/test", grpo_prompts(GRPO_TEST, 3)),
+        ("calculator/train", calculator_prompts(CALCULATOR_TRAIN, 5)),
+        ("calculator/test", calculator_prompts(CALCULATOR_TEST, 6)),
+    ];
+    for (split, rows) in splits {
+        write_prompts(&root.join(format!("{split}.parquet")), &rows)?;
     }
     Ok(())
+}
+
+/// A GRPO prompt file: `prompt` messages, the exact `answer` and the `task` kind.
+fn write_prompts(path: &Path, rows: &[(Vec<ChatMessage>, Task)]) -> Result<(), String> {
+    let prompts: Vec<&[ChatMessage]> = rows.iter().map(|(m, _)| m.as_slice()).collect();
+    let answers = rows.iter().map(|(_, t)| t.answer.as_str());
+    let kinds = rows.iter().map(|(_, t)| t.kind.name());
+    write(
+        path,
+        vec![
+            ("prompt", messages_array(&prompts)),
+            ("answer", Arc::new(StringArray::from_iter_values(answers))),
+            ("task", Arc::new(StringArray::from_iter_values(kinds))),
+        ],
+    )
 }
 
 /// The text the shipped tokenizer is trained on: the first shipped mix

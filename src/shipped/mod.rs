@@ -4,12 +4,47 @@
 //! Everything here is generated from fixed seeds by `treetrain make-shipped-data`; a test checks
 //! the committed files equal what the generator makes.
 
+pub mod calculator;
 pub mod datasets;
 pub mod retry;
 pub mod tasks;
 pub mod tiny_model;
 
 use std::path::{Path, PathBuf};
+
+use crate::grpo::{GrpoConfig, GrpoTrainer};
+use crate::train::TrainError;
+
+/// The shipped multi-turn environments, by name (`treetrain grpo --environment`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ShippedEnvironment {
+    /// [`calculator::Calculator`]: a tool call, its result, an answer.
+    Calculator,
+    /// [`retry::RetryGame`]: the selection questions with three tries.
+    RetryGame,
+}
+
+impl ShippedEnvironment {
+    /// A trainer of `config` with this environment (its reward only), from `checkpoint` when
+    /// given.
+    pub fn trainer(self, config: GrpoConfig, checkpoint: Option<&Path>) -> Result<GrpoTrainer, TrainError> {
+        match (self, checkpoint) {
+            (ShippedEnvironment::Calculator, None) => {
+                GrpoTrainer::with_environment(config, calculator::Calculator::default(), Vec::new())
+            }
+            (ShippedEnvironment::Calculator, Some(c)) => {
+                GrpoTrainer::resume_with_environment(config, calculator::Calculator::default(), Vec::new(), c)
+            }
+            (ShippedEnvironment::RetryGame, None) => {
+                GrpoTrainer::with_environment(config, retry::RetryGame::default(), Vec::new())
+            }
+            (ShippedEnvironment::RetryGame, Some(c)) => {
+                GrpoTrainer::resume_with_environment(config, retry::RetryGame::default(), Vec::new(), c)
+            }
+        }
+    }
+}
 
 /// The repository's `datasets/` folder (where this crate was built from), or
 /// `TREETRAIN_DATASETS` when set.

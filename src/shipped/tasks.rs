@@ -31,9 +31,9 @@ pub enum TaskKind {
     Repeated,
     /// The four listed items repeated in order (SFT only: it teaches copying from the prompt).
     Repeat,
-    /// `a + b` with small operands (tokenizer corpus).
+    /// `a + b` with operands below 50 (tokenizer corpus; the calculator task).
     Add,
-    /// `a - b`, possibly negative (tokenizer corpus).
+    /// `a - b`, possibly negative (tokenizer corpus; the calculator task).
     Subtract,
     /// A word spelled backwards (tokenizer corpus).
     Reverse,
@@ -73,6 +73,9 @@ impl TaskKind {
         TaskKind::Uppercase,
         TaskKind::CountLetter,
     ];
+
+    /// The calculator tool task's questions ([`super::calculator`]).
+    pub const ARITHMETIC: [TaskKind; 2] = [TaskKind::Add, TaskKind::Subtract];
 
     /// Stable name stored in the datasets' `task` column.
     pub fn name(self) -> &'static str {
@@ -274,6 +277,11 @@ pub fn tasks_of(kinds: &[TaskKind], n: usize, seed: u64) -> Vec<Task> {
 /// `n` tasks of the shipped mix, from `seed`.
 pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
     tasks_of(&TaskKind::SHIPPED, n, seed)
+}
+
+/// `n` questions of the calculator task (sums and differences), from `seed`.
+pub fn arithmetic_tasks(n: usize, seed: u64) -> Vec<Task> {
+    tasks_of(&TaskKind::ARITHMETIC, n, seed)
 }
 
 /// The assistant reply the SFT data teaches: the answer in a fixed format rewards can check.

@@ -22,14 +22,35 @@ pub const WEIGHT_STD: f64 = 0.02;
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 /// The chat template: ChatML turns; assistant replies wrapped in `{% generation %}` so
-/// assistant-only loss masks come from the template itself.
-pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\n\
-{%- if message.role == 'assistant' %}\n\
+/// assistant-only loss masks come from the template itself. With `tools` (transformers'
+/// `tools=`), a system turn lists their schemas (one JSON object a line) after the system
+/// prompt and says how to call one: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+/// in the assistant's reply, the form structured `tool_calls` render in too. Tool results come
+/// back in a user turn as `<tool_response>...</tool_response>`, as Qwen's templates do.
+/// Conversations without tools render as they always did.
+pub const CHAT_TEMPLATE: &str = "{%- if tools %}\n\
+{{- '<|im_start|>system\\n' }}\n\
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}\n\
+{{- '# Tools\\nTo call one: <tool_call>{\"name\": <name>, \"arguments\": <object>}</tool_call>' }}\n\
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}\n\
+{{- '<|im_end|>\\n' }}\n\
+{%- endif %}\n\
+{%- for message in messages %}\n\
+{%- if tools and loop.first and message.role == 'system' %}\n\
+{%- elif message.role == 'assistant' %}\n\
 {{- '<|im_start|>assistant\\n' }}\n\
 {%- generation %}\n\
-{{- message.content + '<|im_end|>' }}\n\
+{{- message.content or '' }}\n\
+{%- for call in message.tool_calls or [] %}\n\
+{%- set f = call.function or call %}\n\
+{%- set args = f.arguments if f.arguments is string else (f.arguments | tojson) %}\n\
+{{- '<tool_call>{\"name\": ' + (f.name | tojson) + ', \"arguments\": ' + args + '}</tool_call>' }}\n\
+{%- endfor %}\n\
+{{- '<|im_end|>' }}\n\
 {%- endgeneration %}\n\
 {{- '\\n' }}\n\
+{%- elif message.role == 'tool' %}\n\
+{{- '<|im_start|>user\\n<tool_response>' + message.content + '</tool_response><|im_end|>\\n' }}\n\
 {%- else %}\n\
 {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n\
 {%- endif %}\n\
@@ -60,9 +81,15 @@ pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     // Role names appear in every rendered chat.
     texts.extend(["system\n", "user\n", "assistant\n"].iter().map(|s| s.repeat(50)));
     tok.train(&mut trainer, texts.iter()).map_err(|e| e.to_string())?;
+    // Markup the template and the model write whole: one token each (as in Qwen's vocabulary),
+    // not the many pieces the task text's BPE would split them into.
     tok.add_tokens(vec![
         AddedToken::from("<think>", false),
         AddedToken::from("</think>", false),
+        AddedToken::from("<tool_call>", false),
+        AddedToken::from("</tool_call>", false),
+        AddedToken::from("<tool_response>", false),
+        AddedToken::from("</tool_response>", false),
     ])
     .map_err(|e| e.to_string())?;
     Ok(tok)
