@@ -376,7 +376,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
 }
 
 #[test]
-#[ignore = "slow: the whole demo (~1.5 min)"]
+#[ignore = "slow: the whole demo (~3 min)"]
 fn the_demo_tells_the_whole_story() {
     let out = std::env::temp_dir().join(format!("treetrain-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
