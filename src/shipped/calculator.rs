@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::generate::Completion;
 use crate::grpo::{Conversation, EnvReply, EnvRole, Environment, RolloutBatch, extract_answer};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, python_json};
 
 /// The tool's name.
 pub const TOOL_NAME: &str = "calculator";
@@ -65,7 +65,7 @@ impl Calculator {
     /// structured `tool_calls`.
     pub fn call_text(question: &str) -> String {
         let call = json!({"name": TOOL_NAME, "arguments": {"question": question}});
-        format!("<tool_call>{}</tool_call>", python_json(&call))
+        format!("<tool_call>{}</tool_call>", python_json(&call, None, false))
     }
 
     /// The `a + b` or `a - b` a question asks about, as written there.
@@ -135,21 +135,6 @@ impl Calculator {
     }
 }
 
-/// JSON as Python's `json.dumps` writes it (`", "` and `": "`), as the chat template's `tojson`.
-fn python_json(value: &Value) -> String {
-    match value {
-        Value::Object(map) => {
-            let fields: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
-                .collect();
-            format!("{{{}}}", fields.join(", "))
-        }
-        Value::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
-        other => other.to_string(),
-    }
-}
-
 impl Environment for Calculator {
     fn name(&self) -> &str {
         TOOL_NAME
@@ -181,7 +166,7 @@ impl Calculator {
     fn rows(&self) -> Vec<(&'static str, String)> {
         vec![
             ("environment", self.name().to_string()),
-            ("tool", python_json(&Self::schema())),
+            ("tool", python_json(&Self::schema(), None, false)),
             ("a call", Self::call_text("What is 23 + 19?")),
             ("its reply", Self::respond(Ok("What is 23 + 19?".into()))),
             ("calls allowed", self.max_calls.to_string()),
@@ -317,7 +302,7 @@ mod tests {
              <|im_start|>assistant\n{}<|im_end|>\n\
              <|im_start|>user\n<tool_response>result: 42</tool_response><|im_end|>\n\
              <|im_start|>assistant\nAnswer: 42<|im_end|>\n",
-            python_json(&Calculator::schema()),
+            python_json(&Calculator::schema(), None, false),
             Calculator::call_text(question)
         );
         assert_eq!(rendered, want);

@@ -12,7 +12,7 @@ pub mod tiny_model;
 
 use std::path::{Path, PathBuf};
 
-use crate::grpo::{GrpoConfig, GrpoTrainer};
+use crate::grpo::{Environment, GrpoConfig, GrpoTrainer};
 use crate::train::TrainError;
 
 /// The shipped multi-turn environments, by name (`treetrain grpo --environment`).
@@ -29,20 +29,22 @@ impl ShippedEnvironment {
     /// A trainer of `config` with this environment (its reward only), from `checkpoint` when
     /// given.
     pub fn trainer(self, config: GrpoConfig, checkpoint: Option<&Path>) -> Result<GrpoTrainer, TrainError> {
-        match (self, checkpoint) {
-            (ShippedEnvironment::Calculator, None) => {
-                GrpoTrainer::with_environment(config, calculator::Calculator::default(), Vec::new())
-            }
-            (ShippedEnvironment::Calculator, Some(c)) => {
-                GrpoTrainer::resume_with_environment(config, calculator::Calculator::default(), Vec::new(), c)
-            }
-            (ShippedEnvironment::RetryGame, None) => {
-                GrpoTrainer::with_environment(config, retry::RetryGame::default(), Vec::new())
-            }
-            (ShippedEnvironment::RetryGame, Some(c)) => {
-                GrpoTrainer::resume_with_environment(config, retry::RetryGame::default(), Vec::new(), c)
-            }
+        match self {
+            ShippedEnvironment::Calculator => trainer_with(calculator::Calculator::default(), config, checkpoint),
+            ShippedEnvironment::RetryGame => trainer_with(retry::RetryGame::default(), config, checkpoint),
         }
+    }
+}
+
+/// A trainer of `config` with `environment`, fresh or from `checkpoint`.
+fn trainer_with(
+    environment: impl Environment + 'static,
+    config: GrpoConfig,
+    checkpoint: Option<&Path>,
+) -> Result<GrpoTrainer, TrainError> {
+    match checkpoint {
+        None => GrpoTrainer::with_environment(config, environment, Vec::new()),
+        Some(c) => GrpoTrainer::resume_with_environment(config, environment, Vec::new(), c),
     }
 }
 
