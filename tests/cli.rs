@@ -412,14 +412,14 @@ fn the_demo_tells_the_whole_story() {
         g["held_out_reward_after"].as_f64().unwrap(),
     );
     assert!(after > before + 0.05, "held-out reward {before} -> {after}");
-    // The shipped recipe's point: held-out exact answers (100 prompts x 8 samples) rise.
-    // Measured 0.177 -> 0.335 (+0.158); the bound leaves room for another machine's rounding.
+    // The shipped recipe's point: held-out exact answers (100 prompts x 8 samples) rise by the
+    // issue's +0.3. Measured 0.276 -> 0.652 (+0.376).
     let (exact_before, exact_after) = (
         g["held_out_exact_before"].as_f64().unwrap(),
         g["held_out_exact_after"].as_f64().unwrap(),
     );
     assert!(
-        exact_after > exact_before + 0.1,
+        exact_after > exact_before + 0.3,
         "held-out exact answers {exact_before} -> {exact_after}"
     );
     let curve = g["held_out_exact_curve"].as_array().unwrap();

@@ -12,7 +12,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use super::calculator::Calculator;
-use super::tasks::{Task, TaskKind, arithmetic_tasks, format_reply, sft_reply, tasks, tasks_of};
+use super::tasks::{Task, TaskKind, arithmetic_tasks, format_reply, grpo_tasks, sft_reply, tasks_of};
 use crate::util::SplitMix64;
 
 /// One chat message.
@@ -89,9 +89,10 @@ fn conversations(
         .collect()
 }
 
-/// GRPO prompts of the shipped mix: system + user question, with the exact answer and task kind.
+/// GRPO prompts of the GRPO mix ([`TaskKind::GRPO`]): system + user question, with the exact
+/// answer and task kind.
 pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
-    with_system_prompt(tasks(n, seed))
+    with_system_prompt(grpo_tasks(n, seed))
 }
 
 /// GRPO prompts of the calculator task (its environment adds the tool), as [`grpo_prompts`].
