@@ -55,7 +55,7 @@ impl TaskKind {
     ];
 
     /// The GRPO mix: the two kinds whose rule names an item the SFT model can copy. On the other
-    /// three the SFT model answers with an item it was not shown in 55-70% of samples and copies
+    /// three the SFT model answers with an item it was not shown in 54-73% of samples and copies
     /// the second to fourth listed items in under 11% (measured; `datasets/README.md`), so a
     /// group of samples rarely holds the right answer and GRPO barely moves them.
     pub const GRPO: [TaskKind; 2] = [TaskKind::First, TaskKind::Repeated];
