@@ -95,6 +95,23 @@ pub fn kv_card<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, &'a str
     style::container(&section(title, &kv_table(&rows)))
 }
 
+/// A titled card of `(key, value)` rows: what a `rows()` method of a settings-like value gives.
+pub fn rows_card(title: &str, rows: &[(&str, String)]) -> String {
+    kv_card(title, rows.iter().map(|(k, v)| (*k, v.as_str())))
+}
+
+/// The same rows as `key: value` lines, the plain-text twin of [`rows_card`].
+pub fn rows_text(rows: &[(&str, String)]) -> String {
+    rows.iter()
+        .map(|(k, v)| {
+            format!(
+                "{k}: {v}
+"
+            )
+        })
+        .collect()
+}
+
 /// A config as `field = value` lines.
 pub fn config_text(value: &impl serde::Serialize) -> String {
     fields(value).iter().map(|(k, v)| format!("{k} = {v}\n")).collect()

@@ -85,11 +85,10 @@ impl Conversations {
 
 impl crate::display::Rich for Conversations {
     fn html(&self) -> String {
-        let rows = self.rows_shown();
-        crate::display::kv_card("Conversations", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("Conversations", &self.rows_shown())
     }
     fn text(&self) -> String {
-        self.rows_shown().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+        crate::display::rows_text(&self.rows_shown())
     }
 }
 

@@ -455,8 +455,7 @@ impl GrpoObjective {
 
 impl crate::display::Rich for GrpoObjective {
     fn html(&self) -> String {
-        let rows = self.rows();
-        crate::display::kv_card("GRPO objective", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("GRPO objective", &self.rows())
     }
     fn text(&self) -> String {
         self.rows().iter().map(|(k, v)| format!("{k} = {v}\n")).collect()

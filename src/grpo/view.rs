@@ -258,7 +258,7 @@ impl GrpoTrainer {
         let rows = self.lora_rows();
         match rows.is_empty() {
             true => String::new(),
-            false => display::kv_card("LoRA", rows.iter().map(|(k, v)| (*k, v.as_str()))),
+            false => display::rows_card("LoRA", &rows),
         }
     }
 }

@@ -177,11 +177,10 @@ impl Calculator {
 
 impl crate::display::Rich for Calculator {
     fn html(&self) -> String {
-        let rows = self.rows();
-        crate::display::kv_card("Calculator tool task", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("Calculator tool task", &self.rows())
     }
     fn text(&self) -> String {
-        self.rows().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+        crate::display::rows_text(&self.rows())
     }
 }
 

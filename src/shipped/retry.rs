@@ -72,11 +72,10 @@ impl RetryGame {
 
 impl crate::display::Rich for RetryGame {
     fn html(&self) -> String {
-        let rows = self.rows();
-        crate::display::kv_card("Retry game", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("Retry game", &self.rows())
     }
     fn text(&self) -> String {
-        self.rows().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+        crate::display::rows_text(&self.rows())
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{LoraAdapter, TargetModules};
-use crate::display::{Rich, kv_card};
+use crate::display::Rich;
 
 impl LoraAdapter {
     /// The wrapped layers grouped by their short name: `q_proj x 2, v_proj x 2`.
@@ -88,12 +88,11 @@ fn count(n: i64) -> String {
 
 impl Rich for LoraAdapter {
     fn html(&self) -> String {
-        let rows = self.rows();
-        kv_card("LoRA adapter", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("LoRA adapter", &self.rows())
     }
 
     fn text(&self) -> String {
-        self.rows().iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+        crate::display::rows_text(&self.rows())
     }
 }
 

@@ -359,11 +359,10 @@ impl World {
 
 impl crate::display::Rich for World {
     fn html(&self) -> String {
-        let rows = self.rows();
-        crate::display::kv_card("Processes", rows.iter().map(|(k, v)| (*k, v.as_str())))
+        crate::display::rows_card("Processes", &self.rows())
     }
     fn text(&self) -> String {
-        self.rows().into_iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+        crate::display::rows_text(&self.rows())
     }
 }
 
