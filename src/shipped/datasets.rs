@@ -145,7 +145,7 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
 pub const SFT_TRAIN: usize = 2000;
 /// Questions of the calculator task in the SFT data (each twice; `sft/calculator.parquet`).
 pub const SFT_CALCULATOR: usize = 600;
-/// Calculator GRPO training and held-out prompts.
+/// Calculator GRPO training prompts.
 pub const CALCULATOR_TRAIN: usize = 500;
 /// Calculator GRPO held-out prompts.
 pub const CALCULATOR_TEST: usize = 100;
