@@ -1,7 +1,7 @@
 //! Rich notebook output.
 //!
 //! Every notebook-facing type implements [`Rich`] (two pure renderers returning `String`, which
-//! tests check) and gets an inherent `evcxr_display(&self)` through [`rich_display!`]; evcxr calls
+//! tests check) and gets an inherent `evcxr_display(&self)` through `rich_display!`; evcxr calls
 //! that method on a cell's final value. Styling lives in [`style`] alone, in terms of the
 //! JupyterLab theme variables so the same output reads in light and dark themes.
 

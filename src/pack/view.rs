@@ -60,7 +60,7 @@ impl TreeView {
         SegmentTokens::new(&self.row, segment, &self.token_text)
     }
 
-    /// The tree as SVG (see [`draw::tree_svg`]).
+    /// The tree as SVG (see `draw::tree_svg`).
     pub fn tree_svg(&self) -> String {
         draw::tree_svg(&self.row, &self.segment_text)
     }

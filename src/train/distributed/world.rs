@@ -110,7 +110,7 @@ pub struct CommStats {
     wait_micros: AtomicU64,
 }
 
-/// A snapshot of [`CommStats`].
+/// A snapshot of the communicator's `CommStats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct CommTotals {
     /// Bytes all-reduced (per rank, as sent into the collective).
