@@ -40,6 +40,8 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
     compile_c10d_shim(&libtorch);
     compile_privateuse1_shim(&libtorch);
+    compile_cpu_kernels(&libtorch);
+    build_cuda_graph_library(&libtorch);
 }
 
 /// A C++ build against libtorch's headers, as torch-sys builds its own wrapper.
@@ -63,6 +65,59 @@ fn torch_build(libtorch: &std::path::Path, source: &str) -> cc::Build {
 fn compile_privateuse1_shim(libtorch: &std::path::Path) {
     torch_build(libtorch, "src/device/privateuse1_shim.cpp").compile("treetrain_privateuse1");
     println!("cargo:rustc-link-lib=dylib=dl");
+}
+
+/// The decode-step CPU kernels (`src/model/cpu_kernels/`): always optimised (a debug build's
+/// tests would otherwise run them unvectorised), with OpenMP for `at::parallel_for`, linked
+/// against the libgomp libtorch itself loads (one OpenMP runtime in the process). The weight
+/// product may contract multiply-adds (its sums are reordered anyway); the small ops may not,
+/// so they round as libtorch's separate kernels do.
+fn compile_cpu_kernels(libtorch: &std::path::Path) {
+    println!("cargo:rerun-if-changed=src/model/cpu_kernels/product.inc");
+    torch_build(libtorch, "src/model/cpu_kernels/product.cpp")
+        .opt_level(3)
+        .flag("-fopenmp")
+        .flag("-ffp-contract=fast")
+        .compile("treetrain_cpu_product");
+    torch_build(libtorch, "src/model/cpu_kernels/decode_ops.cpp")
+        .opt_level(3)
+        .flag("-fopenmp")
+        .flag("-ffp-contract=off")
+        .compile("treetrain_cpu_decode_ops");
+    torch_build(libtorch, "src/generate/cpu_sampler.cpp")
+        .opt_level(3)
+        .flag("-fopenmp")
+        .flag("-ffp-contract=off")
+        .compile("treetrain_cpu_sampler");
+    let gomp = libtorch.join("lib/libgomp.so.1");
+    println!("cargo:rustc-link-arg={}", gomp.display());
+}
+
+/// `libtreetrain_cuda_graph.so` (src/generate/cuda_graph.cpp) into OUT_DIR, when the CUDA
+/// runtime's headers are at `TREETRAIN_CUDA_INCLUDE` (scripts/setup-cuda-headers.sh): a shared
+/// library of its own whose CUDA symbols resolve only when it is loaded into a process running
+/// CUDA libtorch, so nothing here links CUDA. Its path reaches the crate as
+/// `TREETRAIN_CUDA_GRAPH_LIB_BUILT` (empty when it was not built).
+fn build_cuda_graph_library(libtorch: &std::path::Path) {
+    let source = "src/generate/cuda_graph.cpp";
+    println!("cargo:rerun-if-changed={source}");
+    println!("cargo:rerun-if-env-changed=TREETRAIN_CUDA_INCLUDE");
+    let cuda = std::env::var_os("TREETRAIN_CUDA_INCLUDE").map(PathBuf::from);
+    let Some(cuda) = cuda.filter(|c| c.join("cuda_runtime_api.h").exists()) else {
+        println!(
+            "cargo:warning=CUDA runtime headers not found (TREETRAIN_CUDA_INCLUDE): no CUDA-graph library; run scripts/setup-libtorch.sh"
+        );
+        println!("cargo:rustc-env=TREETRAIN_CUDA_GRAPH_LIB_BUILT=");
+        return;
+    };
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("libtreetrain_cuda_graph.so");
+    let mut build = torch_build(libtorch, source);
+    build.include(&cuda).opt_level(2).pic(true);
+    let mut command = build.get_compiler().to_command();
+    command.args(["-shared", "-o"]).arg(&out).arg(source);
+    let status = command.status().expect("run the C++ compiler");
+    assert!(status.success(), "compiling {source} failed");
+    println!("cargo:rustc-env=TREETRAIN_CUDA_GRAPH_LIB_BUILT={}", out.display());
 }
 
 /// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.

@@ -21,6 +21,10 @@
 #   5. Greedy decode, static cache, bf16, 8 prompts x 64 new tokens on the same random
 #      Qwen3-1.7B: treetrain vs transformers' static cache (the transformers there), interleaved,
 #      and against the bandwidth bound (weight bytes a step / a measured read rate there).
+#   6. The decode step as a captured CUDA graph (libtreetrain_cuda_graph.so, carried beside the
+#      binaries): `generate --cuda-graph` gives the tokens of `generate` on the shipped model,
+#      and the generation bench times graph against no graph on a random SmolLM2-135M, fp32,
+#      batch 8 (where a step is launch-bound), same tokens checked.
 # Each step's status and seconds go into OUT/gpu-check.json, the benches' own JSON beside it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +40,8 @@ prepare() {
         strip "$bin/$b" 2>/dev/null || true
     done
     strip "$bin/treetrain" 2>/dev/null || true
+    # The CUDA-graph library build.rs made (loaded from beside the executable there).
+    cp "$(ls -t target/release/build/treetrain-*/out/libtreetrain_cuda_graph.so | head -1)" "$bin/"
     du -sh "$bin"
 }
 
@@ -75,6 +81,8 @@ run() {
         "$tt" score --model "$model" --input "$work/rows.jsonl" --device "$device" >"$work/score_$device.jsonl" 2>>"$log" || true
         "$tt" generate --model "$model" --input "$work/rows.jsonl" --greedy --max-new-tokens 16 --device "$device" \
             >"$work/generate_$device.jsonl" 2>>"$log" || true
+        [ "$device" = cuda ] && check generate_cuda_graph 120 sh -c "'$tt' generate --model '$model' \
+            --input '$work/rows.jsonl' --greedy --max-new-tokens 16 --device cuda --cuda-graph >'$work/generate_graph.jsonl'"
         cat >"$work/sft_$device.toml" <<TOML
 model = "$model"
 dataset = "$root/datasets/sft/train.parquet"
@@ -98,9 +106,14 @@ rows = lambda f: [json.loads(l) for l in open(f"{w}/{f}") if l.strip()]
 sc, sg = rows("score_cpu.jsonl"), rows("score_cuda.jsonl")
 d = max(abs(a - b) for x, y in zip(sc, sg) for a, b in zip(x["logprobs"], y["logprobs"]))
 gc, gg = rows("generate_cpu.jsonl"), rows("generate_cuda.jsonl")
+try:
+    gr = rows("generate_graph.jsonl")
+except OSError:
+    gr = None
 loss = lambda d: json.loads(open(f"{w}/sft_{d}/log.jsonl").readline())["loss"]
 out = {"score_max_abs_diff": d, "score_ok": d <= 1e-4,
        "generate_same_tokens": [a["output_ids"] for a in gc] == [b["output_ids"] for b in gg],
+       "cuda_graph_same_tokens": gr is not None and [a["output_ids"] for a in gg] == [b["output_ids"] for b in gr],
        "sft_loss_cpu": loss("cpu"), "sft_loss_cuda": loss("cuda")}
 out["sft_ok"] = abs(out["sft_loss_cpu"] - out["sft_loss_cuda"]) <= 1e-4 * abs(out["sft_loss_cpu"])
 json.dump(out, open(f"{w}/parity.json", "w"))
@@ -138,6 +151,10 @@ TOML
     check decode_qwen3_1.7b_bf16 240 "$bin/generation" --bench --config "$qwen" --device cuda \
         --dtype bf16 --prompts 8 --new 64 --pairs 2 --python python3
     cp "$root/target/bench/generation.json" "$out/generation.json" 2>/dev/null || true
+    # 6. The decode step as a CUDA graph against the same steps without one.
+    check decode_cuda_graph_smollm2 180 "$bin/generation" --bench --config "$root/benches/configs/smollm2-135m.json" \
+        --device cuda --prompts 8 --new 64 --static-only --cuda-graph --python /nonexistent
+    cp "$root/target/bench/generation.json" "$out/generation_cuda_graph.json" 2>/dev/null || true
     {
         echo "{"
         local IFS=,

@@ -10,6 +10,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Gloo's headers for the c10d shim (independent of the libtorch layout below).
 bash "$TREETRAIN_ROOT/scripts/setup-gloo.sh"
+# The CUDA runtime's headers for the CUDA-graph library (likewise independent).
+bash "$TREETRAIN_ROOT/scripts/setup-cuda-headers.sh"
 
 marker=$LIBTORCH_DIR/.treetrain-layout
 if [ -f "$marker" ] && [ "$(cat "$LIBTORCH_DIR/build-version" 2>/dev/null)" = "$TORCH_VERSION" ]; then

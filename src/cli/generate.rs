@@ -66,6 +66,9 @@ pub struct GenerateArgs {
     /// Parameter dtype: fp32, bf16 or fp16 (default: the checkpoint's).
     #[arg(long, value_parser = super::choice::<Dtype>("--dtype"))]
     dtype: Option<Dtype>,
+    /// On CUDA: replay the decode step as a captured CUDA graph.
+    #[arg(long)]
+    cuda_graph: bool,
 }
 
 /// Runs `generate`.
@@ -164,6 +167,7 @@ fn generation_config(
         pad_token_id: special.pad,
         prefill_chunk_size: args.prefill_chunk_size,
         max_cache_len: args.max_cache_len,
+        cuda_graph: args.cuda_graph,
         sampling: SamplingConfig {
             do_sample: !args.greedy,
             temperature: args.temperature,

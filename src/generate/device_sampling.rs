@@ -9,6 +9,10 @@
 //! Both compute in f64, so on the CPU the same seed gives the same tokens (the sums are taken
 //! in another order, which can move a token only when a uniform falls within ~1e-15 of a
 //! boundary).
+//!
+//! On the CPU, f32 logits go to the CPU sampler instead (`cpu_sampler.rs`: the same rule in
+//! one pass per row, where these tensor ops make tens of passes over the vocabulary); this
+//! module serves every other device and dtype.
 
 use tch::{Kind, Tensor};
 
@@ -43,13 +47,28 @@ pub fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: Device) -> Result<Tensor
     Ok(mask)
 }
 
-/// Chooses every row's next token from `logits` on their device.
+/// Chooses every row's next token from `logits` on their device: on the CPU by the sampler
+/// kernel (`generate::cpu_sampler`), elsewhere in tensor ops ([`choose_rows_with_tensors`]).
 ///
 /// # Shapes
 /// - `logits`: `[batch, vocab]`, any float kind.
 /// - `seen`: `[batch, vocab]` bool ([`seen_mask`]), used when `cfg.repetition_penalty != 1`.
 /// - `uniforms`: one draw in `[0, 1)` per row (ignored when greedy).
 pub fn choose_rows(
+    logits: &Tensor,
+    seen: Option<&Tensor>,
+    cfg: &SamplingConfig,
+    uniforms: &[f64],
+) -> Result<BatchChoice, tch::TchError> {
+    match super::cpu_sampler::choose_rows(logits, seen, cfg, uniforms) {
+        Some(choice) => Ok(choice),
+        None => choose_rows_with_tensors(logits, seen, cfg, uniforms),
+    }
+}
+
+/// [`choose_rows`] in tensor ops on the logits' device: what runs off the CPU (and is tested
+/// on the CPU against the host sampler like the CPU kernel).
+pub fn choose_rows_with_tensors(
     logits: &Tensor,
     seen: Option<&Tensor>,
     cfg: &SamplingConfig,
@@ -163,17 +182,29 @@ mod tests {
         (0..rows * vocab).map(|_| (rng.next_f64() * 8.0 - 4.0) as f32).collect()
     }
 
-    /// The device sampler against the host one, row by row, on the same uniforms.
+    /// Both batch samplers (the CPU kernel behind `choose_rows`, and the tensor ops) against
+    /// the host one, row by row, on the same uniforms.
     fn check_equal(cfg: &SamplingConfig, seen: &[Vec<i64>], rows: usize, vocab: usize) {
-        let flat = logits(rows, vocab, cfg.seed + 17);
-        let t = Tensor::from_slice(&flat).view([rows as i64, vocab as i64]);
+        check_equal_on(cfg, seen, &logits(rows, vocab, cfg.seed + 17), rows, vocab);
+    }
+
+    fn check_equal_on(cfg: &SamplingConfig, seen: &[Vec<i64>], flat: &[f32], rows: usize, vocab: usize) {
+        let t = Tensor::from_slice(flat).view([rows as i64, vocab as i64]);
         let mask = seen_mask(seen, vocab as i64, Device::Cpu).unwrap();
         let mut streams: Vec<SplitMix64> = (0..rows).map(|r| cfg.row_stream(r)).collect();
         let host: Vec<_> = (0..rows)
             .map(|r| choose(&flat[r * vocab..(r + 1) * vocab], &seen[r], cfg, &mut streams[r]))
             .collect();
         let uniforms: Vec<f64> = (0..rows).map(|r| cfg.row_stream(r).next_f64()).collect();
-        let device = choose_rows(&t, Some(&mask), cfg, &uniforms).unwrap();
+        for device in [
+            choose_rows(&t, Some(&mask), cfg, &uniforms).unwrap(),
+            choose_rows_with_tensors(&t, Some(&mask), cfg, &uniforms).unwrap(),
+        ] {
+            same_choices(&device, &host, cfg);
+        }
+    }
+
+    fn same_choices(device: &BatchChoice, host: &[crate::generate::Choice], cfg: &SamplingConfig) {
         for (r, h) in host.iter().enumerate() {
             assert_eq!(device.tokens[r], h.token, "row {r} of {cfg:?}");
             assert!(
@@ -248,6 +279,26 @@ mod tests {
     }
 
     #[test]
+    fn a_nucleus_wider_than_the_kernel_s_first_head_is_found_whole() {
+        // Nearly flat logits over 3,000 tokens: top-p 0.9 keeps ~2,700 of them, past the 256
+        // the CPU kernel sorts first, so it widens its head until the nucleus is decided.
+        let (rows, vocab) = (4, 3000);
+        let mut rng = SplitMix64::new(9);
+        let flat: Vec<f32> = (0..rows * vocab).map(|_| (rng.next_f64() * 0.2 - 0.1) as f32).collect();
+        let seen = vec![Vec::new(); rows];
+        for (top_k, top_p) in [(None, Some(0.9)), (Some(1000), Some(0.9)), (Some(300), None)] {
+            let cfg = SamplingConfig {
+                do_sample: true,
+                top_k,
+                top_p,
+                seed: 4,
+                ..Default::default()
+            };
+            check_equal_on(&cfg, &seen, &flat, rows, vocab);
+        }
+    }
+
+    #[test]
     fn draws_follow_the_kept_distribution() {
         // One fixed logits vector in 40,000 rows, each with its own uniform.
         let base = [0.0f32, 1.0, 2.0, 3.0, -1.0];
@@ -255,8 +306,11 @@ mod tests {
         let t = Tensor::from_slice(&base).view([1, 5]).repeat([n as i64, 1]);
         let mut rng = SplitMix64::new(5);
         let uniforms: Vec<f64> = (0..n).map(|_| rng.next_f64()).collect();
-        let counts = |cfg: &SamplingConfig| {
-            let c = choose_rows(&t, None, cfg, &uniforms).unwrap();
+        let counts = |cfg: &SamplingConfig, tensors: bool| {
+            let c = match tensors {
+                true => choose_rows_with_tensors(&t, None, cfg, &uniforms).unwrap(),
+                false => choose_rows(&t, None, cfg, &uniforms).unwrap(),
+            };
             let mut k = [0usize; 5];
             c.tokens.iter().for_each(|&t| k[t as usize] += 1);
             k
@@ -302,12 +356,14 @@ mod tests {
                 vec![2, 3],
             ),
         ] {
-            let (k, p) = (counts(&cfg), expect(&kept));
-            for i in 0..5 {
-                let f = k[i] as f64 / n as f64;
-                // 5 standard errors of a binomial proportion.
-                let bound = 5.0 * (p[i] * (1.0 - p[i]) / n as f64).sqrt() + 1e-12;
-                assert!((f - p[i]).abs() <= bound, "{cfg:?} token {i}: {f} vs {}", p[i]);
+            for tensors in [false, true] {
+                let (k, p) = (counts(&cfg, tensors), expect(&kept));
+                for i in 0..5 {
+                    let f = k[i] as f64 / n as f64;
+                    // 5 standard errors of a binomial proportion.
+                    let bound = 5.0 * (p[i] * (1.0 - p[i]) / n as f64).sqrt() + 1e-12;
+                    assert!((f - p[i]).abs() <= bound, "{cfg:?} token {i}: {f} vs {}", p[i]);
+                }
             }
         }
     }
@@ -320,7 +376,11 @@ mod tests {
             top_k: Some(2),
             ..Default::default()
         };
-        let c = choose_rows(&t, None, &cfg, &[1.0]).unwrap();
-        assert_eq!(c.tokens, vec![2]);
+        for c in [
+            choose_rows(&t, None, &cfg, &[1.0]).unwrap(),
+            choose_rows_with_tensors(&t, None, &cfg, &[1.0]).unwrap(),
+        ] {
+            assert_eq!(c.tokens, vec![2]);
+        }
     }
 }

@@ -4,6 +4,7 @@ use tch::{Kind, Tensor};
 
 use crate::device::{Device, privateuse1};
 
+use super::cuda_graph::DecodeGraph;
 use super::device_sampling::{choose_rows, seen_mask};
 use super::sampling::SamplingConfig;
 use crate::model::{CausalLm, DynamicCache, KvCache, ModelError, StaticCache};
@@ -30,6 +31,9 @@ pub enum GenerateError {
     /// libtorch failed.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// A CUDA graph of the decode step could not be loaded, recorded or replayed.
+    #[error("CUDA graph: {0}")]
+    CudaGraph(String),
 }
 
 impl From<crate::device::DeviceError> for GenerateError {
@@ -55,6 +59,11 @@ pub struct GenerationConfig {
     pub max_cache_len: Option<i64>,
     /// Token choice.
     pub sampling: SamplingConfig,
+    /// On CUDA, run the decode steps as a captured CUDA graph (`generate::cuda_graph`): the
+    /// first step runs as usual, the second is recorded, every later one is a replay. Needs
+    /// the static cache ([`Generator::generate`], [`Generator::generate_groups`]); an error on
+    /// other devices.
+    pub cuda_graph: bool,
 }
 
 impl Default for GenerationConfig {
@@ -67,6 +76,7 @@ impl Default for GenerationConfig {
             prefill_chunk_size: 128,
             max_cache_len: None,
             sampling: SamplingConfig::default(),
+            cuda_graph: false,
         }
     }
 }
@@ -288,7 +298,7 @@ impl Generator {
             last = Some(h.select(1, chunk - 1));
         }
         let last = last.ok_or_else(|| GenerateError::Config("nothing to prefill".into()))?;
-        st.logits = model.logits(&last).to_kind(Kind::Float);
+        st.logits = model.decode_logits(&last).to_kind(Kind::Float);
         for (p, t) in st.next_pos.iter_mut().zip(tails) {
             *p += t.len() as i64;
         }
@@ -322,13 +332,14 @@ impl Generator {
             })
             .collect();
         let mut done = vec![false; b];
+        let mut graph = GraphState::new(cfg, model)?;
         for step in 0..cfg.max_new_tokens {
             let fresh: Vec<bool> = done.iter().map(|d| !d).collect();
             let next = choose_next(st, &mut out, &mut done, cfg, &mut rngs)?;
             if done.iter().all(|&d| d) || step + 1 == cfg.max_new_tokens {
                 break;
             }
-            self.forward_chosen(model, st, &next, &fresh)?;
+            self.forward_chosen(model, st, &next, &fresh, &mut graph)?;
         }
         Ok(out)
     }
@@ -343,6 +354,7 @@ impl Generator {
         st: &mut Decoding<C>,
         next: &[i64],
         fresh: &[bool],
+        graph: &mut GraphState,
     ) -> Result<(), GenerateError> {
         let device = model.device();
         let b = next.len() as i64;
@@ -362,14 +374,18 @@ impl Generator {
                 *p += 1;
             }
         }
-        let ids = device.from_slice(next)?.f_view([b, 1])?;
-        let pos = device.from_slice(&pos)?.f_view([b, 1])?;
         // Slots past this one are not valid yet, so the valid slots are exactly what the new
         // token may see: no causal term needed (fewer ops on the hot path).
         let mask = st.valid.narrow(1, 0, slots).view([b, 1, 1, slots]);
         self.ledger.record("decode", &[b, 1]);
+        if let Some(logits) = graph.step(model, &mut st.cache, &mask, next, &pos)? {
+            st.logits = logits;
+            return Ok(());
+        }
+        let ids = device.from_slice(next)?.f_view([b, 1])?;
+        let pos = device.from_slice(&pos)?.f_view([b, 1])?;
         let h = model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
-        st.logits = model.logits(&h.select(1, 0)).to_kind(Kind::Float);
+        st.logits = model.decode_logits(&h.select(1, 0)).to_kind(Kind::Float);
         Ok(())
     }
 
@@ -509,6 +525,61 @@ impl crate::display::Rich for Generator {
 }
 
 crate::rich_display!(Generator);
+
+/// Where a decode call stands with its CUDA graph (`GenerationConfig::cuda_graph`).
+enum GraphState {
+    /// No graph asked for: every step runs eagerly.
+    Off,
+    /// Asked for; this step runs eagerly (it warms up libtorch's CUDA state: cuBLAS handles,
+    /// kernels loaded), the next is recorded.
+    WarmingUp,
+    /// The next step is recorded, then replayed.
+    Due,
+    /// Recorded: every step is a replay.
+    Ready(DecodeGraph),
+}
+
+impl GraphState {
+    fn new(cfg: &GenerationConfig, model: &CausalLm) -> Result<Self, GenerateError> {
+        match (cfg.cuda_graph, model.device()) {
+            (false, _) => Ok(GraphState::Off),
+            (true, Device::Cuda(_)) => Ok(GraphState::WarmingUp),
+            (true, other) => Err(GenerateError::Config(format!(
+                "cuda_graph needs a CUDA device; the model is on {other}"
+            ))),
+        }
+    }
+
+    /// The logits of a step run through the graph (recorded first when due), or `None` when
+    /// this step runs eagerly.
+    fn step<C: KvCache>(
+        &mut self,
+        model: &CausalLm,
+        cache: &mut C,
+        mask: &Tensor,
+        ids: &[i64],
+        positions: &[i64],
+    ) -> Result<Option<Tensor>, GenerateError> {
+        if matches!(self, GraphState::Off) {
+            return Ok(None);
+        }
+        let cache = cache
+            .as_static()
+            .ok_or_else(|| GenerateError::Config("cuda_graph needs the static cache".into()))?;
+        match self {
+            GraphState::WarmingUp => {
+                *self = GraphState::Due;
+                return Ok(None);
+            }
+            GraphState::Due => *self = GraphState::Ready(DecodeGraph::capture(model, cache, mask)?),
+            _ => {}
+        }
+        match self {
+            GraphState::Ready(graph) => Ok(Some(graph.step(cache, ids, positions)?)),
+            _ => Ok(None),
+        }
+    }
+}
 
 /// Refuses a host KV cache of `rows` x `slots` larger than the memory available now (what would
 /// otherwise end in an allocation failure or the kernel's OOM killer), saying what would fit.

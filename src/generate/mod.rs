@@ -6,13 +6,15 @@
 //! one row of host logits.
 
 mod conversation;
+mod cpu_sampler;
+pub mod cuda_graph;
 mod device_sampling;
 mod generator;
 mod sampling;
 mod view;
 
 pub use conversation::Conversations;
-pub use device_sampling::{BatchChoice, choose_rows, seen_mask};
+pub use device_sampling::{BatchChoice, choose_rows, choose_rows_with_tensors, seen_mask};
 pub use generator::{Completion, FinishReason, GenerateError, GenerationConfig, Generator, available_host_bytes};
 pub use sampling::{Choice, SamplingConfig, choose};
 pub use view::Completions;

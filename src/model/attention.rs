@@ -5,6 +5,7 @@ use tch::{Tensor, nn};
 use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
+use super::cpu_kernels::{CpuOps, QkvShape, decode_attention, qk_norm_rope};
 use super::fused::FusedLinear;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
@@ -28,6 +29,17 @@ pub enum KeyValues<'a> {
         /// Which slots each query sees.
         mask: &'a Tensor,
     },
+}
+
+impl KeyValues<'_> {
+    /// The CPU ops a forward over these keys and values uses: the decode kernels in cached
+    /// (generation) forwards, libtorch's elsewhere (see [`super::cpu_kernels`]).
+    pub fn cpu_ops(&self) -> CpuOps {
+        match self {
+            KeyValues::Layout { .. } => CpuOps::Libtorch,
+            KeyValues::Cache { .. } => CpuOps::Kernels,
+        }
+    }
 }
 
 /// `self_attn` of one decoder layer.
@@ -110,9 +122,12 @@ impl Attention {
     }
 
     /// Projects `x` `[batch, seq, hidden]` to `(q, k, v)`, each `[batch, heads, seq, head_dim]`
-    /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`.
-    pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`; with `ops`.
+    pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, ops: CpuOps) -> (Tensor, Tensor, Tensor) {
         let (b, t) = (x.size()[0], x.size()[1]);
+        if let Some(heads) = ops.kernel(|| self.qkv_kernel(x, cos, sin)) {
+            return heads;
+        }
         let [q, k, v] = FusedLinear::outputs(self.qkv.as_ref(), x, [&self.q_proj, &self.k_proj, &self.v_proj]);
         // (Slices of the fused product along its last dimension: reshape is still a view.)
         let split = |y: Tensor, heads: i64| y.reshape([b, t, heads, self.head_dim]);
@@ -126,6 +141,36 @@ impl Attention {
         let q = rope::apply(&q.transpose(1, 2), cos, sin);
         let k = rope::apply(&k.transpose(1, 2), cos, sin);
         (q, k, v)
+    }
+
+    /// [`Attention::qkv`] through the CPU kernel: the fused product normed and rotated in place
+    /// in one pass (`cpu_kernels::qk_norm_rope`), the heads as views of it. `None` where the
+    /// kernel does not apply.
+    fn qkv_kernel(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Option<(Tensor, Tensor, Tensor)> {
+        let (b, t, d) = (x.size()[0], x.size()[1], self.head_dim);
+        let y = self
+            .qkv
+            .as_ref()?
+            .product(x, &[&self.q_proj, &self.k_proj, &self.v_proj], CpuOps::Kernels)?;
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(q), Some(k)) => Some((&q.weight, &k.weight, q.eps())),
+            _ => None,
+        };
+        let shape = QkvShape {
+            heads: self.num_heads,
+            kv_heads: self.num_kv_heads,
+            head_dim: d,
+        };
+        if !qk_norm_rope(&y, shape, cos, sin, norms) {
+            return None;
+        }
+        let (nq, nkv) = (self.num_heads * d, self.num_kv_heads * d);
+        let heads = |start: i64, n: i64, h: i64| y.narrow(-1, start, n).view([b, t, h, d]).transpose(1, 2);
+        Some((
+            heads(0, nq, self.num_heads),
+            heads(nq, nkv, self.num_kv_heads),
+            heads(nq + nkv, nkv, self.num_kv_heads),
+        ))
     }
 
     /// `k`, `v` `[batch, kv_heads, len, head_dim]` repeated to `[batch, heads, len, head_dim]`
@@ -168,7 +213,8 @@ impl Attention {
         layer: usize,
         kv: &mut KeyValues<'_>,
     ) -> Result<Tensor, ModelError> {
-        let (q, k, v) = self.qkv(x, cos, sin);
+        let ops = kv.cpu_ops();
+        let (q, k, v) = self.qkv(x, cos, sin, ops);
         Ok(match kv {
             KeyValues::Layout {
                 layout: AttentionLayout::Segments(layout),
@@ -177,7 +223,11 @@ impl Attention {
             KeyValues::Layout { mask, .. } => self.attend(&q, &k, &v, *mask),
             KeyValues::Cache { cache, mask } => {
                 let (k_all, v_all) = cache.store(layer, &k, &v)?;
-                self.attend(&q, &k_all, &v_all, Some(mask))
+                let scale = (self.head_dim as f64).powf(-0.5);
+                match ops.kernel(|| decode_attention(&q, &k_all, &v_all, mask, scale)) {
+                    Some(merged) => self.o_proj.forward_with(&merged, ops),
+                    None => self.attend(&q, &k_all, &v_all, Some(mask)),
+                }
             }
         })
     }

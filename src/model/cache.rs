@@ -22,6 +22,10 @@ pub trait KvCache {
     fn advance(&mut self, t: i64);
     /// Key slots attention sees after storing a chunk of `t` tokens (the mask's last dim).
     fn slots_after(&self, t: i64) -> i64;
+    /// This cache as a [`StaticCache`], when it is one (what a captured decode graph needs).
+    fn as_static(&mut self) -> Option<&mut StaticCache> {
+        None
+    }
 }
 
 /// A preallocated cache: per layer `[batch, kv_heads, max_len, head_dim]` in the model's dtype,
@@ -34,6 +38,9 @@ pub struct StaticCache {
     len: i64,
     /// Capacity in tokens.
     pub max_len: i64,
+    /// `[1]` int64 on the cache's device: when set, one-token chunks are written at the slot it
+    /// holds (a device value a captured CUDA graph reads at replay) instead of at `len`.
+    device_slot: Option<Tensor>,
 }
 
 impl StaticCache {
@@ -48,6 +55,7 @@ impl StaticCache {
             v: buffers()?,
             len: 0,
             max_len,
+            device_slot: None,
         })
     }
 
@@ -96,7 +104,18 @@ impl StaticCache {
             v: select(&self.v)?,
             len: self.len,
             max_len: self.max_len,
+            device_slot: None,
         })
+    }
+
+    /// From now on, writes one-token chunks at the slot the returned `[1]` int64 tensor holds
+    /// (on the cache's device), which the caller sets to [`KvCache::len`] before each step: the
+    /// form of write a captured CUDA graph can replay at a new position. Other chunk sizes are
+    /// refused while it is on.
+    pub fn write_at_device_slot(&mut self) -> Result<Tensor, ModelError> {
+        let slot = self.device().zeros(&[1], Kind::Int64)? + self.len;
+        self.device_slot = Some(slot.shallow_clone());
+        Ok(slot)
     }
 }
 
@@ -113,8 +132,21 @@ impl KvCache for StaticCache {
                 self.len, self.max_len
             )));
         }
-        self.k[layer].narrow(2, self.len, t).f_copy_(k)?;
-        self.v[layer].narrow(2, self.len, t).f_copy_(v)?;
+        match &self.device_slot {
+            Some(slot) if t == 1 => {
+                let _ = self.k[layer].f_index_copy_(2, slot, k)?;
+                let _ = self.v[layer].f_index_copy_(2, slot, v)?;
+            }
+            Some(_) => {
+                return Err(ModelError::Input(format!(
+                    "a cache writing at a device slot takes one token at a time, not {t}"
+                )));
+            }
+            None => {
+                self.k[layer].narrow(2, self.len, t).f_copy_(k)?;
+                self.v[layer].narrow(2, self.len, t).f_copy_(v)?;
+            }
+        }
         Ok((self.k[layer].shallow_clone(), self.v[layer].shallow_clone()))
     }
 
@@ -124,6 +156,10 @@ impl KvCache for StaticCache {
 
     fn slots_after(&self, _t: i64) -> i64 {
         self.max_len
+    }
+
+    fn as_static(&mut self) -> Option<&mut StaticCache> {
+        Some(self)
     }
 }
 

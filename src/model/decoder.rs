@@ -7,6 +7,7 @@ use crate::device::Device;
 use super::attention::{Attention, KeyValues};
 use super::cache::KvCache;
 use super::config::ModelConfig;
+use super::cpu_kernels::CpuOps;
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::layout::AttentionLayout;
 use super::{ModelError, rope};
@@ -59,10 +60,13 @@ impl DecoderLayer {
         index: usize,
         kv: &mut KeyValues<'_>,
     ) -> Result<Tensor, ModelError> {
+        let ops = kv.cpu_ops();
         let h = x + self
             .self_attn
-            .forward(&self.input_layernorm.forward(x), cos, sin, index, kv)?;
-        let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
+            .forward(&self.input_layernorm.forward_with(x, ops), cos, sin, index, kv)?;
+        let out = self
+            .mlp
+            .forward_with(&self.post_attention_layernorm.forward_with(&h, ops), ops);
         Ok(h + out)
     }
 }
@@ -271,7 +275,7 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
         }
-        Ok(self.norm.forward(&x))
+        Ok(self.norm.forward_with(&x, kv.cpu_ops()))
     }
 
     /// Final hidden states `[batch, t, hidden]` of a chunk of `t` new tokens continuing what
@@ -313,6 +317,12 @@ impl CausalLm {
     /// [`super::logprobs::target_logprobs`] for long inputs).
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         super::layers::linear(hidden, self.lm_head_weight(), None)
+    }
+
+    /// [`CausalLm::logits`] of the hidden states a cached (generation) forward returned,
+    /// through the decode kernel where it applies ([`super::cpu_kernels`]).
+    pub fn decode_logits(&self, hidden: &Tensor) -> Tensor {
+        super::layers::linear_with(hidden, self.lm_head_weight(), None, CpuOps::Kernels)
     }
 
     /// Logits `[batch, seq, vocab]` for a forward under `layout`.

@@ -10,6 +10,7 @@
 use tch::Tensor;
 
 use super::ModelError;
+use super::cpu_kernels::{self, CpuOps};
 use super::layers::Linear;
 
 /// The shared buffer of several linear maps of the same input.
@@ -71,10 +72,20 @@ impl FusedLinear {
     /// The outputs of `linears` (the maps this buffer was tied from, in order) for `x`
     /// `[..., in]`: one product when that gives the same values, else one per map.
     pub fn forward(&self, x: &Tensor, linears: &[&Linear]) -> Vec<Tensor> {
-        if linears.iter().any(|l| l.adapter.is_some()) || builds_graph(x, linears) {
-            return linears.iter().map(|l| l.forward(x)).collect();
+        match self.product(x, linears, CpuOps::Libtorch) {
+            Some(y) => y.split_with_sizes(self.sizes.as_slice(), -1),
+            None => linears.iter().map(|l| l.forward(x)).collect(),
         }
-        super::layers::linear(x, &self.weight, self.bias.as_ref()).split_with_sizes(self.sizes.as_slice(), -1)
+    }
+
+    /// The maps' outputs side by side, `[..., sum of out_features]` (one product), when that
+    /// gives the same values as the maps one by one: none has an adapter and no graph is
+    /// recorded. `None` otherwise. `ops` as in [`super::layers::linear_with`].
+    pub fn product(&self, x: &Tensor, linears: &[&Linear], ops: CpuOps) -> Option<Tensor> {
+        if linears.iter().any(|l| l.adapter.is_some()) || builds_graph(x, linears) {
+            return None;
+        }
+        Some(super::layers::linear_with(x, &self.weight, self.bias.as_ref(), ops))
     }
 
     /// The outputs of `linears` for `x`: through `fused` when the maps were tied
@@ -99,15 +110,12 @@ impl FusedLinear {
     }
 }
 
-/// Whether a forward of `linears` on `x` would be recorded for backward: `x` carries a graph,
-/// or a weight is trainable and gradient mode is on (a view of it then requires grad too; no
-/// data is touched).
+/// Whether a forward of `linears` on `x` would be recorded for backward: `x` or a weight
+/// requires grad and gradient mode is on.
 fn builds_graph(x: &Tensor, linears: &[&Linear]) -> bool {
-    x.requires_grad()
-        || linears
-            .iter()
-            .find(|l| l.weight.requires_grad())
-            .is_some_and(|l| l.weight.select(0, 0).requires_grad())
+    let mut inputs = vec![x];
+    inputs.extend(linears.iter().map(|l| &l.weight));
+    cpu_kernels::records_graph(&inputs)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use tch::{Kind, Tensor, nn};
 
 use super::ModelError;
 use super::config::ModelConfig;
+use super::cpu_kernels::{self, CpuOps};
 use super::fused::FusedLinear;
 use super::lora::LoraDelta;
 
@@ -27,17 +28,34 @@ pub enum LinearAdapter {
 /// 2-core machine, BENCHMARKS.md).
 pub const SKINNY_ROWS: i64 = 64;
 
-/// `x W^T + b` for `x` `[..., in]`, `weight` `[out, in]`: in the orientation that reads the
-/// weight fastest on the CPU for a few rows ([`SKINNY_ROWS`]); differentiable either way.
+/// `x W^T + b` for `x` `[..., in]`, `weight` `[out, in]` with libtorch's ops: on the CPU for
+/// a few rows in the orientation that reads the weight fastest ([`SKINNY_ROWS`]);
+/// differentiable either way.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    linear_with(x, weight, bias, CpuOps::Libtorch)
+}
+
+/// [`linear`] with `ops`: [`CpuOps::Kernels`] sends up to `KERNEL_ROWS` rows through the
+/// decode kernel ([`super::cpu_kernels::product`]) where it applies.
+pub fn linear_with(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, ops: CpuOps) -> Tensor {
     let size = x.size();
     let input = size.last().copied().unwrap_or(0);
     let rows = if input > 0 { x.numel() as i64 / input } else { 0 };
-    if x.device() != tch::Device::Cpu || rows == 0 || rows > SKINNY_ROWS || x.dim() < 2 {
+    let most_rows = match ops {
+        CpuOps::Libtorch => SKINNY_ROWS,
+        CpuOps::Kernels => SKINNY_ROWS.max(cpu_kernels::KERNEL_ROWS),
+    };
+    if x.device() != tch::Device::Cpu || rows == 0 || rows > most_rows || x.dim() < 2 {
         return x.linear(weight, bias);
     }
     let mut out_size = size.clone();
     *out_size.last_mut().expect("at least two dimensions") = weight.size()[0];
+    if let Some(y) = ops.kernel(|| cpu_kernels::product(&x.reshape([rows, input]), weight, bias)) {
+        return y.view(out_size.as_slice());
+    }
+    if rows > SKINNY_ROWS {
+        return x.linear(weight, bias);
+    }
     let y = weight.mm(&x.reshape([rows, input]).tr()).tr().contiguous();
     let y = match bias {
         Some(b) => y + b,
@@ -72,11 +90,16 @@ impl Linear {
 
     /// `x` `[..., in]` -> `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_with(x, CpuOps::Libtorch)
+    }
+
+    /// [`Linear::forward`] with `ops` for the base product.
+    pub fn forward_with(&self, x: &Tensor, ops: CpuOps) -> Tensor {
         match &self.adapter {
-            None => linear(x, &self.weight, self.bias.as_ref()),
-            Some(LinearAdapter::Copy { weight, bias }) => linear(x, weight, bias.as_ref()),
+            None => linear_with(x, &self.weight, self.bias.as_ref(), ops),
+            Some(LinearAdapter::Copy { weight, bias }) => linear_with(x, weight, bias.as_ref(), ops),
             Some(LinearAdapter::Lora(lora)) => {
-                let y = linear(x, &self.weight, self.bias.as_ref());
+                let y = linear_with(x, &self.weight, self.bias.as_ref(), ops);
                 match lora.forward(x) {
                     Some(delta) => y + delta,
                     None => y,
@@ -128,8 +151,21 @@ impl RmsNorm {
         }
     }
 
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
     /// Normalises the last dimension of `x` `[..., dim]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_with(x, CpuOps::Libtorch)
+    }
+
+    /// [`RmsNorm::forward`] with `ops`.
+    pub fn forward_with(&self, x: &Tensor, ops: CpuOps) -> Tensor {
+        if let Some(y) = ops.kernel(|| cpu_kernels::rms_norm(x, &self.weight, self.eps)) {
+            return y;
+        }
         let kind = x.kind();
         let x32 = x.to_kind(Kind::Float);
         let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
@@ -173,13 +209,13 @@ impl Mlp {
         }
     }
 
-    /// Puts gate and up's weights into one buffer ([`FusedLinear`]), after the parameters
-    /// have their final dtype and device.
     /// The fused gate/up buffer, once tied.
     pub(crate) fn fused_gate_up(&self) -> Option<&FusedLinear> {
         self.gate_up.as_ref()
     }
 
+    /// Puts gate and up's weights into one buffer ([`FusedLinear`]), after the parameters
+    /// have their final dtype and device.
     pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
         self.gate_up = FusedLinear::tie(&mut [&mut self.gate_proj, &mut self.up_proj])?;
         Ok(())
@@ -196,8 +232,25 @@ impl Mlp {
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let [gate, up] = FusedLinear::outputs(self.gate_up.as_ref(), x, [&self.gate_proj, &self.up_proj]);
-        self.down_proj.forward(&(gate.silu() * up))
+        self.forward_with(x, CpuOps::Libtorch)
+    }
+
+    /// [`Mlp::forward`] with `ops`.
+    pub fn forward_with(&self, x: &Tensor, ops: CpuOps) -> Tensor {
+        let maps = [&self.gate_proj, &self.up_proj];
+        let fused = self.gate_up.as_ref().and_then(|f| f.product(x, &maps, ops));
+        // One pass for silu(gate) * up over the fused product, where the CPU kernel applies.
+        if let Some(act) = fused.as_ref().and_then(|y| ops.kernel(|| cpu_kernels::swiglu(y))) {
+            return self.down_proj.forward_with(&act, ops);
+        }
+        let [gate, up] = match fused {
+            Some(y) => {
+                let i = self.gate_proj.weight.size()[0];
+                [y.narrow(-1, 0, i), y.narrow(-1, i, i)]
+            }
+            None => FusedLinear::outputs(self.gate_up.as_ref(), x, maps),
+        };
+        self.down_proj.forward_with(&(gate.silu() * up), ops)
     }
 }
 

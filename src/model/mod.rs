@@ -16,6 +16,7 @@ mod attention;
 mod cache;
 mod checkpoint;
 mod config;
+pub mod cpu_kernels;
 mod decoder;
 mod dtype;
 mod error;

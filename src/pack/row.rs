@@ -1,6 +1,6 @@
 use tch::{Device, Kind, Tensor};
 
-use crate::model::AttentionLayout;
+use crate::model::{AttentionLayout, ModelConfig};
 
 /// One maximal chain of the prefix tree: contiguous packed positions `start..start + len`
 /// whose keys/values, with those of its ancestors, are what its queries attend to.
@@ -111,6 +111,29 @@ impl PackedRow {
                 q * k - q * (q.saturating_sub(1)) / 2
             })
             .sum()
+    }
+
+    /// The distinct `(position, target)` pairs of the loss terms: how many rows the LM head
+    /// computes for this row (a token trained in several rollouts that share it is one pair).
+    pub fn distinct_terms(&self) -> usize {
+        let pairs: std::collections::HashSet<(i64, i64)> =
+            self.token_index.iter().copied().zip(self.targets()).collect();
+        pairs.len()
+    }
+
+    /// Forward FLOPs of the row under `cfg` (backward scales every part alike, so ratios hold
+    /// for forward + backward): `2 x` the linear weights per forwarded token, `4 x layers x
+    /// heads x head_dim` per causal attention pair ([`PackedRow::attention_pairs`]), the LM
+    /// head per distinct term pair ([`PackedRow::distinct_terms`]). Norms, RoPE and the
+    /// loss's elementwise work are left out (a few percent at these sizes).
+    pub fn forward_flops(&self, cfg: &ModelConfig) -> f64 {
+        let (h, layers) = (cfg.hidden_size as f64, cfg.num_layers as f64);
+        let q = (cfg.num_heads * cfg.head_dim) as f64;
+        let kv = (cfg.num_kv_heads * cfg.head_dim) as f64;
+        let per_token = 2.0 * layers * (2.0 * h * q + 2.0 * h * kv + 3.0 * h * cfg.intermediate_size as f64);
+        let per_pair = 4.0 * layers * q;
+        let head = 2.0 * h * cfg.vocab_size as f64;
+        self.len() as f64 * per_token + self.attention_pairs() as f64 * per_pair + self.distinct_terms() as f64 * head
     }
 
     /// Ancestor-interval form of the mask: query `q` sees key `k` iff
