@@ -4,14 +4,16 @@
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
 //!     [--config config.json | --model DIR] [--pairs 3] [--device cpu|cuda] [--dtype fp32|bf16]
-//!     [--static-only]
+//!     [--static-only] [--split] [--cuda-graph]
 //!
 //! Greedy, fp32, CPU (or `--device`, `--dtype`), the shipped tiny Qwen3, or with `--config` a
 //! random model of a published config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
 //! transformers' run interleaved (`--pairs` times: ours, theirs, ours, ...) and the median of
 //! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
 //! weight read once per step, at this machine's read bandwidth measured in the same run).
-//! `--static-only` skips the other modes (growing cache, no cache, groups). Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
+//! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
+//! decode step into its weight products and the rest; `--cuda-graph` (CUDA) compares the decode
+//! steps replayed as a CUDA graph with the same steps run eagerly. Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
 
 mod common;
@@ -21,6 +23,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use treetrain::generate::{GenerationConfig, Generator};
+use treetrain::model::cpu_kernels::CpuOps;
 use treetrain::model::{AttentionLayout, CausalLm, LoadOptions, Model};
 use treetrain::util::SplitMix64;
 
@@ -128,6 +131,12 @@ fn main() {
         "model": dir.display().to_string(), "device": format!("{device:?}"), "dtype": treetrain::model::kind_name(kind),
         "static_tokens_per_s": ours.end_to_end, "static_decode_tokens_per_s": ours.decode,
     });
+    if full && args.flag("--cuda-graph") {
+        results["cuda_graph"] = graph_comparison(&mut g, lm, &ps, &cfg, repeats);
+    }
+    if full && args.flag("--split") {
+        results["decode_split"] = decode_split(lm, n_prompts as i64);
+    }
     // `--static-only`: at real sizes the recomputing baseline alone takes many minutes.
     if !(full && args.flag("--static-only")) {
         other_modes(lm, &mut g, &ps, &cfg, (full, repeats), &mut results);
@@ -201,6 +210,135 @@ fn main() {
         }
     }
     args.write_result("generation", &results);
+}
+
+/// The decode steps replayed as a CUDA graph (`--cuda-graph`, CUDA only) against the same
+/// generator without one, interleaved in 3 pairs: tokens/s of both, and whether every token
+/// is the same.
+fn graph_comparison(
+    g: &mut Generator,
+    lm: &CausalLm,
+    ps: &[Vec<i64>],
+    cfg: &GenerationConfig,
+    repeats: usize,
+) -> serde_json::Value {
+    let graphed = GenerationConfig {
+        cuda_graph: true,
+        ..cfg.clone()
+    };
+    let plain_out = g.generate(lm, ps, cfg).expect("generate");
+    let graph_out = match g.generate(lm, ps, &graphed) {
+        Ok(out) => out,
+        Err(e) => {
+            println!("cuda graph: failed: {e}");
+            return serde_json::json!({"error": e.to_string()});
+        }
+    };
+    let same = plain_out
+        .iter()
+        .zip(&graph_out)
+        .all(|(a, b)| a.output_ids == b.output_ids);
+    let (mut plain, mut graph, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let p = rates(g, lm, ps, cfg, repeats);
+        let q = rates(g, lm, ps, &graphed, repeats);
+        ratios.push(q.decode / p.decode);
+        plain.push(p.decode);
+        graph.push(q.decode);
+    }
+    let ratio = common::median(&ratios);
+    println!(
+        "{:<36}{:>12.1}   decode steps {ratio:.2}x without the graph ({:.1} tokens/s); same tokens: {same}",
+        "static cache, CUDA graph (decode)",
+        common::median(&graph),
+        common::median(&plain)
+    );
+    serde_json::json!({"decode_tokens_per_s": common::median(&graph), "without_decode_tokens_per_s": common::median(&plain),
+        "speedup": ratio, "pairwise": ratios, "same_tokens": same})
+}
+
+/// Where a decode step's time goes (`--split`): the model's decode step for `batch` rows over a
+/// static cache of 160 slots (forward and LM head, medians of 20 steps) against the weight
+/// products it runs, each timed alone on the same shapes (every weight read once, as the step
+/// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention.
+fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
+    use treetrain::model::{KvCache, Linear, StaticCache};
+    let device = lm.device();
+    let (slots, start) = (160, 96);
+    let mut cache = StaticCache::new(&lm.config, batch, slots, lm.kind(), device).expect("cache");
+    let ids = device.zeros(&[batch, 1], tch::Kind::Int64).expect("ids");
+    let mask = device.ones(&[batch, 1, 1, slots], tch::Kind::Bool).expect("mask");
+    let step = || {
+        if cache.len() + 1 >= slots || cache.len() < start {
+            cache.rollback(0).expect("rollback");
+            for _ in 0..start {
+                cache.advance(1);
+            }
+        }
+        let pos = (device.zeros(&[batch, 1], tch::Kind::Int64).expect("pos") + cache.len()).to_kind(tch::Kind::Int64);
+        let h = lm.forward_cached(&ids, &pos, &mut cache, &mask).expect("step");
+        let _ = lm
+            .decode_logits(&h.select(1, 0))
+            .to_kind(tch::Kind::Float)
+            .double_value(&[0, 0]);
+    };
+    let mut step = step;
+    let step_s = tch::no_grad(|| median_s(&mut step, 20));
+    // The weights a step multiplies by, in its order: fused q/k/v, o, fused gate/up, down, head.
+    let fused: Vec<tch::Tensor> = lm
+        .buffers()
+        .into_iter()
+        .skip(1)
+        .map(|(_, t)| t.shallow_clone())
+        .collect();
+    let mut weights: Vec<tch::Tensor> = Vec::new();
+    for (i, layer) in lm.layers.iter().enumerate() {
+        let pick = |k: usize, parts: &[&Linear]| match fused.get(2 * i + k) {
+            Some(f) if fused.len() == 2 * lm.layers.len() => vec![f.shallow_clone()],
+            _ => parts.iter().map(|l| l.weight.shallow_clone()).collect(),
+        };
+        let attn = &layer.self_attn;
+        weights.extend(pick(0, &[&attn.q_proj, &attn.k_proj, &attn.v_proj]));
+        weights.push(attn.o_proj.weight.shallow_clone());
+        weights.extend(pick(1, &[&layer.mlp.gate_proj, &layer.mlp.up_proj]));
+        weights.push(layer.mlp.down_proj.weight.shallow_clone());
+    }
+    weights.push(lm.lm_head_weight().shallow_clone());
+    let maps: Vec<(Linear, tch::Tensor)> = weights
+        .into_iter()
+        .map(|w| {
+            let x = device
+                .put(&tch::Tensor::randn(
+                    [batch, 1, w.size()[1]],
+                    (lm.kind(), tch::Device::Cpu),
+                ))
+                .expect("x");
+            let map = Linear {
+                weight: w,
+                bias: None,
+                adapter: None,
+            };
+            (map, x)
+        })
+        .collect();
+    let products_s = tch::no_grad(|| {
+        median_s(
+            || {
+                for (map, x) in &maps {
+                    let _ = map.forward_with(x, CpuOps::Kernels);
+                }
+            },
+            20,
+        )
+    });
+    println!(
+        "decode step split (batch {batch}): step {:.2} ms = weight products {:.2} ms ({:.0}%) + the rest {:.2} ms",
+        step_s * 1e3,
+        products_s * 1e3,
+        100.0 * products_s / step_s,
+        (step_s - products_s) * 1e3
+    );
+    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3})
 }
 
 /// Tokens/s of a generate call end to end (prefill included) and of its decode steps alone.

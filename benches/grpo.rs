@@ -47,6 +47,7 @@ fn main() {
     };
     let mut t = GrpoTrainer::new(cfg.clone()).expect("trainer");
     let (mut tree_s, mut flat_s, mut tree_tokens, mut flat_tokens) = (Vec::new(), Vec::new(), 0usize, 0usize);
+    let (mut tree_flops, mut flat_flops) = (0.0, 0.0);
     for step in 0..steps {
         t.step().expect("step");
         let batch = t.last_batch.clone().expect("batch");
@@ -62,6 +63,14 @@ fn main() {
             let b = time(Packing::Flat);
             (time(Packing::Tree), b)
         };
+        // The work each packing does on these rollouts, counted from the config.
+        let flops = |packing: Packing| -> f64 {
+            let rollouts = batch.rollouts_for_update(cfg.mask_truncated_completions);
+            let rows = treetrain::grpo::pack_rollouts(rollouts, packing, cfg.token_budget).expect("pack");
+            rows.iter().map(|r| r.forward_flops(&t.model().lm.config)).sum()
+        };
+        tree_flops += flops(Packing::Tree);
+        flat_flops += flops(Packing::Flat);
         tree_s.push(ts);
         flat_s.push(fs);
         tree_tokens += tt;
@@ -89,11 +98,15 @@ fn main() {
     }
     println!("{:<22}{step_s:>10.3}", "whole step");
     let ratio = flat_tokens as f64 / tree_tokens.max(1) as f64;
+    let work_ratio = flat_flops / tree_flops.max(1.0);
     let speedup = mean(&flat_s) / mean(&tree_s);
     println!(
-        "update on the same rollouts: tree {:.3} s, flat {:.3} s per step: {speedup:.2}x faster; packing ratio {ratio:.2} ({tree_tokens} vs {flat_tokens} tokens forwarded)",
+        "update on the same rollouts: tree {:.3} s, flat {:.3} s per step: {speedup:.2}x faster; packing ratio {ratio:.2} ({tree_tokens} vs {flat_tokens} tokens forwarded), work ratio {work_ratio:.2} ({:.2} vs {:.2} GFLOP forward): {:.2} of it",
         mean(&tree_s),
-        mean(&flat_s)
+        mean(&flat_s),
+        tree_flops / 1e9,
+        flat_flops / 1e9,
+        speedup / work_ratio
     );
     let result = serde_json::json!({
         "steps": steps,
@@ -106,6 +119,10 @@ fn main() {
         "flat_update_s": mean(&flat_s),
         "tree_speedup": speedup,
         "packing_ratio": ratio,
+        "work_ratio": work_ratio,
+        "speedup_over_work_ratio": speedup / work_ratio,
+        "tree_forward_gflop": tree_flops / 1e9,
+        "flat_forward_gflop": flat_flops / 1e9,
         "reward_first": h.first().map(|m| m.reward_mean),
         "reward_last": h.last().map(|m| m.reward_mean),
     });

@@ -28,7 +28,7 @@ use std::time::Instant;
 use tch::Kind;
 use treetrain::device::Device;
 use treetrain::grpo::{GrpoObjective, TermWeights, grpo_loss_backward};
-use treetrain::model::{Activations, HfConfig, LoadOptions, Model, ModelConfig};
+use treetrain::model::{Activations, HfConfig, LoadOptions, Model};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
 use treetrain::util::SplitMix64;
 
@@ -163,18 +163,6 @@ fn scenarios(len: usize, vocab: i64) -> Vec<(String, f64, Vec<Rollout>)> {
         out.push((format!("nested fork f={f}"), f, rs));
     }
     out
-}
-
-/// Forward FLOPs of a packed row: per-token linear work, causal attention pairs, LM head per
-/// loss term (backward scales all three alike, so ratios hold for forward + backward).
-fn work(cfg: &ModelConfig, row: &PackedRow) -> f64 {
-    let (h, l) = (cfg.hidden_size as f64, cfg.num_layers as f64);
-    let q = (cfg.num_heads * cfg.head_dim) as f64;
-    let kv = (cfg.num_kv_heads * cfg.head_dim) as f64;
-    let per_token = 2.0 * l * (h * q * 2.0 + 2.0 * h * kv + 3.0 * h * cfg.intermediate_size as f64);
-    let per_pair = 4.0 * l * q;
-    let head = 2.0 * h * cfg.vocab_size as f64 * row.token_index.len() as f64;
-    row.len() as f64 * per_token + row.attention_pairs() as f64 * per_pair + head
 }
 
 /// One forward + backward of the GRPO loss over `row`, in milliseconds (gradients cleared first).
@@ -408,7 +396,7 @@ fn main() {
         }
         let (flat_ms, tree_ms, speedup) = time_pairs(&model, &flat, &tree, &args);
         let (flat_mib, tree_mib) = (peak_mib(&model, &flat, &args), peak_mib(&model, &tree, &args));
-        let ideal = work(&cfg, &flat) / work(&cfg, &tree);
+        let ideal = flat.forward_flops(&cfg) / tree.forward_flops(&cfg);
         let ratio = tree.packing_ratio();
         let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;
         println!(
