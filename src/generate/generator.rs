@@ -567,16 +567,18 @@ impl GraphState {
             .as_static()
             .ok_or_else(|| GenerateError::Config("cuda_graph needs the static cache".into()))?;
         match self {
+            GraphState::Off => Ok(None),
             GraphState::WarmingUp => {
                 *self = GraphState::Due;
-                return Ok(None);
+                Ok(None)
             }
-            GraphState::Due => *self = GraphState::Ready(DecodeGraph::capture(model, cache, mask)?),
-            _ => {}
-        }
-        match self {
+            GraphState::Due => {
+                let mut graph = DecodeGraph::capture(model, cache, mask)?;
+                let logits = graph.step(cache, ids, positions)?;
+                *self = GraphState::Ready(graph);
+                Ok(Some(logits))
+            }
             GraphState::Ready(graph) => Ok(Some(graph.step(cache, ids, positions)?)),
-            _ => Ok(None),
         }
     }
 }

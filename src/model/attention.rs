@@ -125,10 +125,14 @@ impl Attention {
     /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`; with `ops`.
     pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, ops: CpuOps) -> (Tensor, Tensor, Tensor) {
         let (b, t) = (x.size()[0], x.size()[1]);
-        if let Some(heads) = ops.kernel(|| self.qkv_kernel(x, cos, sin)) {
-            return heads;
+        let maps = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let fused = self.qkv.as_ref().and_then(|f| f.product(x, &maps, ops));
+        if let Some(y) = &fused
+            && ops.kernel(|| self.norm_rope_in_place(y, cos, sin)).is_some()
+        {
+            return self.heads_of(y, b, t);
         }
-        let [q, k, v] = FusedLinear::outputs(self.qkv.as_ref(), x, [&self.q_proj, &self.k_proj, &self.v_proj]);
+        let [q, k, v] = FusedLinear::outputs_of_product(self.qkv.as_ref(), fused, x, maps);
         // (Slices of the fused product along its last dimension: reshape is still a view.)
         let split = |y: Tensor, heads: i64| y.reshape([b, t, heads, self.head_dim]);
         let mut q = split(q, self.num_heads);
@@ -143,15 +147,10 @@ impl Attention {
         (q, k, v)
     }
 
-    /// [`Attention::qkv`] through the CPU kernel: the fused product normed and rotated in place
-    /// in one pass (`cpu_kernels::qk_norm_rope`), the heads as views of it. `None` where the
-    /// kernel does not apply.
-    fn qkv_kernel(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Option<(Tensor, Tensor, Tensor)> {
-        let (b, t, d) = (x.size()[0], x.size()[1], self.head_dim);
-        let y = self
-            .qkv
-            .as_ref()?
-            .product(x, &[&self.q_proj, &self.k_proj, &self.v_proj], CpuOps::Kernels)?;
+    /// Norms (where the model has q/k norms) and rotates the q and k heads of the fused product
+    /// `y` `[batch, seq, (heads + 2 kv_heads) * head_dim]` in place, in one pass
+    /// (`cpu_kernels::qk_norm_rope`); `None`, `y` untouched, where the kernel does not apply.
+    fn norm_rope_in_place(&self, y: &Tensor, cos: &Tensor, sin: &Tensor) -> Option<()> {
         let norms = match (&self.q_norm, &self.k_norm) {
             (Some(q), Some(k)) => Some((&q.weight, &k.weight, q.eps())),
             _ => None,
@@ -159,18 +158,21 @@ impl Attention {
         let shape = QkvShape {
             heads: self.num_heads,
             kv_heads: self.num_kv_heads,
-            head_dim: d,
+            head_dim: self.head_dim,
         };
-        if !qk_norm_rope(&y, shape, cos, sin, norms) {
-            return None;
-        }
+        qk_norm_rope(y, shape, cos, sin, norms).then_some(())
+    }
+
+    /// `(q, k, v)` as [`Attention::qkv`] returns them, as views of the fused product `y`.
+    fn heads_of(&self, y: &Tensor, b: i64, t: i64) -> (Tensor, Tensor, Tensor) {
+        let d = self.head_dim;
         let (nq, nkv) = (self.num_heads * d, self.num_kv_heads * d);
         let heads = |start: i64, n: i64, h: i64| y.narrow(-1, start, n).view([b, t, h, d]).transpose(1, 2);
-        Some((
+        (
             heads(0, nq, self.num_heads),
             heads(nq, nkv, self.num_kv_heads),
             heads(nq + nkv, nkv, self.num_kv_heads),
-        ))
+        )
     }
 
     /// `k`, `v` `[batch, kv_heads, len, head_dim]` repeated to `[batch, heads, len, head_dim]`

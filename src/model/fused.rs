@@ -73,9 +73,14 @@ impl FusedLinear {
     /// `[..., in]`: one product when that gives the same values, else one per map.
     pub fn forward(&self, x: &Tensor, linears: &[&Linear]) -> Vec<Tensor> {
         match self.product(x, linears, CpuOps::Libtorch) {
-            Some(y) => y.split_with_sizes(self.sizes.as_slice(), -1),
+            Some(y) => self.split(&y),
             None => linears.iter().map(|l| l.forward(x)).collect(),
         }
+    }
+
+    /// The maps' outputs as views of their side-by-side product `y` ([`FusedLinear::product`]).
+    fn split(&self, y: &Tensor) -> Vec<Tensor> {
+        y.split_with_sizes(self.sizes.as_slice(), -1)
     }
 
     /// The maps' outputs side by side, `[..., sum of out_features]` (one product), when that
@@ -93,6 +98,24 @@ impl FusedLinear {
     pub fn outputs<const N: usize>(fused: Option<&FusedLinear>, x: &Tensor, linears: [&Linear; N]) -> [Tensor; N] {
         let mut parts = fused.map(|f| f.forward(x, &linears)).unwrap_or_default().into_iter();
         std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
+    }
+
+    /// [`FusedLinear::outputs`] for a caller that asked `fused` for its `product` first (to
+    /// run a kernel over it whole): views of that product when there is one, so it is not
+    /// computed again, else as `outputs` computes them.
+    pub fn outputs_of_product<const N: usize>(
+        fused: Option<&FusedLinear>,
+        product: Option<Tensor>,
+        x: &Tensor,
+        linears: [&Linear; N],
+    ) -> [Tensor; N] {
+        match fused.zip(product) {
+            Some((f, y)) => {
+                let mut parts = f.split(&y).into_iter();
+                std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
+            }
+            None => Self::outputs(fused, x, linears),
+        }
     }
 
     /// The shared weight buffer `[sum of out_features, in_features]`.

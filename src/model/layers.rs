@@ -243,13 +243,7 @@ impl Mlp {
         if let Some(act) = fused.as_ref().and_then(|y| ops.kernel(|| cpu_kernels::swiglu(y))) {
             return self.down_proj.forward_with(&act, ops);
         }
-        let [gate, up] = match fused {
-            Some(y) => {
-                let i = self.gate_proj.weight.size()[0];
-                [y.narrow(-1, 0, i), y.narrow(-1, i, i)]
-            }
-            None => FusedLinear::outputs(self.gate_up.as_ref(), x, maps),
-        };
+        let [gate, up] = FusedLinear::outputs_of_product(self.gate_up.as_ref(), fused, x, maps);
         self.down_proj.forward_with(&(gate.silu() * up), ops)
     }
 }
