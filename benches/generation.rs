@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
 //!     [--config config.json | --model DIR] [--pairs 3] [--device cpu|cuda] [--dtype fp32|bf16]
-//!     [--static-only] [--split] [--cuda-graph]
+//!     [--static-only] [--split] [--product-sweep] [--cuda-graph]
 //!
 //! Greedy, fp32, CPU (or `--device`, `--dtype`), the shipped tiny Qwen3, or with `--config` a
 //! random model of a published config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
@@ -12,7 +12,8 @@
 //! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
 //! weight read once per step, at this machine's read bandwidth measured in the same run).
 //! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
-//! decode step into its weight products and the rest; `--cuda-graph` (CUDA) compares the decode
+//! decode step into its weight products and the rest; `--product-sweep` times those products
+//! through the CPU kernel and through libtorch at 1-256 rows; `--cuda-graph` (CUDA) compares the decode
 //! steps replayed as a CUDA graph with the same steps run eagerly. Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
 
@@ -136,6 +137,9 @@ fn main() {
     }
     if full && args.flag("--split") {
         results["decode_split"] = decode_split(lm, n_prompts as i64);
+    }
+    if full && args.flag("--product-sweep") {
+        results["product_sweep"] = product_sweep(lm);
     }
     // `--static-only`: at real sizes the recomputing baseline alone takes many minutes.
     if !(full && args.flag("--static-only")) {
@@ -262,7 +266,7 @@ fn graph_comparison(
 /// products it runs, each timed alone on the same shapes (every weight read once, as the step
 /// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention.
 fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
-    use treetrain::model::{KvCache, Linear, StaticCache};
+    use treetrain::model::{KvCache, StaticCache};
     let device = lm.device();
     let (slots, start) = (160, 96);
     let mut cache = StaticCache::new(&lm.config, batch, slots, lm.kind(), device).expect("cache");
@@ -284,7 +288,32 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     };
     let mut step = step;
     let step_s = tch::no_grad(|| median_s(&mut step, 20));
-    // The weights a step multiplies by, in its order: fused q/k/v, o, fused gate/up, down, head.
+    let maps = products_at(lm, batch);
+    let products_s = tch::no_grad(|| {
+        median_s(
+            || {
+                for (map, x) in &maps {
+                    let _ = map.forward_with(x, CpuOps::Kernels);
+                }
+            },
+            20,
+        )
+    });
+    let gbs = weight_bytes(&maps) / products_s / 1e9;
+    println!(
+        "decode step split (batch {batch}): step {:.2} ms = weight products {:.2} ms ({:.0}%; weights read at {gbs:.1} GB/s) + the rest {:.2} ms",
+        step_s * 1e3,
+        products_s * 1e3,
+        100.0 * products_s / step_s,
+        (step_s - products_s) * 1e3
+    );
+    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs})
+}
+
+/// The weight products of one decode step at `batch` rows, in its order (fused q/k/v, o, fused
+/// gate/up, down per layer, then the head), each with a random input `[batch, 1, in]`.
+fn products_at(lm: &CausalLm, batch: i64) -> Vec<(treetrain::model::Linear, tch::Tensor)> {
+    use treetrain::model::Linear;
     let fused: Vec<tch::Tensor> = lm
         .buffers()
         .into_iter()
@@ -304,15 +333,12 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
         weights.push(layer.mlp.down_proj.weight.shallow_clone());
     }
     weights.push(lm.lm_head_weight().shallow_clone());
-    let maps: Vec<(Linear, tch::Tensor)> = weights
+    let device = lm.device();
+    weights
         .into_iter()
         .map(|w| {
-            let x = device
-                .put(&tch::Tensor::randn(
-                    [batch, 1, w.size()[1]],
-                    (lm.kind(), tch::Device::Cpu),
-                ))
-                .expect("x");
+            let x = tch::Tensor::randn([batch, 1, w.size()[1]], (lm.kind(), tch::Device::Cpu));
+            let x = device.put(&x).expect("x");
             let map = Linear {
                 weight: w,
                 bias: None,
@@ -320,25 +346,55 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
             };
             (map, x)
         })
-        .collect();
-    let products_s = tch::no_grad(|| {
-        median_s(
-            || {
-                for (map, x) in &maps {
-                    let _ = map.forward_with(x, CpuOps::Kernels);
-                }
-            },
-            20,
-        )
-    });
-    println!(
-        "decode step split (batch {batch}): step {:.2} ms = weight products {:.2} ms ({:.0}%) + the rest {:.2} ms",
-        step_s * 1e3,
-        products_s * 1e3,
-        100.0 * products_s / step_s,
-        (step_s - products_s) * 1e3
-    );
-    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3})
+        .collect()
+}
+
+fn weight_bytes(maps: &[(treetrain::model::Linear, tch::Tensor)]) -> f64 {
+    maps.iter()
+        .map(|(m, _)| (m.weight.numel() * m.weight.kind().elt_size_in_bytes()) as f64)
+        .sum()
+}
+
+/// Where the weight-product kernel stops paying (`--product-sweep`, f32 CPU): a decode step's
+/// products at each row count through the kernel and through libtorch's `linear` (MKL), the
+/// two interleaved (kernel, libtorch, ... 5 times, medians of 3 each), the ratio per row count.
+/// This is what places `cpu_kernels::KERNEL_ROWS`.
+fn product_sweep(lm: &CausalLm) -> serde_json::Value {
+    use treetrain::model::cpu_kernels::product_up_to;
+    let mut rows_out = Vec::new();
+    println!("weight products of a decode step: kernel vs libtorch (MKL) per row count");
+    for rows in [1i64, 8, 32, 64, 128, 192, 256] {
+        let maps: Vec<(tch::Tensor, tch::Tensor)> = products_at(lm, rows)
+            .into_iter()
+            .map(|(m, x)| (m.weight, x.view([rows, -1])))
+            .collect();
+        let kernel = || {
+            for (w, x) in &maps {
+                let _ = product_up_to(x, w, None, i64::MAX).expect("the kernel applies (f32 CPU, AVX2 or AVX-512)");
+            }
+        };
+        let libtorch = || {
+            for (w, x) in &maps {
+                let _ = x.linear(w, None::<&tch::Tensor>);
+            }
+        };
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        tch::no_grad(|| {
+            for _ in 0..5 {
+                ours.push(median_s(kernel, 3));
+                theirs.push(median_s(libtorch, 3));
+            }
+        });
+        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, t)| t / o).collect();
+        let (k_ms, l_ms, ratio) = (
+            common::median(&ours) * 1e3,
+            common::median(&theirs) * 1e3,
+            common::median(&ratios),
+        );
+        println!("  {rows:>4} rows: kernel {k_ms:>8.2} ms, libtorch {l_ms:>8.2} ms, libtorch / kernel {ratio:.2}x");
+        rows_out.push(serde_json::json!({"rows": rows, "kernel_ms": k_ms, "libtorch_ms": l_ms, "speedup": ratio, "pairwise": ratios}));
+    }
+    serde_json::Value::Array(rows_out)
 }
 
 /// Tokens/s of a generate call end to end (prefill included) and of its decode steps alone.

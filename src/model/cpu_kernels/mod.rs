@@ -14,20 +14,21 @@
 //! libtorch ops (values to f32 rounding).
 //!
 //! A weight product is bound by reading `W` once from memory. MKL's sgemm copies (packs) `W` on
-//! every call at these shapes and reads it at 12-18 GB/s; the kernel streams each thread's
-//! block of weight rows once, in tiles of 4 rows against 8 input rows held in registers,
-//! prefetching the next tile, and reads at 21-25 GB/s where a plain sum reads 29-53 on the
-//! project's machine (BENCHMARKS.md, real size: greedy decode). It runs where no autograd
+//! every call at these shapes and reads it at 7-18 GB/s; the kernel streams each thread's
+//! block of weight rows once, in tiles of a few rows against the input rows held in registers,
+//! prefetching the next tile, and reads at 23-27 GB/s where a plain sum reads 30-36 on the
+//! project's AVX2 machine (BENCHMARKS.md, real size: greedy decode). It runs where no autograd
 //! graph is recorded, on contiguous f32 CPU tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums
 //! are taken in another order than MKL's, so values agree to f32 rounding (~1e-6 relative),
 //! not bit for bit.
 
 use tch::{Kind, Tensor};
 
-/// Inputs of at most this many rows go through the kernel. Chosen from a one-off sweep on the
-/// project's 2-core machine over SmolLM2-135M's weights (538 MB a pass), not a committed bench:
-/// the kernel ran at a third of MKL's time for 1-8 rows, ~0.75 of it for 64, ~0.8 for 128, and
-/// at par for 256 rows, where the product is long compute-bound.
+/// Inputs of at most this many rows go through the kernel. Placed by the generation bench's
+/// `--product-sweep` over SmolLM2-135M's decode-step weights (538 MB a pass, 2 threads;
+/// BENCHMARKS.md, real size): on the project's AVX2 machine libtorch's `linear` took 3.3x the
+/// kernel's time at 8 rows, 1.17x at 64, 1.12x at 128 and 0.88x at 192, where the product is
+/// long compute-bound; an earlier AVX-512 machine crossed over near 256.
 pub const KERNEL_ROWS: i64 = 128;
 
 mod ops;
@@ -118,11 +119,17 @@ pub fn kernel_isa() -> KernelIsa {
 /// libtorch. `x` is made contiguous here; the weight must already be (a row block of a fused
 /// buffer is).
 pub fn product(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
+    product_up_to(x, weight, bias, KERNEL_ROWS)
+}
+
+/// [`product`] for inputs of up to `max_rows` rows instead of [`KERNEL_ROWS`]: what the
+/// generation bench's `--product-sweep` times against libtorch to place that limit.
+pub fn product_up_to(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, max_rows: i64) -> Option<Tensor> {
     let [rows, input] = x.size()[..] else { return None };
     let [out, w_input] = weight.size()[..] else { return None };
     let mut inputs = vec![x, weight];
     inputs.extend(bias);
-    let fits = (1..=KERNEL_ROWS).contains(&rows)
+    let fits = (1..=max_rows).contains(&rows)
         && input == w_input
         && input > 0
         && weight.is_contiguous()
