@@ -93,29 +93,21 @@ impl FusedLinear {
         Some(super::layers::linear_with(x, &self.weight, self.bias.as_ref(), ops))
     }
 
-    /// The outputs of `linears` for `x`: through `fused` when the maps were tied
-    /// ([`FusedLinear::forward`]), else one product per map.
-    pub fn outputs<const N: usize>(fused: Option<&FusedLinear>, x: &Tensor, linears: [&Linear; N]) -> [Tensor; N] {
-        let mut parts = fused.map(|f| f.forward(x, &linears)).unwrap_or_default().into_iter();
-        std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
-    }
-
-    /// [`FusedLinear::outputs`] for a caller that asked `fused` for its `product` first (to
-    /// run a kernel over it whole): views of that product when there is one, so it is not
-    /// computed again, else as `outputs` computes them.
+    /// The outputs of `linears` for `x`: views of `product` when the caller already asked
+    /// `fused` for it (to run a kernel over it whole), so it is not computed again; else through
+    /// `fused` when the maps were tied ([`FusedLinear::forward`]); else one product per map.
     pub fn outputs_of_product<const N: usize>(
         fused: Option<&FusedLinear>,
         product: Option<Tensor>,
         x: &Tensor,
         linears: [&Linear; N],
     ) -> [Tensor; N] {
-        match fused.zip(product) {
-            Some((f, y)) => {
-                let mut parts = f.split(&y).into_iter();
-                std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
-            }
-            None => Self::outputs(fused, x, linears),
-        }
+        let parts = match fused.zip(product) {
+            Some((f, y)) => f.split(&y),
+            None => fused.map(|f| f.forward(x, &linears)).unwrap_or_default(),
+        };
+        let mut parts = parts.into_iter();
+        std::array::from_fn(|i| parts.next().unwrap_or_else(|| linears[i].forward(x)))
     }
 
     /// The shared weight buffer `[sum of out_features, in_features]`.
