@@ -4,13 +4,14 @@
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
 //!     [--config config.json | --model DIR] [--pairs 3] [--device cpu|cuda] [--dtype fp32|bf16]
-//!     [--static-only] [--split] [--product-sweep] [--cuda-graph]
+//!     [--static-only] [--split] [--product-sweep] [--cuda-graph] [--bound-pairs 3]
 //!
 //! Greedy, fp32, CPU (or `--device`, `--dtype`), the shipped tiny Qwen3, or with `--config` a
 //! random model of a published config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
 //! transformers' run interleaved (`--pairs` times: ours, theirs, ours, ...) and the median of
 //! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
-//! weight read once per step, at this machine's read bandwidth measured in the same run).
+//! weight read once per step, at this machine's read bandwidth measured next to each decode
+//! timing in `--bound-pairs` interleaved pairs, 3 by default; also shown with the KV cache's reads).
 //! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
 //! decode step into its weight products and the rest; `--product-sweep` times those products
 //! through the CPU kernel and through libtorch at 1-256 rows; `--cuda-graph` (CUDA) compares the decode
@@ -111,7 +112,6 @@ fn main() {
         prefill_chunk_size: 32,
         ..Default::default()
     };
-    let total = (n_prompts * new) as f64;
     println!(
         "greedy generation, {n_prompts} prompts of 32-95 tokens, {new} new tokens each, {} ({:.1} M parameters) {} on {device:?}, {} threads, median of {repeats}",
         dir.file_name().map_or("?".into(), |f| f.to_string_lossy().into_owned()),
@@ -121,7 +121,6 @@ fn main() {
     );
     let mut g = Generator::new();
     let ours = rates(&mut g, lm, &ps, &cfg, repeats);
-    let static_s = total / ours.end_to_end;
     println!("{:<36}{:>12}", "mode", "tokens/s");
     println!(
         "{:<36}{:>12.1}   (decode steps alone: {:.1} tokens/s)",
@@ -145,25 +144,11 @@ fn main() {
     if !(full && args.flag("--static-only")) {
         other_modes(lm, &mut g, &ps, &cfg, (full, repeats), &mut results);
     }
-    // The bound: a decode step reads every weight once.
-    let weight_bytes: f64 = model
-        .vs
-        .variables()
-        .values()
-        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
-        .sum();
-    let bandwidth = common::device_read_bandwidth_gbs(device);
-    let bound = n_prompts as f64 * bandwidth * 1e9 / weight_bytes;
-    println!(
-        "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {bandwidth:.1} GB/s read; treetrain's decode steps at {:.2} of it)",
-        "memory-bandwidth bound",
-        weight_bytes / 1e6,
-        ours.decode / bound
-    );
-    results["bandwidth_bound_tokens_per_s"] = bound.into();
-    results["read_bandwidth_gbs"] = bandwidth.into();
-    results["static_over_bound"] = ((total / static_s) / bound).into();
-    results["decode_over_bound"] = (ours.decode / bound).into();
+    let pairs = args
+        .get("--bound-pairs")
+        .map_or(if full { 3 } else { 1 }, |v| v.parse().expect("--bound-pairs N"));
+    let bound = Bound::of(&model, &ps, new);
+    bound.report(&mut g, lm, (&ps, &cfg), (ours, repeats, pairs), &mut results);
     if full {
         match common::python(args.get("--python"), "transformers, torch") {
             None => {
@@ -287,27 +272,41 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
             .double_value(&[0, 0]);
     };
     let mut step = step;
-    let step_s = tch::no_grad(|| median_s(&mut step, 20));
     let maps = products_at(lm, batch);
-    let products_s = tch::no_grad(|| {
-        median_s(
-            || {
-                for (map, x) in &maps {
-                    let _ = map.forward_with(x, CpuOps::Kernels);
-                }
-            },
-            20,
-        )
+    // The products' own bound, measured next to them: libtorch's sum of the same weight tensors
+    // (one read of each, the same tensors and calls as the products). The step, the products
+    // and the sums take turns, so each median comes from the same stretch of the machine's
+    // (shared, moving) memory bandwidth.
+    let products = || {
+        for (map, x) in &maps {
+            let _ = map.forward_with(x, CpuOps::Kernels);
+        }
+    };
+    let sums = || {
+        for (map, _) in &maps {
+            let _ = map.weight.sum(tch::Kind::Float).double_value(&[]);
+        }
+    };
+    let (mut step_t, mut products_t, mut sums_t) = (Vec::new(), Vec::new(), Vec::new());
+    tch::no_grad(|| {
+        for _ in 0..20 {
+            step_t.push(median_s(&mut step, 1));
+            products_t.push(median_s(products, 1));
+            sums_t.push(median_s(sums, 1));
+        }
     });
-    let gbs = weight_bytes(&maps) / products_s / 1e9;
+    let [step_s, products_s, sums_s] = [step_t, products_t, sums_t].map(|t| common::median(&t));
+    let bytes = weight_bytes(&maps);
+    let (gbs, sum_gbs) = (bytes / products_s / 1e9, bytes / sums_s / 1e9);
     println!(
-        "decode step split (batch {batch}): step {:.2} ms = weight products {:.2} ms ({:.0}%; weights read at {gbs:.1} GB/s) + the rest {:.2} ms",
+        "decode step split (batch {batch}): step {:.2} ms = weight products {:.2} ms ({:.0}%; weights read at {gbs:.1} GB/s, {:.2} of a sum of the same tensors next to them at {sum_gbs:.1}) + the rest {:.2} ms",
         step_s * 1e3,
         products_s * 1e3,
         100.0 * products_s / step_s,
+        gbs / sum_gbs,
         (step_s - products_s) * 1e3
     );
-    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs})
+    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs})
 }
 
 /// The weight products of one decode step at `batch` rows, in its order (fused q/k/v, o, fused
@@ -402,6 +401,87 @@ fn product_sweep(lm: &CausalLm) -> serde_json::Value {
 struct Rates {
     end_to_end: f64,
     decode: f64,
+}
+
+/// What a decode step must read from memory: every weight once, and the KV cache up to each
+/// row's position (the CPU attention kernel reads a row's valid slots only; SDPA on other
+/// devices reads every slot, so there the cache term is a lower bound).
+struct Bound {
+    weight_bytes: f64,
+    /// Mean over the decode steps of the cache bytes a step reads.
+    cache_bytes: f64,
+    rows: f64,
+    device: treetrain::device::Device,
+}
+
+impl Bound {
+    fn of(model: &Model, ps: &[Vec<i64>], new: usize) -> Bound {
+        let weight_bytes: f64 = model
+            .vs
+            .variables()
+            .values()
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
+            .sum();
+        let c = &model.lm.config;
+        let elt = model.lm.kind().elt_size_in_bytes() as f64;
+        // Keys and values of every layer and kv head, per cached token.
+        let per_token = (c.num_layers * 2 * c.num_kv_heads * c.head_dim) as f64 * elt;
+        let mean_tokens: f64 = ps.iter().map(|p| p.len() as f64 + new as f64 / 2.0).sum();
+        Bound {
+            weight_bytes,
+            cache_bytes: per_token * mean_tokens,
+            rows: ps.len() as f64,
+            device: model.lm.device(),
+        }
+    }
+
+    /// Tokens/s if a step took only the time to read `bytes` at `gbs`.
+    fn tokens_per_s(&self, bytes: f64, gbs: f64) -> f64 {
+        self.rows * gbs * 1e9 / bytes
+    }
+
+    /// Decode tokens/s against the bound, in `pairs` interleaved (decode, bandwidth) pairs: the
+    /// machine's bandwidth moves between runs (its memory is shared), so each decode timing is
+    /// set against a bandwidth measured next to it, and the median of the pairwise fractions is
+    /// reported. The first pair's decode is `first`, measured before.
+    fn report(
+        &self,
+        g: &mut Generator,
+        lm: &CausalLm,
+        (ps, cfg): (&[Vec<i64>], &GenerationConfig),
+        (first, repeats, pairs): (Rates, usize, usize),
+        results: &mut serde_json::Value,
+    ) {
+        let (mut fractions, mut with_cache, mut bandwidths) = (Vec::new(), Vec::new(), Vec::new());
+        let mut decode = first.decode;
+        for i in 0..pairs.max(1) {
+            if i > 0 {
+                decode = rates(g, lm, ps, cfg, repeats).decode;
+            }
+            let gbs = common::device_read_bandwidth_gbs(self.device);
+            fractions.push(decode / self.tokens_per_s(self.weight_bytes, gbs));
+            with_cache.push(decode / self.tokens_per_s(self.weight_bytes + self.cache_bytes, gbs));
+            bandwidths.push(gbs);
+        }
+        let gbs = common::median(&bandwidths);
+        let bound = self.tokens_per_s(self.weight_bytes, gbs);
+        let (fraction, fraction_with_cache) = (common::median(&fractions), common::median(&with_cache));
+        println!(
+            "{:<36}{bound:>12.1}   ({:.0} MB of weights a step at {gbs:.1} GB/s read; treetrain's decode steps at {fraction:.2} of it, median of {} interleaved pairs {fractions:.2?}; {fraction_with_cache:.2} of the bound with the {:.0} MB of KV cache a step reads on average)",
+            "memory-bandwidth bound",
+            self.weight_bytes / 1e6,
+            fractions.len(),
+            self.cache_bytes / 1e6,
+        );
+        results["bandwidth_bound_tokens_per_s"] = bound.into();
+        results["read_bandwidth_gbs"] = gbs.into();
+        results["read_bandwidths_gbs"] = serde_json::json!(bandwidths);
+        results["static_over_bound"] = (first.end_to_end / bound).into();
+        results["decode_over_bound"] = fraction.into();
+        results["pairwise_decode_over_bound"] = serde_json::json!(fractions);
+        results["kv_cache_bytes_per_step"] = self.cache_bytes.into();
+        results["decode_over_bound_with_cache"] = fraction_with_cache.into();
+    }
 }
 
 /// Static-cache [`Rates`]: medians of `repeats` calls with `cfg`'s new tokens and of calls with
