@@ -148,7 +148,7 @@ fn main() {
         .get("--bound-pairs")
         .map_or(if full { 3 } else { 1 }, |v| v.parse().expect("--bound-pairs N"));
     let bound = Bound::of(&model, &ps, new);
-    bound.report(&mut g, lm, (&ps, &cfg), (ours, repeats, pairs), &mut results);
+    bound.report(&mut g, lm, (&ps, &cfg), (repeats, pairs), &mut results);
     if full {
         match common::python(args.get("--python"), "transformers, torch") {
             None => {
@@ -442,25 +442,25 @@ impl Bound {
 
     /// Decode tokens/s against the bound, in `pairs` interleaved (decode, bandwidth) pairs: the
     /// machine's bandwidth moves between runs (its memory is shared), so each decode timing is
-    /// set against a bandwidth measured next to it, and the median of the pairwise fractions is
-    /// reported. The first pair's decode is `first`, measured before.
+    /// set against a bandwidth measured right after it, and the medians of the pairwise
+    /// fractions are reported.
     fn report(
         &self,
         g: &mut Generator,
         lm: &CausalLm,
         (ps, cfg): (&[Vec<i64>], &GenerationConfig),
-        (first, repeats, pairs): (Rates, usize, usize),
+        (repeats, pairs): (usize, usize),
         results: &mut serde_json::Value,
     ) {
-        let (mut fractions, mut with_cache, mut bandwidths) = (Vec::new(), Vec::new(), Vec::new());
-        let mut decode = first.decode;
-        for i in 0..pairs.max(1) {
-            if i > 0 {
-                decode = rates(g, lm, ps, cfg, repeats).decode;
-            }
+        let (mut fractions, mut with_cache, mut end_to_end, mut bandwidths) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..pairs.max(1) {
+            let r = rates(g, lm, ps, cfg, repeats);
             let gbs = common::device_read_bandwidth_gbs(self.device);
-            fractions.push(decode / self.tokens_per_s(self.weight_bytes, gbs));
-            with_cache.push(decode / self.tokens_per_s(self.weight_bytes + self.cache_bytes, gbs));
+            let bound = self.tokens_per_s(self.weight_bytes, gbs);
+            fractions.push(r.decode / bound);
+            end_to_end.push(r.end_to_end / bound);
+            with_cache.push(r.decode / self.tokens_per_s(self.weight_bytes + self.cache_bytes, gbs));
             bandwidths.push(gbs);
         }
         let gbs = common::median(&bandwidths);
@@ -476,7 +476,7 @@ impl Bound {
         results["bandwidth_bound_tokens_per_s"] = bound.into();
         results["read_bandwidth_gbs"] = gbs.into();
         results["read_bandwidths_gbs"] = serde_json::json!(bandwidths);
-        results["static_over_bound"] = (first.end_to_end / bound).into();
+        results["static_over_bound"] = common::median(&end_to_end).into();
         results["decode_over_bound"] = fraction.into();
         results["pairwise_decode_over_bound"] = serde_json::json!(fractions);
         results["kv_cache_bytes_per_step"] = self.cache_bytes.into();
