@@ -17,8 +17,8 @@
 //! every call at these shapes and reads it at 7-18 GB/s; the kernel streams each thread's
 //! block of weight rows once, in tiles of a few rows against the input rows held in registers,
 //! prefetching the next tile, and reads at 23-27 GB/s where a plain sum reads 30-36 on the
-//! project's AVX2 machine; on an AVX-512 Zen 4 machine at 25-30 GB/s where a sum of the same
-//! weight tensors, timed in turns with it, reads 43-46 (BENCHMARKS.md, real size: greedy
+//! project's AVX2 machine; on an AVX-512 Zen 4 machine at 21-30 GB/s where a sum of the same
+//! weight tensors, timed in turns with it, reads 26-46 (0.54-0.79 of it) (BENCHMARKS.md, real size: greedy
 //! decode). It runs where no autograd
 //! graph is recorded, on contiguous f32 CPU tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums
 //! are taken in another order than MKL's, so values agree to f32 rounding (~1e-6 relative),
