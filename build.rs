@@ -84,6 +84,7 @@ fn compile_cpu_kernels(libtorch: &std::path::Path) {
         .flag("-fopenmp")
         .flag("-ffp-contract=off")
         .compile("treetrain_cpu_decode_ops");
+    torch_build(libtorch, "src/model/host_memory.cpp").compile("treetrain_host_memory");
     torch_build(libtorch, "src/generate/cpu_sampler.cpp")
         .opt_level(3)
         .flag("-fopenmp")

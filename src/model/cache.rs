@@ -5,7 +5,7 @@ use tch::{Kind, Tensor};
 
 use crate::device::Device;
 
-use super::{ModelConfig, ModelError};
+use super::{ModelConfig, ModelError, host_memory};
 
 /// What a cached forward needs from a cache.
 pub trait KvCache {
@@ -48,7 +48,11 @@ impl StaticCache {
     pub fn new(cfg: &ModelConfig, batch: i64, max_len: i64, kind: Kind, device: Device) -> Result<Self, ModelError> {
         let shape = [batch, cfg.num_kv_heads, max_len, cfg.head_dim];
         let buffers = || -> Result<Vec<Tensor>, tch::TchError> {
-            (0..cfg.num_layers).map(|_| device.zeros(&shape, kind)).collect()
+            match device {
+                // Every decode step reads the cache's filled slots: one buffer in huge pages.
+                Device::Cpu => host_memory::zeros_in_one_buffer(cfg.num_layers, &shape, kind),
+                _ => (0..cfg.num_layers).map(|_| device.zeros(&shape, kind)).collect(),
+            }
         };
         Ok(StaticCache {
             k: buffers()?,

@@ -145,16 +145,20 @@ impl CausalLm {
     }
 
     /// The tensors the model holds beside its parameters, by name: RoPE's `inv_freq` (under
-    /// transformers' buffer name) and each layer's fused q/k/v and gate/up buffers. What must
-    /// live on the model's device with the parameters.
+    /// transformers' buffer name) and each layer's fused q/k/v and gate/up buffers (weights and
+    /// biases). What must live on the model's device with the parameters.
     pub fn buffers(&self) -> Vec<(String, &Tensor)> {
         let mut out = vec![("model.rotary_emb.inv_freq".to_string(), &self.inv_freq)];
         for (i, layer) in self.layers.iter().enumerate() {
-            if let Some(f) = layer.self_attn.fused_qkv() {
-                out.push((format!("model.layers.{i}.self_attn.qkv (fused)"), f.weight()));
-            }
-            if let Some(f) = layer.mlp.fused_gate_up() {
-                out.push((format!("model.layers.{i}.mlp.gate_up (fused)"), f.weight()));
+            let fused = [
+                ("self_attn.qkv", layer.self_attn.fused_qkv()),
+                ("mlp.gate_up", layer.mlp.fused_gate_up()),
+            ];
+            for (name, f) in fused.into_iter().filter_map(|(n, f)| Some((n, f?))) {
+                out.push((format!("model.layers.{i}.{name} (fused)"), f.weight()));
+                if let Some(b) = f.bias() {
+                    out.push((format!("model.layers.{i}.{name} bias (fused)"), b));
+                }
             }
         }
         out

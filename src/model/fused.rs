@@ -2,7 +2,8 @@
 //! (generation, scoring): fewer, larger products per layer.
 //!
 //! One buffer holds the maps' weights end to end, and each map's `weight` (the variable under
-//! its `state_dict` name) is re-pointed at its rows of it. Loading, saving, optimizer steps,
+//! its `state_dict` name) is re-pointed at its rows of it ([`host_memory::gather`]: in huge
+//! pages on the CPU). Loading, saving, optimizer steps,
 //! broadcasts and adapter merges all write the variables in place, so they write the buffer:
 //! the fused product never reads stale weights and nothing is stored twice. A forward that
 //! needs gradients, or a map with an adapter, runs the maps one by one.
@@ -11,6 +12,7 @@ use tch::Tensor;
 
 use super::ModelError;
 use super::cpu_kernels::{self, CpuOps};
+use super::host_memory;
 use super::layers::Linear;
 
 /// The shared buffer of several linear maps of the same input.
@@ -46,26 +48,13 @@ impl FusedLinear {
             return Ok(None);
         }
         let sizes: Vec<i64> = linears.iter().map(|l| l.weight.size()[0]).collect();
-        let _guard = tch::no_grad_guard();
-        let weights: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
-        let weight = Tensor::f_cat(&weights, 0)?;
-        let bias = match biased {
-            true => {
-                let biases: Vec<&Tensor> = linears.iter().filter_map(|l| l.bias.as_ref()).collect();
-                Some(Tensor::f_cat(&biases, 0)?)
-            }
-            false => None,
+        let mut weights: Vec<&mut Tensor> = linears.iter_mut().map(|l| &mut l.weight).collect();
+        let Some((weight, _)) = host_memory::gather(&mut weights)? else {
+            return Ok(None);
         };
-        let mut offset = 0;
-        for (l, &n) in linears.iter_mut().zip(&sizes) {
-            // set_data keeps the variable (its autograd identity, the var store's handle) and
-            // swaps its storage for these rows: contiguous, as a row slice of a row-major buffer.
-            l.weight.f_set_data(&weight.f_narrow(0, offset, n)?)?;
-            if let (Some(b), Some(all)) = (l.bias.as_mut(), bias.as_ref()) {
-                b.f_set_data(&all.f_narrow(0, offset, n)?)?;
-            }
-            offset += n;
-        }
+        let weight = weight.f_view([sizes.iter().sum::<i64>(), input])?;
+        let mut biases: Vec<&mut Tensor> = linears.iter_mut().filter_map(|l| l.bias.as_mut()).collect();
+        let bias = host_memory::gather(&mut biases)?.map(|(b, _)| b);
         Ok(Some(FusedLinear { weight, bias, sizes }))
     }
 
@@ -113,6 +102,11 @@ impl FusedLinear {
     /// The shared weight buffer `[sum of out_features, in_features]`.
     pub(crate) fn weight(&self) -> &Tensor {
         &self.weight
+    }
+
+    /// The shared bias buffer `[sum of out_features]`, when the maps have biases.
+    pub(crate) fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
     }
 
     /// The same buffer (shared, not copied).

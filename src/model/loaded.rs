@@ -6,7 +6,7 @@ use tch::{Kind, Tensor, nn};
 
 use super::lora::{LoraAdapter, LoraConfig};
 use super::weights::{check_finite_to_write, init_seeded, load_into, weight_files, write_json, write_safetensors};
-use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, parse_kind, target_logprobs};
+use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, host_memory, parse_kind, target_logprobs};
 use crate::device::{Device, privateuse1};
 use crate::display::{self, Rich, escape};
 
@@ -224,7 +224,37 @@ impl Model {
         if device.is_privateuse1() {
             self.lm.place(&self.vs, device)?;
         }
-        self.lm.tie_fused()
+        self.lm.tie_fused()?;
+        self.gather_host_parameters()
+    }
+
+    /// Moves every CPU parameter the fused buffers do not hold into one buffer per dtype, in
+    /// huge pages ([`super::host_memory`]), in name order: a decode step streams them all.
+    fn gather_host_parameters(&self) -> Result<(), ModelError> {
+        let fused = self.lm.buffers();
+        let mut vars: Vec<(String, Tensor)> = self
+            .vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.device() == tch::Device::Cpu)
+            .filter(|(_, t)| !fused.iter().any(|(_, b)| host_memory::lies_in(t, b)))
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut kinds: Vec<Kind> = Vec::new();
+        for (_, t) in &vars {
+            if !kinds.contains(&t.kind()) {
+                kinds.push(t.kind());
+            }
+        }
+        for kind in kinds {
+            let mut same: Vec<&mut Tensor> = vars
+                .iter_mut()
+                .filter(|(_, t)| t.kind() == kind)
+                .map(|(_, t)| t)
+                .collect();
+            host_memory::gather(&mut same)?;
+        }
+        Ok(())
     }
 
     /// The device the parameters live on.

@@ -21,6 +21,7 @@ mod decoder;
 mod dtype;
 mod error;
 mod fused;
+pub mod host_memory;
 mod layers;
 mod layout;
 mod loaded;
