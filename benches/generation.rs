@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench generation -- [--prompts 8] [--new 64] [--python PATH]
 //!     [--config config.json | --model DIR] [--pairs 3] [--device cpu|cuda] [--dtype fp32|bf16]
-//!     [--static-only] [--split] [--product-sweep] [--cuda-graph] [--bound-pairs 3]
+//!     [--static-only] [--split] [--pages] [--product-sweep] [--cuda-graph] [--bound-pairs 3]
 //!
 //! Greedy, fp32, CPU (or `--device`, `--dtype`), the shipped tiny Qwen3, or with `--config` a
 //! random model of a published config (e.g. `benches/configs/smollm2-135m.json`). treetrain's static cache and
@@ -13,7 +13,8 @@
 //! weight read once per step, at this machine's read bandwidth measured next to each decode
 //! timing in `--bound-pairs` interleaved pairs, 3 by default; also shown with the KV cache's reads).
 //! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
-//! decode step into its weight products and the rest; `--product-sweep` times those products
+//! decode step into its weight products and the rest; `--pages` times those products over the
+//! model's weights (in huge pages) and over copies in libtorch's allocation; `--product-sweep` times those products
 //! through the CPU kernel and through libtorch at 1-256 rows; `--cuda-graph` (CUDA) compares the decode
 //! steps replayed as a CUDA graph with the same steps run eagerly. Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
 //! fixture venv made by scripts/fixtures/venv.sh; skipped with a message when none works.
@@ -136,6 +137,9 @@ fn main() {
     }
     if full && args.flag("--split") {
         results["decode_split"] = decode_split(lm, n_prompts as i64);
+    }
+    if full && args.flag("--pages") {
+        results["pages"] = page_comparison(lm, n_prompts as i64);
     }
     if full && args.flag("--product-sweep") {
         results["product_sweep"] = product_sweep(lm);
@@ -354,6 +358,68 @@ fn weight_bytes(maps: &[(treetrain::model::Linear, tch::Tensor)]) -> f64 {
         .sum()
 }
 
+/// The page size's share (`--pages`, f32 CPU): a decode step's weight products at `batch` rows
+/// over the model's weights (in huge pages, `treetrain::model::host_memory`) and over copies of
+/// them in libtorch's own allocation (4 KiB pages where the THP mode is `madvise`), and a sum of
+/// each set, in 20 interleaved rounds; medians of the pairwise time ratios.
+fn page_comparison(lm: &CausalLm, batch: i64) -> serde_json::Value {
+    let huge = products_at(lm, batch);
+    let small: Vec<(treetrain::model::Linear, tch::Tensor)> = huge
+        .iter()
+        .map(|(m, x)| {
+            let map = treetrain::model::Linear {
+                weight: m.weight.copy(),
+                bias: None,
+                adapter: None,
+            };
+            (map, x.shallow_clone())
+        })
+        .collect();
+    let products = |maps: &[(treetrain::model::Linear, tch::Tensor)]| {
+        median_s(
+            || {
+                for (map, x) in maps {
+                    let _ = map.forward_with(x, CpuOps::Kernels);
+                }
+            },
+            1,
+        )
+    };
+    let sums = |maps: &[(treetrain::model::Linear, tch::Tensor)]| {
+        median_s(
+            || {
+                for (map, _) in maps {
+                    let _ = map.weight.sum(tch::Kind::Float).double_value(&[]);
+                }
+            },
+            1,
+        )
+    };
+    let (mut p_ratio, mut s_ratio, mut p_ms) = (Vec::new(), Vec::new(), [Vec::new(), Vec::new()]);
+    tch::no_grad(|| {
+        for round in 0..20 {
+            // Alternate which goes first.
+            let (ph, ps) = if round % 2 == 0 {
+                (products(&huge), products(&small))
+            } else {
+                let ps = products(&small);
+                (products(&huge), ps)
+            };
+            p_ratio.push(ps / ph);
+            p_ms[0].push(ph * 1e3);
+            p_ms[1].push(ps * 1e3);
+            let (sh, ss) = (sums(&huge), sums(&small));
+            s_ratio.push(ss / sh);
+        }
+    });
+    let (pr, sr) = (common::median(&p_ratio), common::median(&s_ratio));
+    let (h_ms, s_ms) = (common::median(&p_ms[0]), common::median(&p_ms[1]));
+    println!(
+        "page size (batch {batch}, 20 interleaved rounds): weight products {h_ms:.2} ms over huge pages, {s_ms:.2} ms over libtorch's allocation: {pr:.2}x (pairwise median); sums of the same tensors {sr:.2}x"
+    );
+    serde_json::json!({"batch": batch, "products_huge_ms": h_ms, "products_allocator_ms": s_ms, "products_allocator_over_huge": pr, "pairwise_products": p_ratio, "sums_allocator_over_huge": sr, "pairwise_sums": s_ratio})
+}
+
 /// Where the weight-product kernel stops paying (`--product-sweep`, f32 CPU): a decode step's
 /// products at each row count through the kernel and through libtorch's `linear` (MKL), the
 /// two interleaved (kernel, libtorch, ... 5 times, medians of 3 each), the ratio per row count.
@@ -454,9 +520,13 @@ impl Bound {
     ) {
         let (mut fractions, mut with_cache, mut end_to_end, mut bandwidths) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut small_pages = Vec::new();
         for _ in 0..pairs.max(1) {
             let r = rates(g, lm, ps, cfg, repeats);
             let gbs = common::device_read_bandwidth_gbs(self.device);
+            if self.device == treetrain::device::Device::Cpu {
+                small_pages.push(common::allocator_read_bandwidth_gbs());
+            }
             let bound = self.tokens_per_s(self.weight_bytes, gbs);
             fractions.push(r.decode / bound);
             end_to_end.push(r.end_to_end / bound);
@@ -473,6 +543,14 @@ impl Bound {
             fractions.len(),
             self.cache_bytes / 1e6,
         );
+        if !small_pages.is_empty() {
+            println!(
+                "{:<36}{:>12.1}   (GB/s: the same 1 GiB sum over libtorch's allocation, right after each of the above {small_pages:.1?}; the bound's sums are over huge pages {bandwidths:.1?})",
+                "  read over libtorch's allocation",
+                common::median(&small_pages),
+            );
+            results["allocator_read_bandwidths_gbs"] = serde_json::json!(small_pages);
+        }
         results["bandwidth_bound_tokens_per_s"] = bound.into();
         results["read_bandwidth_gbs"] = gbs.into();
         results["read_bandwidths_gbs"] = serde_json::json!(bandwidths);

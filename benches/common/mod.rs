@@ -206,10 +206,25 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// Read bandwidth of this machine in GB/s: the best of 5 sums over a 1 GiB f32 tensor (one
-/// read of every byte, nothing written but the scalar).
+/// read of every byte, nothing written but the scalar) in huge pages where the system has them,
+/// as the models' parameters and KV caches are (`treetrain::model::host_memory`).
 #[allow(dead_code)]
 pub fn read_bandwidth_gbs() -> f64 {
-    let t = tch::Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu));
+    let like = tch::Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cpu));
+    let (mut t, _) = treetrain::model::host_memory::huge_page_empty(1 << 28, &like).expect("1 GiB in huge pages");
+    let _ = t.fill_(1.0);
+    best_sum_gbs(&t)
+}
+
+/// [`read_bandwidth_gbs`] over libtorch's own allocation (4 KiB pages where the system's THP
+/// mode is `madvise`): what the parameters were read from before they moved to huge pages.
+#[allow(dead_code)]
+pub fn allocator_read_bandwidth_gbs() -> f64 {
+    best_sum_gbs(&tch::Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu)))
+}
+
+/// The best of 5 sums over `t`, in GB/s read.
+fn best_sum_gbs(t: &tch::Tensor) -> f64 {
     let bytes = (t.numel() * 4) as f64;
     (0..5)
         .map(|_| {
