@@ -12,9 +12,9 @@
 //! rather than rounding the buffer up, so a small model costs no extra memory.
 //!
 //! [`gather`] moves tensors into one new buffer, end to end, and re-points each (`set_data`)
-//! at its part, as [`super::fused::FusedLinear`] does for its maps: every handle (the var
-//! store's, the layers') sees the moved data, and in-place writes (loads, optimizer steps,
-//! broadcasts, adapter merges) land in the buffer. On the CPU the buffer is in huge pages
+//! at its part (the fused q/k/v and gate/up buffers of `model::fused` are made this way):
+//! every handle (the var store's, the layers') sees the moved data, and in-place writes
+//! (loads, optimizer steps, broadcasts, adapter merges) land in the buffer. On the CPU the buffer is in huge pages
 //! ([`Placement`] says whether the kernel took the advice); elsewhere it is libtorch's own.
 
 use tch::{Device, Kind, Tensor};
