@@ -3,10 +3,10 @@
 //!
 //! One buffer holds the maps' weights end to end, and each map's `weight` (the variable under
 //! its `state_dict` name) is re-pointed at its rows of it ([`host_memory::gather`]: in huge
-//! pages on the CPU). Loading, saving, optimizer steps,
-//! broadcasts and adapter merges all write the variables in place, so they write the buffer:
-//! the fused product never reads stale weights and nothing is stored twice. A forward that
-//! needs gradients, or a map with an adapter, runs the maps one by one.
+//! pages on the CPU). Loading, saving, optimizer steps, broadcasts and adapter merges all write
+//! the variables in place, so they write the buffer: the fused product never reads stale
+//! weights and nothing is stored twice. A forward that needs gradients, or a map with an
+//! adapter, runs the maps one by one.
 
 use tch::Tensor;
 
