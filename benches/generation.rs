@@ -281,16 +281,8 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     // (one read of each, the same tensors and calls as the products). The step, the products
     // and the sums take turns, so each median comes from the same stretch of the machine's
     // (shared, moving) memory bandwidth.
-    let products = || {
-        for (map, x) in &maps {
-            let _ = map.forward_with(x, CpuOps::Kernels);
-        }
-    };
-    let sums = || {
-        for (map, _) in &maps {
-            let _ = map.weight.sum(tch::Kind::Float).double_value(&[]);
-        }
-    };
+    let products = || run_products(&maps);
+    let sums = || run_sums(&maps);
     let (mut step_t, mut products_t, mut sums_t) = (Vec::new(), Vec::new(), Vec::new());
     tch::no_grad(|| {
         for _ in 0..20 {
@@ -352,6 +344,20 @@ fn products_at(lm: &CausalLm, batch: i64) -> Vec<(treetrain::model::Linear, tch:
         .collect()
 }
 
+/// Every product of `maps` through the decode kernels, as a decode step runs them.
+fn run_products(maps: &[(treetrain::model::Linear, tch::Tensor)]) {
+    for (map, x) in maps {
+        let _ = map.forward_with(x, CpuOps::Kernels);
+    }
+}
+
+/// One libtorch sum over each weight of `maps`: one read of each, in the products' calls.
+fn run_sums(maps: &[(treetrain::model::Linear, tch::Tensor)]) {
+    for (map, _) in maps {
+        let _ = map.weight.sum(tch::Kind::Float).double_value(&[]);
+    }
+}
+
 fn weight_bytes(maps: &[(treetrain::model::Linear, tch::Tensor)]) -> f64 {
     maps.iter()
         .map(|(m, _)| (m.weight.numel() * m.weight.kind().elt_size_in_bytes()) as f64)
@@ -375,26 +381,8 @@ fn page_comparison(lm: &CausalLm, batch: i64) -> serde_json::Value {
             (map, x.shallow_clone())
         })
         .collect();
-    let products = |maps: &[(treetrain::model::Linear, tch::Tensor)]| {
-        median_s(
-            || {
-                for (map, x) in maps {
-                    let _ = map.forward_with(x, CpuOps::Kernels);
-                }
-            },
-            1,
-        )
-    };
-    let sums = |maps: &[(treetrain::model::Linear, tch::Tensor)]| {
-        median_s(
-            || {
-                for (map, _) in maps {
-                    let _ = map.weight.sum(tch::Kind::Float).double_value(&[]);
-                }
-            },
-            1,
-        )
-    };
+    let products = |maps: &[(treetrain::model::Linear, tch::Tensor)]| median_s(|| run_products(maps), 1);
+    let sums = |maps: &[(treetrain::model::Linear, tch::Tensor)]| median_s(|| run_sums(maps), 1);
     let (mut p_ratio, mut s_ratio, mut p_ms) = (Vec::new(), Vec::new(), [Vec::new(), Vec::new()]);
     tch::no_grad(|| {
         for round in 0..20 {

@@ -49,12 +49,12 @@ impl FusedLinear {
         }
         let sizes: Vec<i64> = linears.iter().map(|l| l.weight.size()[0]).collect();
         let mut weights: Vec<&mut Tensor> = linears.iter_mut().map(|l| &mut l.weight).collect();
-        let Some((weight, _)) = host_memory::gather(&mut weights)? else {
+        let Some(weight) = host_memory::gather(&mut weights)? else {
             return Ok(None);
         };
         let weight = weight.f_view([sizes.iter().sum::<i64>(), input])?;
         let mut biases: Vec<&mut Tensor> = linears.iter_mut().filter_map(|l| l.bias.as_mut()).collect();
-        let bias = host_memory::gather(&mut biases)?.map(|(b, _)| b);
+        let bias = host_memory::gather(&mut biases)?;
         Ok(Some(FusedLinear { weight, bias, sizes }))
     }
 

@@ -14,8 +14,8 @@
 //! [`gather`] moves tensors into one new buffer, end to end, and re-points each (`set_data`)
 //! at its part (the fused q/k/v and gate/up buffers of `model::fused` are made this way):
 //! every handle (the var store's, the layers') sees the moved data, and in-place writes
-//! (loads, optimizer steps, broadcasts, adapter merges) land in the buffer. On the CPU the buffer is in huge pages
-//! ([`Placement`] says whether the kernel took the advice); elsewhere it is libtorch's own.
+//! (loads, optimizer steps, broadcasts, adapter merges) land in the buffer. On the CPU the
+//! buffer is in huge pages ([`huge_page_empty`]); elsewhere it is libtorch's own.
 
 use tch::{Device, Kind, Tensor};
 
@@ -34,7 +34,7 @@ unsafe extern "C" {
     ) -> std::ffi::c_int;
 }
 
-/// Where a [`gather`]ed buffer lives.
+/// Where a [`huge_page_empty`] buffer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// CPU memory advised for transparent huge pages, which the kernel accepted.
@@ -76,20 +76,20 @@ pub fn huge_page_empty(numel: i64, like: &Tensor) -> Result<(Tensor, Placement),
 
 /// Moves `tensors` (one dtype, one device, each contiguous) into one new 1-D buffer, end to
 /// end in order, and points each at its part of it (same shape, same values). Returns the
-/// buffer and where it lives; `None` for no tensors.
-pub fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<(Tensor, Placement)>, tch::TchError> {
+/// buffer; `None` for no tensors.
+pub fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<Tensor>, tch::TchError> {
     let Some(first) = tensors.first() else {
         return Ok(None);
     };
     let _guard = tch::no_grad_guard();
     let on_cpu = first.device() == Device::Cpu;
-    let (buffer, placement) = if on_cpu {
+    let buffer = if on_cpu {
         let total = tensors.iter().map(|t| t.numel()).sum::<usize>() as i64;
-        huge_page_empty(total, first)?
+        huge_page_empty(total, first)?.0
     } else {
         // Off the CPU: one concatenation, the op the device backends already run for this.
         let flat: Vec<Tensor> = tensors.iter().map(|t| t.f_reshape([-1])).collect::<Result<_, _>>()?;
-        (Tensor::f_cat(&flat, 0)?, Placement::Allocator)
+        Tensor::f_cat(&flat, 0)?
     };
     let mut offset = 0;
     for t in tensors.iter_mut() {
@@ -105,7 +105,7 @@ pub fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<(Tensor, Placement)>
         t.f_set_data(&part)?;
         offset += n;
     }
-    Ok(Some((buffer, placement)))
+    Ok(Some(buffer))
 }
 
 /// `count` zeroed CPU tensors of `shape` and `kind`, end to end in one buffer in huge pages
@@ -156,7 +156,7 @@ mod tests {
         let mut b = Tensor::randn([7], (Kind::Float, Device::Cpu));
         let (want_a, want_b) = (a.detach().copy(), b.copy());
         let handle = a.shallow_clone();
-        let (buffer, _) = gather(&mut [&mut a, &mut b]).unwrap().unwrap();
+        let buffer = gather(&mut [&mut a, &mut b]).unwrap().unwrap();
         assert_eq!(buffer.size(), vec![22]);
         assert!(a.equal(&want_a) && b.equal(&want_b));
         assert_eq!((a.size(), b.size()), (vec![3, 5], vec![7]));
