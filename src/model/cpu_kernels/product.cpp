@@ -1,8 +1,9 @@
 // The product of a few input rows with a large weight matrix, y = x W^T (+ b), as a decode step
 // computes it on the CPU: x [M, K] with M small (one row per sequence), W [N, K] in its
-// state_dict layout. Such a product is bound by reading W once from memory, and MKL's sgemm
-// packs (copies) W on every call for it, so it reads W at a fraction of the machine's
-// bandwidth. Here each thread streams its contiguous block of weight rows once, in tiles of a
+// state_dict layout. Such a product is bound by reading W once from memory (at a handful of
+// rows; at 8 rows in f32 on two Zen 4 cores its multiply-adds take as long: BENCHMARKS.md, "The
+// arithmetic side of the bound"), and MKL's sgemm packs (copies) W on every call for it, so it
+// reads W at a fraction of the machine's bandwidth. Here each thread streams its contiguous block of weight rows once, in tiles of a
 // few rows against every input row held in registers, prefetching the next tile.
 //
 // One source, two instruction sets (AVX-512 and AVX2 + FMA, chosen at run time); other CPUs
@@ -16,11 +17,15 @@
 #include <cstdint>
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 namespace avx512 {
 constexpr int kLanes = 16;
+typedef __m512 Native;
+inline float reduce_lanes(__m512 v) { return _mm512_reduce_add_ps(v); }
 constexpr int kRows = 4;   // 4 x 8 accumulators fill the 32 vector registers' budget best
 constexpr int kBatch = 8;  // (measured against 1-3 rows: fewer rows re-read x from L1 more)
 #include "product.inc"
@@ -31,6 +36,13 @@ constexpr int kBatch = 8;  // (measured against 1-3 rows: fewer rows re-read x f
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 constexpr int kLanes = 8;
+typedef __m256 Native;
+inline float reduce_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 constexpr int kRows = 3;   // 3 x 4 accumulators + 3 weights + 1 input = the 16 registers
 constexpr int kBatch = 4;
 #include "product.inc"
