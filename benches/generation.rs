@@ -11,9 +11,12 @@
 //! transformers' run interleaved (`--pairs` times: ours, theirs, ours, ...) and the median of
 //! the pairwise ratios is reported, with the memory-bandwidth bound of a decode step (every
 //! weight read once per step, at this machine's read bandwidth measured next to each decode
-//! timing in `--bound-pairs` interleaved pairs, 3 by default; also shown with the KV cache's reads).
+//! timing in `--bound-pairs` interleaved pairs, 3 by default; also shown with the KV cache's reads)
+//! and, on the CPU, the arithmetic bound (the weight products' FLOPs at the f32 matmul rate
+//! measured in each pair) with the decode against the slower of the two.
 //! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
-//! decode step into its weight products and the rest; `--pages` times those products over the
+//! decode step into its weight products and the rest, and times the same multiply-adds with
+//! the weights in cache (the kernel's arithmetic alone); `--pages` times those products over the
 //! model's weights (in huge pages) and over copies in libtorch's allocation; `--product-sweep` times those products
 //! through the CPU kernel and through libtorch at 1-256 rows; `--cuda-graph` (CUDA) compares the decode
 //! steps replayed as a CUDA graph with the same steps run eagerly. Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
@@ -283,15 +286,17 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     // (shared, moving) memory bandwidth.
     let products = || run_products(&maps);
     let sums = || run_sums(&maps);
-    let (mut step_t, mut products_t, mut sums_t) = (Vec::new(), Vec::new(), Vec::new());
+    let (in_cache, cache_scale) = in_cache_products(&maps);
+    let (mut step_t, mut products_t, mut sums_t, mut cached_t) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     tch::no_grad(|| {
         for _ in 0..20 {
             step_t.push(median_s(&mut step, 1));
             products_t.push(median_s(products, 1));
             sums_t.push(median_s(sums, 1));
+            cached_t.push(median_s(|| run_products(&in_cache), 1) * cache_scale);
         }
     });
-    let [step_s, products_s, sums_s] = [step_t, products_t, sums_t].map(|t| common::median(&t));
+    let [step_s, products_s, sums_s, cached_s] = [step_t, products_t, sums_t, cached_t].map(|t| common::median(&t));
     let bytes = weight_bytes(&maps);
     let (gbs, sum_gbs) = (bytes / products_s / 1e9, bytes / sums_s / 1e9);
     println!(
@@ -302,7 +307,41 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
         gbs / sum_gbs,
         (step_s - products_s) * 1e3
     );
-    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs})
+    println!(
+        "  the same multiply-adds with the weights in cache: {:.2} ms ({:.1} GB/s of weights; {:.1} GFLOP/s): the kernel's arithmetic alone",
+        cached_s * 1e3,
+        bytes / cached_s / 1e9,
+        2.0 * batch as f64 * maps.iter().map(|(m, _)| m.weight.numel() as f64).sum::<f64>() / cached_s / 1e9
+    );
+    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs, "products_in_cache_ms": cached_s * 1e3})
+}
+
+/// The products of `maps` with the weights in cache: each weight's first rows (about 1.5 MiB,
+/// which the two cores' L2 caches hold), run as many times as the whole weight has such blocks,
+/// and the factor that scales their time to the full products' multiply-adds. The extra calls
+/// add OpenMP fork/joins, so this slightly overstates the arithmetic's time.
+fn in_cache_products(
+    maps: &[(treetrain::model::Linear, tch::Tensor)],
+) -> (Vec<(treetrain::model::Linear, tch::Tensor)>, f64) {
+    let (mut blocks, mut full, mut cached) = (Vec::new(), 0.0, 0.0);
+    for (map, x) in maps {
+        let [out, input] = map.weight.size()[..] else {
+            unreachable!("a 2-d weight")
+        };
+        let rows = ((3 << 19) / (4 * input)).clamp(16, out);
+        let block = map.weight.narrow(0, 0, rows);
+        for _ in 0..(out + rows / 2) / rows {
+            let map = treetrain::model::Linear {
+                weight: block.shallow_clone(),
+                bias: None,
+                adapter: None,
+            };
+            blocks.push((map, x.shallow_clone()));
+            cached += (rows * input) as f64;
+        }
+        full += (out * input) as f64;
+    }
+    (blocks, full / cached)
 }
 
 /// The weight products of one decode step at `batch` rows, in its order (fused q/k/v, o, fused
@@ -464,6 +503,9 @@ struct Bound {
     weight_bytes: f64,
     /// Mean over the decode steps of the cache bytes a step reads.
     cache_bytes: f64,
+    /// Multiply-adds of a step's weight products: rows x the elements of every weight a
+    /// product reads (the layers' linears and the head).
+    multiply_adds: f64,
     rows: f64,
     device: treetrain::device::Device,
 }
@@ -481,9 +523,14 @@ impl Bound {
         // Keys and values of every layer and kv head, per cached token.
         let per_token = (c.num_layers * 2 * c.num_kv_heads * c.head_dim) as f64 * elt;
         let mean_tokens: f64 = ps.iter().map(|p| p.len() as f64 + new as f64 / 2.0).sum();
+        let product_elements: f64 = products_at(&model.lm, 1)
+            .iter()
+            .map(|(m, _)| m.weight.numel() as f64)
+            .sum();
         Bound {
             weight_bytes,
             cache_bytes: per_token * mean_tokens,
+            multiply_adds: ps.len() as f64 * product_elements,
             rows: ps.len() as f64,
             device: model.lm.device(),
         }
@@ -508,12 +555,19 @@ impl Bound {
     ) {
         let (mut fractions, mut with_cache, mut end_to_end, mut bandwidths) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut small_pages = Vec::new();
+        let (mut small_pages, mut matmul_rates, mut of_roofline) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..pairs.max(1) {
             let r = rates(g, lm, ps, cfg, repeats);
             let gbs = common::device_read_bandwidth_gbs(self.device);
             if self.device == treetrain::device::Device::Cpu {
                 small_pages.push(common::allocator_read_bandwidth_gbs());
+                // The step's products also need their multiply-adds: at the machine's matmul
+                // rate, measured in the same pair, they take as long as the read or longer
+                // at small batches in f32 on few cores.
+                let gflops = common::matmul_gflops();
+                let step_s = (self.weight_bytes / (gbs * 1e9)).max(2.0 * self.multiply_adds / (gflops * 1e9));
+                of_roofline.push(r.decode / (self.rows / step_s));
+                matmul_rates.push(gflops);
             }
             let bound = self.tokens_per_s(self.weight_bytes, gbs);
             fractions.push(r.decode / bound);
@@ -538,6 +592,18 @@ impl Bound {
                 common::median(&small_pages),
             );
             results["allocator_read_bandwidths_gbs"] = serde_json::json!(small_pages);
+            let gflops = common::median(&matmul_rates);
+            let arithmetic = self.rows * gflops * 1e9 / (2.0 * self.multiply_adds);
+            println!(
+                "{:<36}{arithmetic:>12.1}   ({:.2} GFLOP of weight products a step at the matmul rate measured after each pair {matmul_rates:.1?} GFLOP/s; treetrain's decode steps at {:.2} of the slower of the two bounds in each pair {of_roofline:.2?})",
+                "arithmetic bound",
+                2.0 * self.multiply_adds / 1e9,
+                common::median(&of_roofline),
+            );
+            results["arithmetic_bound_tokens_per_s"] = arithmetic.into();
+            results["matmul_gflops"] = serde_json::json!(matmul_rates);
+            results["decode_over_roofline"] = common::median(&of_roofline).into();
+            results["pairwise_decode_over_roofline"] = serde_json::json!(of_roofline);
         }
         results["bandwidth_bound_tokens_per_s"] = bound.into();
         results["read_bandwidth_gbs"] = gbs.into();
