@@ -19,7 +19,9 @@
 //! prefetching the next tile, and reads at 23-27 GB/s where a plain sum reads 30-36 on the
 //! project's AVX2 machine; on an AVX-512 Zen 4 machine at 21-30 GB/s where a sum of the same
 //! weight tensors, timed in turns with it, reads 26-46 (0.54-0.79 of it) (BENCHMARKS.md, real size: greedy
-//! decode). It runs where no autograd
+//! decode). There, at 8 rows, the same multiply-adds with the weights in cache take as long:
+//! the products are bound by their arithmetic (101-129 GFLOP/s, 0.8-0.9 of MKL's large-GEMM
+//! rate), not by the read. It runs where no autograd
 //! graph is recorded, on contiguous f32 CPU tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums
 //! are taken in another order than MKL's, so values agree to f32 rounding (~1e-6 relative),
 //! not bit for bit.
