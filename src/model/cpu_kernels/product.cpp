@@ -3,8 +3,9 @@
 // state_dict layout. Such a product is bound by reading W once from memory (at a handful of
 // rows; at 8 rows in f32 on two Zen 4 cores its multiply-adds take as long: BENCHMARKS.md, "The
 // arithmetic side of the bound"), and MKL's sgemm packs (copies) W on every call for it, so it
-// reads W at a fraction of the machine's bandwidth. Here each thread streams its contiguous block of weight rows once, in tiles of a
-// few rows against every input row held in registers, prefetching the next tile.
+// reads W at a fraction of the machine's bandwidth. Here each thread streams its contiguous
+// block of weight rows once, in tiles of a few rows against every input row held in registers,
+// prefetching the next tile.
 //
 // One source, two instruction sets (AVX-512 and AVX2 + FMA, chosen at run time); other CPUs
 // report "unsupported" and the caller keeps libtorch's product. Threads are libtorch's own
@@ -18,7 +19,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
