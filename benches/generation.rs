@@ -344,14 +344,16 @@ fn in_cache_products(
     (blocks, full / cached)
 }
 
-/// The weight products of one decode step at `batch` rows, in its order (fused q/k/v, o, fused
-/// gate/up, down per layer, then the head), each with a random input `[batch, 1, in]`.
-fn products_at(lm: &CausalLm, batch: i64) -> Vec<(treetrain::model::Linear, tch::Tensor)> {
+/// The weights one decode step multiplies by, in its order (fused q/k/v, o, fused gate/up,
+/// down per layer, then the head).
+fn step_weights(lm: &CausalLm) -> Vec<tch::Tensor> {
     use treetrain::model::Linear;
+    // The fused weight buffers, two per layer (the bias buffers of biased models left out).
     let fused: Vec<tch::Tensor> = lm
         .buffers()
         .into_iter()
         .skip(1)
+        .filter(|(name, _)| !name.ends_with(" bias (fused)"))
         .map(|(_, t)| t.shallow_clone())
         .collect();
     let mut weights: Vec<tch::Tensor> = Vec::new();
@@ -367,13 +369,19 @@ fn products_at(lm: &CausalLm, batch: i64) -> Vec<(treetrain::model::Linear, tch:
         weights.push(layer.mlp.down_proj.weight.shallow_clone());
     }
     weights.push(lm.lm_head_weight().shallow_clone());
-    let device = lm.device();
     weights
+}
+
+/// The weight products of one decode step at `batch` rows ([`step_weights`]), each with a
+/// random input `[batch, 1, in]`.
+fn products_at(lm: &CausalLm, batch: i64) -> Vec<(treetrain::model::Linear, tch::Tensor)> {
+    let device = lm.device();
+    step_weights(lm)
         .into_iter()
         .map(|w| {
             let x = tch::Tensor::randn([batch, 1, w.size()[1]], (lm.kind(), tch::Device::Cpu));
             let x = device.put(&x).expect("x");
-            let map = Linear {
+            let map = treetrain::model::Linear {
                 weight: w,
                 bias: None,
                 adapter: None,
@@ -523,10 +531,7 @@ impl Bound {
         // Keys and values of every layer and kv head, per cached token.
         let per_token = (c.num_layers * 2 * c.num_kv_heads * c.head_dim) as f64 * elt;
         let mean_tokens: f64 = ps.iter().map(|p| p.len() as f64 + new as f64 / 2.0).sum();
-        let product_elements: f64 = products_at(&model.lm, 1)
-            .iter()
-            .map(|(m, _)| m.weight.numel() as f64)
-            .sum();
+        let product_elements: f64 = step_weights(&model.lm).iter().map(|w| w.numel() as f64).sum();
         Bound {
             weight_bytes,
             cache_bytes: per_token * mean_tokens,
