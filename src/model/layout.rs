@@ -155,26 +155,11 @@ impl AttentionLayout {
             }
             segs.sort_by_key(|s| s.q_start);
         }
-        // Similar path lengths share a batch, so padding stays small.
-        short.sort_by_key(|s| (s.2.len(), s.1));
-        let mut batches = Vec::new();
-        let mut start = 0;
-        while start < short.len() {
-            let k_min = short[start].2.len() as i64;
-            let mut end = start + 1;
-            let mut q_max = short[start].1;
-            while end < short.len() {
-                let k = short[end].2.len() as i64;
-                let q = q_max.max(short[end].1);
-                if k > 2 * k_min + 16 || (end + 1 - start) as i64 * q * k > BATCH_SCORES {
-                    break;
-                }
-                q_max = q;
-                end += 1;
-            }
-            batches.push(segment_batch(&short[start..end], device)?);
-            start = end;
-        }
+        short.sort_by_key(|s| (s.1, s.2.len()));
+        let batches = batch_ranges(&short.iter().map(|s| (s.1, s.2.len() as i64)).collect::<Vec<_>>())
+            .into_iter()
+            .map(|range| segment_batch(&short[range], device))
+            .collect::<Result<Vec<_>, _>>()?;
         let order = if batches.is_empty() {
             None
         } else {
@@ -197,6 +182,40 @@ impl AttentionLayout {
             tokens,
         }))
     }
+}
+
+/// Padded score entries a batch may compute per real one (`G x q_max x k_max` against the sum
+/// of `q_len x k_len` over its segments).
+const BATCH_PADDING: i64 = 2;
+
+/// Consecutive ranges of `segments` (`(q_len, k_len)`, sorted by `q_len`, then `k_len`), one
+/// per padded attention call: a range grows while its padded scores stay within
+/// [`BATCH_PADDING`] times its real ones and [`BATCH_SCORES`].
+///
+/// Why bound padding rather than the spread of path lengths alone: a GRPO tree mixes prompt
+/// segments (tens of queries) with completion branches of a few tokens under paths of similar
+/// length; padded to the longest segment, the branches' call computed 4.4x its real scores,
+/// and attention took a larger share of the tree update than of the flat one (BENCHMARKS.md).
+fn batch_ranges(segments: &[(i64, i64)]) -> Vec<std::ops::Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    while start < segments.len() {
+        let (mut q_max, mut k_max) = segments[start];
+        let mut real = q_max * k_max;
+        let mut end = start + 1;
+        while let Some(&(q, k)) = segments.get(end) {
+            let (q_pad, k_pad) = (q_max.max(q), k_max.max(k));
+            let padded = (end + 1 - start) as i64 * q_pad * k_pad;
+            if padded > BATCH_SCORES || padded > BATCH_PADDING * (real + q * k) {
+                break;
+            }
+            (q_max, k_max, real) = (q_pad, k_pad, real + q * k);
+            end += 1;
+        }
+        ranges.push(start..end);
+        start = end;
+    }
+    ranges
 }
 
 /// One segment attended on its own: its path sliced or gathered, queries in blocks.
@@ -352,5 +371,54 @@ impl AttentionLayout {
             }
         };
         Ok(Some(mask.unsqueeze(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BATCH_PADDING, batch_ranges};
+
+    /// Padded against real scores of the segments in `range`.
+    fn padded_and_real(segments: &[(i64, i64)]) -> (i64, i64) {
+        let q = segments.iter().map(|s| s.0).max().unwrap_or(0);
+        let k = segments.iter().map(|s| s.1).max().unwrap_or(0);
+        (segments.len() as i64 * q * k, segments.iter().map(|s| s.0 * s.1).sum())
+    }
+
+    #[test]
+    fn batches_tile_the_segments_and_bound_their_padding() {
+        // A GRPO-like tree: prompt segments (q = k) among short branches under similar paths.
+        let mut segments: Vec<(i64, i64)> = (0..40)
+            .map(|i| (1 + i % 24, 40 + i % 23))
+            .chain((0..16).map(|i| (38 + i % 5, 38 + i % 5)))
+            .collect();
+        segments.sort();
+        let ranges = batch_ranges(&segments);
+        let mut next = 0;
+        for range in &ranges {
+            assert_eq!(range.start, next, "ranges tile in order");
+            next = range.end;
+            let (padded, real) = padded_and_real(&segments[range.clone()]);
+            assert!(
+                range.len() == 1 || padded <= BATCH_PADDING * real,
+                "{range:?}: {padded} > {BATCH_PADDING} x {real}"
+            );
+        }
+        assert_eq!(next, segments.len());
+        // Padding everything to the longest segment would compute several times the real scores.
+        let (padded, real) = padded_and_real(&segments);
+        assert!(padded > 3 * real, "{padded} vs {real}");
+        assert!(
+            ranges.len() < segments.len() / 4,
+            "{} calls for {} segments",
+            ranges.len(),
+            segments.len()
+        );
+    }
+
+    #[test]
+    fn equal_segments_share_one_batch() {
+        assert_eq!(batch_ranges(&[(8, 40); 30]), vec![0..30]);
+        assert!(batch_ranges(&[]).is_empty());
     }
 }
