@@ -378,7 +378,7 @@ impl AttentionLayout {
 mod tests {
     use super::{BATCH_PADDING, batch_ranges};
 
-    /// Padded against real scores of the segments in `range`.
+    /// Padded and real scores of one call over `segments`.
     fn padded_and_real(segments: &[(i64, i64)]) -> (i64, i64) {
         let q = segments.iter().map(|s| s.0).max().unwrap_or(0);
         let k = segments.iter().map(|s| s.1).max().unwrap_or(0);
