@@ -175,20 +175,6 @@ impl Attention {
         )
     }
 
-    /// `k`, `v` `[batch, kv_heads, len, head_dim]` repeated to `[batch, heads, len, head_dim]`
-    /// (grouped-query attention: each key/value head serves `heads / kv_heads` query heads).
-    fn expand_kv(&self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let rep = self.num_heads / self.num_kv_heads;
-        if rep > 1 {
-            (
-                k.repeat_interleave_self_int(rep, 1, None),
-                v.repeat_interleave_self_int(rep, 1, None),
-            )
-        } else {
-            (k.shallow_clone(), v.shallow_clone())
-        }
-    }
-
     /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
     /// `[batch, kv_heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]` (true =
     /// attend; `None` = causal), merged back to `[batch, q_len, hidden]` through `o_proj`.
@@ -236,10 +222,40 @@ impl Attention {
 
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
     /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
+    ///
+    /// Outputs are collected as token-major rows `[tokens, heads * d]`, the layout `o_proj`
+    /// takes, and batched segments gather their queries, keys and values as such rows (dim 0).
+    /// Why rows: the backward of a gather adds each gathered slot back into its source, and
+    /// libtorch does that per index: along dim 0 of `[n, heads * d]` one contiguous row per
+    /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, 2.3-3.6x slower
+    /// (1,000 to 6,400 indices, measured with this libtorch). A tree gathers its shared prefix
+    /// once per branch (8.5 key slots a token in a GRPO bench row against flat packing's 1.04), so
+    /// this cost is a larger share of the tree's update than of the flat one. Keys and values
+    /// stay at `kv_heads` (grouped-query attention in the kernel): no per-head copies to gather.
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
-        let (k, v) = self.expand_kv(k, v);
+        let n = q.size()[2];
+        let mut rows = self.attend_singles(q, k, v, layout);
+        if !layout.batches.is_empty() {
+            let token_rows = |t: &Tensor| {
+                let heads = t.size()[1];
+                t.transpose(1, 2).reshape([n, heads * self.head_dim])
+            };
+            rows.extend(self.attend_batches(&token_rows(q), &token_rows(k), &token_rows(v), layout));
+        }
+        let out = Tensor::cat(&rows, 0);
+        let out = match &layout.order {
+            Some(order) => out.index_select(0, order),
+            None => out,
+        };
+        self.o_proj.forward(&out.view([1, n, self.num_heads * self.head_dim]))
+    }
+
+    /// The output rows `[q_len, heads * d]` of every query block of the layout's single
+    /// segments, in order; `q`, `k`, `v` as [`Attention::attend_segments`] takes them.
+    fn attend_singles(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
-        let mut outs: Vec<Tensor> = Vec::new();
+        let gqa = self.num_heads != self.num_kv_heads;
+        let mut rows = Vec::new();
         for s in &layout.singles {
             let (ks, vs) = match &s.keys {
                 KeySource::Contiguous { start, len } => (k.narrow(2, *start, *len), v.narrow(2, *start, *len)),
@@ -249,47 +265,42 @@ impl Attention {
                 let qs = q.narrow(2, s.q_start + b.q_offset, b.q_len);
                 let (kb, vb) = (ks.narrow(2, 0, b.k_len), vs.narrow(2, 0, b.k_len));
                 let causal = b.mask.is_none();
-                outs.push(Tensor::scaled_dot_product_attention(
-                    &qs,
-                    &kb,
-                    &vb,
-                    b.mask.as_ref(),
-                    0.0,
-                    causal,
-                    scale,
-                    false,
-                ));
+                let out = Tensor::scaled_dot_product_attention(&qs, &kb, &vb, b.mask.as_ref(), 0.0, causal, scale, gqa);
+                rows.push(out.transpose(1, 2).reshape([b.q_len, self.num_heads * self.head_dim]));
             }
         }
-        let (heads, d) = (self.num_heads, self.head_dim);
-        for b in &layout.batches {
-            // [1, H, G * len, d] -> [G, H, len, d]
-            let gather = |t: &Tensor, index: &Tensor, len: i64| {
-                t.index_select(2, index).view([heads, b.groups, len, d]).transpose(0, 1)
-            };
-            let out = Tensor::scaled_dot_product_attention(
-                &gather(q, &b.q_index, b.q_max),
-                &gather(&k, &b.k_index, b.k_max),
-                &gather(&v, &b.k_index, b.k_max),
-                Some(&b.mask),
-                0.0,
-                false,
-                scale,
-                false,
-            );
-            outs.push(
-                out.transpose(0, 1)
-                    .reshape([1, heads, b.groups * b.q_max, d])
-                    .index_select(2, &b.out_slots),
-            );
-        }
-        let out = Tensor::cat(&outs, 2);
-        let out = match &layout.order {
-            Some(order) => out.index_select(2, order),
-            None => out,
-        };
-        let n = q.size()[2];
-        self.o_proj
-            .forward(&out.transpose(1, 2).reshape([1, n, self.num_heads * self.head_dim]))
+        rows
+    }
+
+    /// The output rows `[real queries, heads * d]` of each padded batch of the layout, from
+    /// token-major `q` `[n, heads * d]`, `k` and `v` `[n, kv_heads * d]`.
+    fn attend_batches(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let gqa = self.num_heads != self.num_kv_heads;
+        let d = self.head_dim;
+        layout
+            .batches
+            .iter()
+            .map(|b| {
+                // [n, h * d] -> [G * len, h * d] -> [G, h, len, d]
+                let gather = |t: &Tensor, index: &Tensor, len: i64| {
+                    let heads = t.size()[1] / d;
+                    t.index_select(0, index).view([b.groups, len, heads, d]).transpose(1, 2)
+                };
+                let out = Tensor::scaled_dot_product_attention(
+                    &gather(q, &b.q_index, b.q_max),
+                    &gather(k, &b.k_index, b.k_max),
+                    &gather(v, &b.k_index, b.k_max),
+                    Some(&b.mask),
+                    0.0,
+                    false,
+                    scale,
+                    gqa,
+                );
+                out.transpose(1, 2)
+                    .reshape([b.groups * b.q_max, self.num_heads * d])
+                    .index_select(0, &b.out_slots)
+            })
+            .collect()
     }
 }
