@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use common::row_logits;
 use tch::{Kind, Tensor};
 use treetrain::device::Device;
-use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs};
+use treetrain::model::{
+    AttentionLayout, LoadOptions, LogprobChunks, Model, ModelError, target_logprobs, target_logprobs_and_entropy,
+};
 
 const CASES: [&str; 5] = [
     "qwen3",
@@ -198,6 +200,12 @@ fn chunked_logprobs_equal_full_log_softmax() {
     ] {
         let got = target_logprobs(&h, model.lm.lm_head_weight(), &targets, chunks).unwrap();
         assert!(max_diff(&got, &full) <= 1e-5, "{chunks:?}");
+        // The same pass's entropies against the full distribution's, in f64.
+        let logp = model.lm.logits(&h).log_softmax(-1, Kind::Double);
+        let entropy = -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Double);
+        let (lp, got) = target_logprobs_and_entropy(&h, model.lm.lm_head_weight(), &targets, chunks).unwrap();
+        assert!(lp.equal(&target_logprobs(&h, model.lm.lm_head_weight(), &targets, chunks).unwrap()));
+        assert!(max_diff(&got.to_kind(Kind::Double), &entropy) <= 1e-5, "{chunks:?}");
     }
     let err = target_logprobs(
         &h,

@@ -7,7 +7,7 @@ use tch::{Kind, Tensor};
 
 use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
-use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, pair_entropies, weighted_sum};
+use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
 /// The GRPO objective: clipping (DAPO-style asymmetric bounds allowed), sampling temperature,
 /// the KL penalty and how the loss terms of a step are averaged. Built from a run's
@@ -129,13 +129,6 @@ pub enum TermWeights {
 }
 
 impl GrpoObjective {
-    /// Terms per chunk of the full-vocabulary entropy pass: small, since each holds
-    /// `[chunk, vocab]` logits. One value for the loss and the step's entropy floor, so the
-    /// floor is compared with the very entropies it was taken from.
-    pub(crate) fn entropy_chunk(&self) -> i64 {
-        self.chunks.tokens.min(256)
-    }
-
     /// The weights of `row`'s loss terms in a step of `totals` (counted over the whole step,
     /// every row and rank):
     ///
@@ -284,7 +277,9 @@ fn loss_of_terms(
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
     let m = row.token_index.len();
-    let logprobs = terms.logprobs(model.lm_head_weight(), cfg.chunks)?;
+    // The entropies ride the log-probs' pass over the LM head; the step's entropy floor was
+    // taken from the same function (`update::term_entropies`), so a term compares its own bits.
+    let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks)?;
     let sampled = device.from_slice(&row.old_log_probs)?;
     // With a sampling correction the ratio is against the policy at update start, and the
     // sampling mismatch becomes a (detached) weight on each term's policy loss.
@@ -304,7 +299,6 @@ fn loss_of_terms(
         None => ratio.shallow_clone(),
     };
     let mut per_term = -(&unclipped * &adv).minimum(&(&clipped * &adv));
-    let entropies = pair_entropies(&terms.hidden, model.lm_head_weight(), cfg.entropy_chunk())?;
     if let Some(floor) = cfg.entropy_floor {
         // TRL masks the policy term only; the KL penalty below still applies to every term.
         let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::{GrpoObjective, TermLogprobs, grpo_loss_backward};
 use crate::device::Device;
 use crate::model::CausalLm;
-use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, pair_entropies, row_logprobs_at};
+use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, row_logprobs_at};
 use crate::train::TrainError;
 use crate::train::distributed::World;
 
@@ -179,8 +179,7 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
     }
     for row in rows {
         let terms = tch::no_grad(|| distinct_terms(policy, row, objective.temperature))?;
-        let per_pair = pair_entropies(&terms.hidden, policy.lm_head_weight(), objective.entropy_chunk())
-            .map_err(crate::model::ModelError::from)?;
+        let (_, per_pair) = tch::no_grad(|| terms.logprobs_and_entropies(policy.lm_head_weight(), objective.chunks))?;
         let per_term = per_pair
             .f_index_select(0, &terms.of_term)
             .and_then(|t| Device::to_host(&t))

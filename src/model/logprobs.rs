@@ -36,6 +36,67 @@ pub fn target_logprobs(
     targets: &Tensor,
     chunks: LogprobChunks,
 ) -> Result<Tensor, ModelError> {
+    Ok(head_pass(hidden, lm_head, targets, chunks, Entropy::Skip)?.0)
+}
+
+/// [`target_logprobs`] and each row's entropy `-sum_v p_v log p_v` `[n]` (f32, nats, without
+/// gradient), both from the same chunks of logits: one pass over the LM head instead of two
+/// (GRPO reports the policy's entropy every update, and its `top_entropy_quantile` trains on it).
+pub fn target_logprobs_and_entropy(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    chunks: LogprobChunks,
+) -> Result<(Tensor, Tensor), ModelError> {
+    let (logprobs, entropy) = head_pass(hidden, lm_head, targets, chunks, Entropy::Compute)?;
+    let entropy = match entropy {
+        Some(e) => e,
+        None => Device::of(hidden).zeros(&[0], Kind::Float)?,
+    };
+    Ok((logprobs, entropy))
+}
+
+/// Whether [`head_pass`] also computes each row's entropy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entropy {
+    Skip,
+    Compute,
+}
+
+/// The log-probs of `targets` and (with [`Entropy::Compute`]) the entropies, token chunk by
+/// token chunk; `None` for the entropies of an empty input.
+fn head_pass(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    chunks: LogprobChunks,
+    entropy: Entropy,
+) -> Result<(Tensor, Option<Tensor>), ModelError> {
+    let n = hidden.size()[0];
+    let targets = checked_targets(hidden, lm_head, targets)?;
+    if n == 0 {
+        return Ok((Device::of(hidden).zeros(&[0], Kind::Float)?, None));
+    }
+    let w32 = lm_head.to_kind(Kind::Float);
+    let (mut logprobs, mut entropies) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < n {
+        let len = chunks.tokens.max(1).min(n - start);
+        let h = hidden.narrow(0, start, len).to_kind(Kind::Float);
+        let t = targets.narrow(0, start, len);
+        let target_logit = (&h * w32.index_select(0, &t)).sum_dim_intlist(-1, false, Kind::Float);
+        let softmax = RunningSoftmax::over_vocabulary(&h, &w32, chunks.vocab.max(1), entropy);
+        logprobs.push(target_logit - softmax.log_normalizer());
+        entropies.extend(softmax.entropy());
+        start += len;
+    }
+    let entropies = (!entropies.is_empty()).then(|| Tensor::cat(&entropies, 0));
+    Ok((Tensor::cat(&logprobs, 0), entropies))
+}
+
+/// `targets` `[n]` as int64 on `hidden`'s device, checked against `hidden` `[n, h]` and the
+/// vocabulary of `lm_head` `[vocab, h]`.
+fn checked_targets(hidden: &Tensor, lm_head: &Tensor, targets: &Tensor) -> Result<Tensor, ModelError> {
     let (n, vocab) = (hidden.size()[0], lm_head.size()[0]);
     if targets.size() != [n] {
         return Err(ModelError::Input(format!(
@@ -43,58 +104,97 @@ pub fn target_logprobs(
             targets.size()
         )));
     }
-    if n == 0 {
-        return Ok(Device::of(hidden).zeros(&[0], Kind::Float)?);
-    }
     let targets = Device::of(hidden).put(targets)?.f_to_kind(Kind::Int64)?;
-    let (lo, hi) = (targets.f_min()?.int64_value(&[]), targets.f_max()?.int64_value(&[]));
-    if lo < 0 || hi >= vocab {
-        return Err(ModelError::Input(format!(
-            "target ids must lie in 0..{vocab}, found {}",
-            if lo < 0 { lo } else { hi }
-        )));
+    if n > 0 {
+        let (lo, hi) = (targets.f_min()?.int64_value(&[]), targets.f_max()?.int64_value(&[]));
+        if lo < 0 || hi >= vocab {
+            return Err(ModelError::Input(format!(
+                "target ids must lie in 0..{vocab}, found {}",
+                if lo < 0 { lo } else { hi }
+            )));
+        }
     }
-    let w32 = lm_head.to_kind(Kind::Float);
-    let (tok_chunk, voc_chunk) = (chunks.tokens.max(1), chunks.vocab.max(1));
-    let mut out = Vec::new();
-    let mut start = 0;
-    while start < n {
-        let len = tok_chunk.min(n - start);
-        let h = hidden.narrow(0, start, len).to_kind(Kind::Float);
-        let t = targets.narrow(0, start, len);
-        let target_logit = (&h * w32.index_select(0, &t)).sum_dim_intlist(-1, false, Kind::Float);
-        let mut running_max: Option<Tensor> = None;
-        let mut running_sum: Option<Tensor> = None;
+    Ok(targets)
+}
+
+/// The softmax normaliser of one token chunk's logits, accumulated over vocabulary chunks
+/// (online log-sum-exp), each `[tokens]`: `max` of the logits so far, `sum` of
+/// `exp(logit - max)`, and for the entropy `shifted` = sum of `exp(logit - max) (logit - max)`
+/// (without gradient). Entropy = `log sum - shifted / sum`: with logits taken relative to their
+/// max, a peaked distribution's small entropy does not come from cancelling two large numbers.
+struct RunningSoftmax {
+    max: Tensor,
+    sum: Tensor,
+    shifted: Option<Tensor>,
+}
+
+impl RunningSoftmax {
+    /// Over the logits `h W^T` of `h` `[tokens, hidden]`, `vocab_chunk` rows of `w` at a time.
+    fn over_vocabulary(h: &Tensor, w: &Tensor, vocab_chunk: i64, entropy: Entropy) -> Self {
+        let vocab = w.size()[0];
+        let mut running: Option<RunningSoftmax> = None;
         let mut v0 = 0;
         while v0 < vocab {
-            let vl = voc_chunk.min(vocab - v0);
-            let logits = h.matmul(&w32.narrow(0, v0, vl).transpose(0, 1));
-            let chunk_max = logits.amax(-1, false);
-            let (m, s) = match (running_max.take(), running_sum.take()) {
-                (Some(m), Some(s)) => {
-                    let m_new = m.maximum(&chunk_max);
-                    let s_new = s * (&m - &m_new).exp()
-                        + (logits - m_new.unsqueeze(-1))
-                            .exp()
-                            .sum_dim_intlist(-1, false, Kind::Float);
-                    (m_new, s_new)
-                }
-                _ => {
-                    let s = (logits - chunk_max.unsqueeze(-1))
-                        .exp()
-                        .sum_dim_intlist(-1, false, Kind::Float);
-                    (chunk_max, s)
-                }
-            };
-            running_max = Some(m);
-            running_sum = Some(s);
+            let vl = vocab_chunk.min(vocab - v0);
+            let logits = h.matmul(&w.narrow(0, v0, vl).transpose(0, 1));
+            running = Some(match running {
+                None => RunningSoftmax::first(&logits, entropy),
+                Some(r) => r.add(&logits),
+            });
             v0 += vl;
         }
-        let (m, s) = (running_max.expect("vocab > 0"), running_sum.expect("vocab > 0"));
-        out.push(target_logit - (m + s.log()));
-        start += len;
+        running.expect("a vocabulary of at least one token")
     }
-    Ok(Tensor::cat(&out, 0))
+
+    fn first(logits: &Tensor, entropy: Entropy) -> Self {
+        let max = logits.amax(-1, false);
+        let shifted_logits = logits - max.unsqueeze(-1);
+        let exp = shifted_logits.exp();
+        RunningSoftmax {
+            sum: exp.sum_dim_intlist(-1, false, Kind::Float),
+            shifted: (entropy == Entropy::Compute).then(|| weighted_shift(&exp, &shifted_logits)),
+            max,
+        }
+    }
+
+    /// Adds a further vocabulary chunk's `logits`.
+    fn add(self, logits: &Tensor) -> Self {
+        let max = self.max.maximum(&logits.amax(-1, false));
+        let rescale = (&self.max - &max).exp();
+        let shifted_logits = logits - max.unsqueeze(-1);
+        let exp = shifted_logits.exp();
+        let shifted = self.shifted.map(|old| {
+            // Relative to the new max every earlier logit is lower by `max - old max`.
+            tch::no_grad(|| {
+                let moved = (&self.max - &max).detach() * self.sum.detach();
+                (old + moved) * rescale.detach() + weighted_shift(&exp, &shifted_logits)
+            })
+        });
+        RunningSoftmax {
+            sum: self.sum * rescale + exp.sum_dim_intlist(-1, false, Kind::Float),
+            shifted,
+            max,
+        }
+    }
+
+    /// `log sum_v exp(logit_v)` `[tokens]`.
+    fn log_normalizer(&self) -> Tensor {
+        &self.max + self.sum.log()
+    }
+
+    /// `-sum_v p_v log p_v` `[tokens]`, without gradient, when computed.
+    fn entropy(&self) -> Option<Tensor> {
+        let shifted = self.shifted.as_ref()?;
+        Some(tch::no_grad(|| {
+            let sum = self.sum.detach();
+            sum.log() - shifted / &sum
+        }))
+    }
+}
+
+/// `sum_v exp_v * shifted_v` `[tokens]` without gradient.
+fn weighted_shift(exp: &Tensor, shifted_logits: &Tensor) -> Tensor {
+    tch::no_grad(|| (exp.detach() * shifted_logits.detach()).sum_dim_intlist(-1, false, Kind::Float))
 }
 
 /// `scale * sum_i -log p(targets_i | hidden_i)` back-propagated one token chunk at a time, so
@@ -134,4 +234,57 @@ pub fn nll_backward_chunked(
         total,
         (hidden.requires_grad() && grad.defined()).then(|| (hidden * grad).sum(Kind::Float)),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entropies of `h W^T` in f64 from the full distribution.
+    fn reference_entropy(h: &Tensor, w: &Tensor) -> Tensor {
+        let logp = h
+            .to_kind(Kind::Double)
+            .matmul(&w.to_kind(Kind::Double).transpose(0, 1))
+            .log_softmax(-1, Kind::Double);
+        -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Double)
+    }
+
+    #[test]
+    fn entropies_from_vocabulary_chunks_match_the_full_distribution_flat_or_peaked() {
+        tch::manual_seed(3);
+        let w = Tensor::randn([50, 8], (Kind::Float, tch::Device::Cpu));
+        let targets = Tensor::from_slice(&[0i64, 7, 49, 3, 20]);
+        // From a near-uniform distribution to a nearly deterministic one (entropy ~1e-6 nats).
+        for scale in [0.01, 1.0, 30.0] {
+            let h = Tensor::randn([5, 8], (Kind::Float, tch::Device::Cpu)) * scale;
+            let want = reference_entropy(&h, &w);
+            for chunks in [
+                LogprobChunks { tokens: 2, vocab: 7 },
+                LogprobChunks { tokens: 5, vocab: 50 },
+            ] {
+                let (_, got) = target_logprobs_and_entropy(&h, &w, &targets, chunks).unwrap();
+                let err = (got.to_kind(Kind::Double) - &want).abs();
+                // Absolute f32 rounding, or relative for tiny entropies.
+                let bound = want.abs() * 1e-4 + 1e-6;
+                assert!(
+                    err.le_tensor(&bound).all().int64_value(&[]) == 1,
+                    "scale {scale} {chunks:?}: {err} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn entropy_of_no_rows_is_empty() {
+        let w = Tensor::randn([4, 2], (Kind::Float, tch::Device::Cpu));
+        let h = Tensor::zeros([0, 2], (Kind::Float, tch::Device::Cpu));
+        let (lp, e) = target_logprobs_and_entropy(
+            &h,
+            &w,
+            &Tensor::zeros([0], (Kind::Int64, tch::Device::Cpu)),
+            LogprobChunks::default(),
+        )
+        .unwrap();
+        assert_eq!((lp.size(), e.size()), (vec![0], vec![0]));
+    }
 }

@@ -44,6 +44,6 @@ pub use layout::{
     SegmentLayout,
 };
 pub use loaded::{LoadOptions, Model, SEED_FILE, TrainingMode, kind_name};
-pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs};
+pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
 pub use special::SpecialTokens;
 pub use weights::{all_finite, weight_files, write_safetensors};

@@ -5,7 +5,7 @@ use tch::{Kind, Tensor};
 
 use super::PackedRow;
 use crate::device::Device;
-use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs};
+use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs, target_logprobs_and_entropy};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
 /// rollouts that share it in the tree is several terms with one hidden state and one target, so
@@ -82,6 +82,17 @@ impl DistinctTerms {
     pub fn logprobs(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
         Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
     }
+
+    /// Log-prob of every loss term `[M]` and the policy's entropy at every pair `[U]` (f32,
+    /// without gradient), from one pass over the LM head.
+    pub fn logprobs_and_entropies(
+        &self,
+        lm_head: &Tensor,
+        chunks: LogprobChunks,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let (per_pair, entropies) = target_logprobs_and_entropy(&self.hidden, lm_head, &self.targets, chunks)?;
+        Ok((per_pair.f_index_select(0, &self.of_term)?, entropies))
+    }
 }
 
 /// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
@@ -100,37 +111,7 @@ pub fn row_logprobs_at(
     distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
 }
 
-/// `entropy(softmax(h_i W^T))` `[U]` (f32) for each row of `h` `[U, hidden]`, without
-/// gradient, `chunk` rows at a time (full-vocabulary logits only for one chunk).
-pub(crate) fn pair_entropies(h: &Tensor, lm_head: &Tensor, chunk: i64) -> Result<Tensor, tch::TchError> {
-    tch::no_grad(|| {
-        let n = h.size().first().copied().unwrap_or(0);
-        let w = lm_head.f_to_kind(Kind::Float)?;
-        let mut parts = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let len = chunk.max(1).min(n - start);
-            let logits = h
-                .f_narrow(0, start, len)?
-                .f_to_kind(Kind::Float)?
-                .f_matmul(&w.f_transpose(0, 1)?)?;
-            let logp = logits.f_log_softmax(-1, Kind::Float)?;
-            parts.push(
-                logp.f_exp()?
-                    .f_mul(&logp)?
-                    .f_sum_dim_intlist(-1, false, Kind::Float)?
-                    .f_neg()?,
-            );
-            start += len;
-        }
-        match parts.is_empty() {
-            true => Device::of(h).zeros(&[0], Kind::Float),
-            false => Tensor::f_cat(&parts, 0),
-        }
-    })
-}
-
-/// `sum_i weights[i] * entropy_i` of [`pair_entropies`] `[U]`.
+/// `sum_i weights[i] * entropy_i` of per-pair entropies `[U]`.
 pub(crate) fn weighted_sum(entropies: &Tensor, weights: &[f64]) -> Result<f64, tch::TchError> {
     let weights = Device::of(entropies).put(&Tensor::f_from_slice(weights)?.f_to_kind(Kind::Float)?)?;
     entropies.f_mul(&weights)?.f_sum(Kind::Float)?.f_double_value(&[])

@@ -18,7 +18,7 @@ mod view;
 
 pub use compare_view::PackComparison;
 pub use error::PackError;
-pub(crate) use logprobs::{DistinctTerms, TermPairs, distinct_terms, pair_entropies, weighted_sum};
+pub(crate) use logprobs::{DistinctTerms, TermPairs, distinct_terms, weighted_sum};
 pub use logprobs::{row_logprobs, row_logprobs_at};
 pub use planner::{PackPlan, Packing, RowBuilder, plan, plan_rows};
 pub use rollout::Rollout;
