@@ -230,10 +230,12 @@ impl Attention {
     /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, 2.3-3.6x slower
     /// (1,000 to 6,400 indices, measured with this libtorch). A tree gathers its shared prefix
     /// once per branch (8.5 key slots a token in a GRPO bench row against flat packing's 1.04), so
-    /// this cost is a larger share of the tree's update than of the flat one. Keys and values
-    /// stay at `kv_heads` (grouped-query attention in the kernel): no per-head copies to gather.
+    /// this cost is a larger share of the tree's update than of the flat one. On the CPU keys
+    /// and values stay at `kv_heads` ([`Attention::segment_keys_values`]).
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
         let n = q.size()[2];
+        let (k, v) = self.segment_keys_values(k, v);
+        let (k, v) = (&k, &v);
         let mut rows = self.attend_singles(q, k, v, layout);
         if !layout.batches.is_empty() {
             let token_rows = |t: &Tensor| {
@@ -250,11 +252,28 @@ impl Attention {
         self.o_proj.forward(&out.view([1, n, self.num_heads * self.head_dim]))
     }
 
+    /// `k`, `v` `[1, kv_heads, n, d]` as the segment attention hands them to SDPA: as they are
+    /// on the CPU, whose flash kernel groups the query heads itself (`enable_gqa`, masks
+    /// included), so there are no per-head copies to gather; repeated to `heads` elsewhere, since
+    /// on CUDA `enable_gqa` with a mask (every padded batch has one) falls back to the math
+    /// kernel (why transformers repeats K/V whenever there is a mask).
+    fn segment_keys_values(&self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let rep = self.num_heads / self.num_kv_heads;
+        if rep == 1 || k.device() == tch::Device::Cpu {
+            return (k.shallow_clone(), v.shallow_clone());
+        }
+        (
+            k.repeat_interleave_self_int(rep, 1, None),
+            v.repeat_interleave_self_int(rep, 1, None),
+        )
+    }
+
     /// The output rows `[q_len, heads * d]` of every query block of the layout's single
-    /// segments, in order; `q`, `k`, `v` as [`Attention::attend_segments`] takes them.
+    /// segments, in order: `q` `[1, heads, n, d]`, `k` and `v` from
+    /// [`Attention::segment_keys_values`].
     fn attend_singles(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
-        let gqa = self.num_heads != self.num_kv_heads;
+        let gqa = k.size()[1] != self.num_heads;
         let mut rows = Vec::new();
         for s in &layout.singles {
             let (ks, vs) = match &s.keys {
@@ -273,10 +292,10 @@ impl Attention {
     }
 
     /// The output rows `[real queries, heads * d]` of each padded batch of the layout, from
-    /// token-major `q` `[n, heads * d]`, `k` and `v` `[n, kv_heads * d]`.
+    /// token-major `q` `[n, heads * d]`, `k` and `v` `[n, kv_heads * d]` (or `heads * d`).
     fn attend_batches(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
-        let gqa = self.num_heads != self.num_kv_heads;
+        let gqa = k.size()[1] != q.size()[1];
         let d = self.head_dim;
         layout
             .batches
