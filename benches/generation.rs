@@ -317,7 +317,8 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
 }
 
 /// The products of `maps` with the weights in cache: each weight's first rows (about 1.5 MiB,
-/// which the two cores' L2 caches hold), run as many times as the whole weight has such blocks,
+/// which two Zen 4 cores' 1 MiB L2 caches hold; on Zen 3, with 512 KiB of L2 a core, they are
+/// read from L3), run as many times as the whole weight has such blocks,
 /// and the factor that scales their time to the full products' multiply-adds. The extra calls
 /// add OpenMP fork/joins, so this slightly overstates the arithmetic's time.
 fn in_cache_products(
