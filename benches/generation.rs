@@ -16,7 +16,8 @@
 //! measured in each pair) with the decode against the slower of the two.
 //! `--static-only` skips the other modes (growing cache, no cache, groups). `--split` splits a
 //! decode step into its weight products and the rest, and times the same multiply-adds with
-//! the weights in cache (the kernel's arithmetic alone); `--pages` times those products over the
+//! the weights in cache (the kernel's arithmetic alone) and, of the rest, the attention over the
+//! cache alone (every layer, all slots); `--pages` times those products over the
 //! model's weights (in huge pages) and over copies in libtorch's allocation; `--product-sweep` times those products
 //! through the CPU kernel and through libtorch at 1-256 rows; `--cuda-graph` (CUDA) compares the decode
 //! steps replayed as a CUDA graph with the same steps run eagerly. Without `--bench` (under `cargo test`) it runs a seconds-long smoke version. Python: `--python`, else `$TREETRAIN_BENCH_PYTHON`, else the
@@ -287,16 +288,21 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     let products = || run_products(&maps);
     let sums = || run_sums(&maps);
     let (in_cache, cache_scale) = in_cache_products(&maps);
+    let attention = CacheAttention::new(lm, batch, slots);
+    let time_attention = || attention.as_ref().map_or(0.0, |a| median_s(|| a.run(), 1));
     let (mut step_t, mut products_t, mut sums_t, mut cached_t) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut attention_t = Vec::new();
     tch::no_grad(|| {
         for _ in 0..20 {
             step_t.push(median_s(&mut step, 1));
             products_t.push(median_s(products, 1));
             sums_t.push(median_s(sums, 1));
             cached_t.push(median_s(|| run_products(&in_cache), 1) * cache_scale);
+            attention_t.push(time_attention());
         }
     });
-    let [step_s, products_s, sums_s, cached_s] = [step_t, products_t, sums_t, cached_t].map(|t| common::median(&t));
+    let [step_s, products_s, sums_s, cached_s, attention_s] =
+        [step_t, products_t, sums_t, cached_t, attention_t].map(|t| common::median(&t));
     let bytes = weight_bytes(&maps);
     let (gbs, sum_gbs) = (bytes / products_s / 1e9, bytes / sums_s / 1e9);
     println!(
@@ -313,7 +319,68 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
         bytes / cached_s / 1e9,
         2.0 * batch as f64 * maps.iter().map(|(m, _)| m.weight.numel() as f64).sum::<f64>() / cached_s / 1e9
     );
-    serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs, "products_in_cache_ms": cached_s * 1e3})
+    let mut split = serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs, "products_in_cache_ms": cached_s * 1e3});
+    if let Some(attention) = &attention {
+        let kv_gbs = attention.bytes / attention_s / 1e9;
+        println!(
+            "  of the rest, attention over all {slots} cache slots: {:.2} ms ({:.0} MB of keys and values read at {kv_gbs:.1} GB/s, {:.2} of the weights' sum rate)",
+            attention_s * 1e3,
+            attention.bytes / 1e6,
+            kv_gbs / sum_gbs
+        );
+        split["attention_ms"] = (attention_s * 1e3).into();
+        split["attention_read_gbs"] = kv_gbs.into();
+    }
+    split
+}
+
+/// A decode step's attention alone through the CPU kernel: every layer's query `[batch, heads,
+/// 1, d]` over all `slots` of a static cache of its own (zeros; in huge pages like the step's).
+/// `None` where the kernel does not apply (off the CPU, other dtypes than f32).
+struct CacheAttention {
+    q: tch::Tensor,
+    keys_values: Vec<(tch::Tensor, tch::Tensor)>,
+    valid: tch::Tensor,
+    scale: f64,
+    bytes: f64,
+}
+
+impl CacheAttention {
+    fn new(lm: &CausalLm, batch: i64, slots: i64) -> Option<Self> {
+        use treetrain::model::cpu_kernels::{KernelIsa, kernel_isa};
+        use treetrain::model::{KvCache, StaticCache};
+        let applies = lm.device() == treetrain::device::Device::Cpu
+            && lm.kind() == tch::Kind::Float
+            && kernel_isa() != KernelIsa::Unsupported;
+        if !applies {
+            return None;
+        }
+        let c = &lm.config;
+        let device = lm.device();
+        let mut cache = StaticCache::new(c, batch, slots, lm.kind(), device).expect("cache");
+        let new = tch::Tensor::zeros([batch, c.num_kv_heads, 1, c.head_dim], (lm.kind(), tch::Device::Cpu));
+        let keys_values: Vec<_> = (0..c.num_layers as usize)
+            .map(|layer| cache.store(layer, &new, &new).expect("store"))
+            .collect();
+        let bytes = keys_values
+            .iter()
+            .map(|(k, v)| ((k.numel() + v.numel()) * k.kind().elt_size_in_bytes()) as f64)
+            .sum();
+        Some(CacheAttention {
+            q: tch::Tensor::randn([batch, c.num_heads, 1, c.head_dim], (lm.kind(), tch::Device::Cpu)),
+            keys_values,
+            valid: tch::Tensor::ones([batch, 1, 1, slots], (tch::Kind::Bool, tch::Device::Cpu)),
+            scale: (c.head_dim as f64).powf(-0.5),
+            bytes,
+        })
+    }
+
+    fn run(&self) {
+        for (k, v) in &self.keys_values {
+            let out = treetrain::model::cpu_kernels::decode_attention(&self.q, k, v, &self.valid, self.scale);
+            assert!(out.is_some(), "the attention kernel applies to f32 CPU tensors");
+        }
+    }
 }
 
 /// The products of `maps` with the weights in cache: each weight's first rows (about 1.5 MiB,

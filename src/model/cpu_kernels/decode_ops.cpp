@@ -48,22 +48,61 @@ inline __m256 lane_sums8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-// scores[j] = dot(q, k row slots[j]) * scale for j < n, eight keys at a time.
+// Requests one cache row of `d` floats into L1 (one prefetch per 64-byte line).
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i, 0, 3);
+}
+
+// How many keys ahead of the one being scored the first head of a group requests. A step's
+// cache was last read a whole step (every weight) ago, so it comes from memory; 8, 16 and 32
+// read alike in a scratch driver.
+constexpr int64_t kPrefetchKeys = 16;
+
+// scores[j] = dot(q, k row slots[j]) * scale for j < n, eight keys at a time. With
+// `prefetch_v` (the first query head of a group), it also requests the keys kPrefetchKeys
+// ahead and the value rows of the block it scores, which the weighted sum reads right after.
+// The eight key rows' addresses are taken once per block (indexed inside the column loop,
+// the slots were reloaded and multiplied for every vector of columns).
 inline void scores_of(const float* q, const float* k, const int64_t* slots, int64_t n, int64_t d, float scale,
-                      float* scores) {
+                      float* scores, const float* prefetch_v) {
   int64_t j = 0;
   if (d % 8 == 0) {
     for (; j + 8 <= n; j += 8) {
+      if (prefetch_v != nullptr) {
+        for (int c = 0; c < 8; ++c) {
+          if (j + kPrefetchKeys + c < n) prefetch_row(k + slots[j + kPrefetchKeys + c] * d, d);
+          prefetch_row(prefetch_v + slots[j + c] * d, d);
+        }
+      }
+      const float* key[8];
+      for (int c = 0; c < 8; ++c) key[c] = k + slots[j + c] * d;
       __m256 acc[8];
       for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
       for (int64_t i = 0; i < d; i += 8) {
         __m256 qv = _mm256_loadu_ps(q + i);
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + slots[j + c] * d + i), acc[c]);
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[c] + i), acc[c]);
       }
       _mm256_storeu_ps(scores + j, _mm256_mul_ps(lane_sums8(acc), _mm256_set1_ps(scale)));
     }
   }
   for (; j < n; ++j) scores[j] = dot(q, k + slots[j] * d, d) * scale;
+}
+
+// o[0, 8 W) = sum over j < n of p[j] * (v row slots[j])[i0, i0 + 8 W): W vectors of columns
+// held in registers across all the slots. W is a compile-time count so that the accumulators
+// stay in registers: with a run-time count GCC kept them on the stack (`perf annotate`: each
+// multiply-add read its accumulator from the stack and stored it back).
+template <int W>
+inline void weighted_values(const float* p, const float* v, const int64_t* slots, int64_t n, int64_t d, int64_t i0,
+                            float* o) {
+  __m256 acc[W];
+  for (int c = 0; c < W; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* value = v + slots[j] * d + i0;
+    __m256 w = _mm256_set1_ps(p[j]);
+    for (int c = 0; c < W; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < W; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
 }
 
 // x[i] = exp(x[i]).
@@ -108,7 +147,8 @@ void attend_group(const float* q, const float* k, const float* v, const std::vec
   int64_t n = static_cast<int64_t>(slots.size());
   scores.resize(static_cast<size_t>(group * n));
   // 1. Scores of each query head of the group against the valid keys.
-  for (int64_t r = 0; r < group; ++r) scores_of(q + r * d, k, slots.data(), n, d, scale, scores.data() + r * n);
+  for (int64_t r = 0; r < group; ++r)
+    scores_of(q + r * d, k, slots.data(), n, d, scale, scores.data() + r * n, r == 0 ? v : nullptr);
   for (int64_t r = 0; r < group; ++r) {
     float* p = scores.data() + r * n;
     float* o = out + r * d;
@@ -123,19 +163,10 @@ void attend_group(const float* q, const float* k, const float* v, const std::vec
     float total = 0.f;
     for (int64_t j = 0; j < n; ++j) total += p[j];
     // 3. The weighted sum of values, 64 columns at a time held in registers.
-    int64_t i0 = 0;
     if (d % 8 == 0) {
-      for (; i0 < d; i0 += 64) {
-        int64_t width = std::min<int64_t>(64, d - i0) / 8;
-        __m256 acc[8];
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; ++j) {
-          const float* value = v + slots[j] * d + i0;
-          __m256 w = _mm256_set1_ps(p[j]);
-          for (int c = 0; c < width; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), acc[c]);
-        }
-        for (int c = 0; c < width; ++c) _mm256_storeu_ps(o + i0 + 8 * c, acc[c]);
-      }
+      int64_t i0 = 0;
+      for (; i0 + 64 <= d; i0 += 64) weighted_values<8>(p, v, slots.data(), n, d, i0, o + i0);
+      for (; i0 < d; i0 += 8) weighted_values<1>(p, v, slots.data(), n, d, i0, o + i0);
     } else {
       std::fill(o, o + d, 0.f);
       for (int64_t j = 0; j < n; ++j)

@@ -277,23 +277,29 @@ mod tests {
             return;
         }
         tch::manual_seed(3);
+        // Head widths below, at and off the kernel's 64-column blocks (SmolLM2's 64, Qwen3's
+        // 128); slot counts off its 8-key blocks and past its prefetch distance.
+        for (slots, d) in [(19, 16), (37, 64), (29, 72), (45, 128)] {
+            let (b, heads, kv_heads) = (4, 6, 2);
+            let k = randn(&[b, kv_heads, slots, d]);
+            let v = randn(&[b, kv_heads, slots, d]);
+            let valid = Tensor::rand([b, 1, 1, slots], (Kind::Float, Device::Cpu)).gt(0.4);
+            let _ = valid.narrow(3, 0, 1).fill_(1); // every row sees at least one slot
+            // q as the head view of a wider fused buffer: rows at stride 10 d, heads at d.
+            let fused = randn(&[b, 1, 10 * d]);
+            let q = fused.narrow(2, 0, heads * d).view([b, 1, heads, d]).transpose(1, 2);
+            let scale = (d as f64).powf(-0.5);
+            let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&valid), 0.0, false, scale, true)
+                .transpose(1, 2)
+                .reshape([b, 1, heads * d]);
+            let got = decode_attention(&q, &k, &v, &valid, scale).unwrap();
+            close(&got, &want, &format!("attention, {slots} slots of {d}"));
+        }
         let (b, heads, kv_heads, slots, d) = (4, 6, 2, 19, 16);
         let k = randn(&[b, kv_heads, slots, d]);
         let v = randn(&[b, kv_heads, slots, d]);
-        let valid = Tensor::rand([b, 1, 1, slots], (Kind::Float, Device::Cpu)).gt(0.4);
-        let _ = valid.narrow(3, 0, 1).fill_(1); // every row sees at least one slot
-        // q as the head view of a wider fused buffer: rows at stride 160, heads at d.
-        let fused = randn(&[b, 1, 160]);
-        let q = fused.narrow(2, 0, heads * d).view([b, 1, heads, d]).transpose(1, 2);
+        let valid = Tensor::ones([b, 1, 1, slots], (Kind::Bool, Device::Cpu));
         let scale = (d as f64).powf(-0.5);
-        let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&valid), 0.0, false, scale, true)
-            .transpose(1, 2)
-            .reshape([b, 1, heads * d]);
-        close(
-            &decode_attention(&q, &k, &v, &valid, scale).unwrap(),
-            &want,
-            "attention",
-        );
         // Not one token per row: left to SDPA.
         let q2 = randn(&[b, heads, 2, d]);
         assert!(decode_attention(&q2, &k, &v, &valid, scale).is_none());
