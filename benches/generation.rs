@@ -257,7 +257,9 @@ fn graph_comparison(
 /// Where a decode step's time goes (`--split`): the model's decode step for `batch` rows over a
 /// static cache of 160 slots (forward and LM head, medians of 20 steps) against the weight
 /// products it runs, each timed alone on the same shapes (every weight read once, as the step
-/// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention.
+/// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention. The
+/// same products at one input row read the same bytes with an eighth of the multiply-adds: the
+/// kernel's own read rate over these tensors, which the `batch`-row products are held against.
 fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     use treetrain::model::{KvCache, StaticCache};
     let device = lm.device();
@@ -281,6 +283,7 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     };
     let mut step = step;
     let maps = products_at(lm, batch);
+    let one_row = products_at(lm, 1);
     // The products' own bound, measured next to them: libtorch's sum of the same weight tensors
     // (one read of each, the same tensors and calls as the products). The step, the products
     // and the sums take turns, so each median comes from the same stretch of the machine's
@@ -291,18 +294,19 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     let attention = CacheAttention::new(lm, batch, slots);
     let time_attention = || attention.as_ref().map_or(0.0, |a| median_s(|| a.run(), 1));
     let (mut step_t, mut products_t, mut sums_t, mut cached_t) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut attention_t = Vec::new();
+    let (mut attention_t, mut one_row_t) = (Vec::new(), Vec::new());
     tch::no_grad(|| {
         for _ in 0..20 {
             step_t.push(median_s(&mut step, 1));
             products_t.push(median_s(products, 1));
+            one_row_t.push(median_s(|| run_products(&one_row), 1));
             sums_t.push(median_s(sums, 1));
             cached_t.push(median_s(|| run_products(&in_cache), 1) * cache_scale);
             attention_t.push(time_attention());
         }
     });
-    let [step_s, products_s, sums_s, cached_s, attention_s] =
-        [step_t, products_t, sums_t, cached_t, attention_t].map(|t| common::median(&t));
+    let [step_s, products_s, sums_s, cached_s, attention_s, one_row_s] =
+        [step_t, products_t, sums_t, cached_t, attention_t, one_row_t].map(|t| common::median(&t));
     let bytes = weight_bytes(&maps);
     let (gbs, sum_gbs) = (bytes / products_s / 1e9, bytes / sums_s / 1e9);
     println!(
@@ -319,7 +323,13 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
         bytes / cached_s / 1e9,
         2.0 * batch as f64 * maps.iter().map(|(m, _)| m.weight.numel() as f64).sum::<f64>() / cached_s / 1e9
     );
-    let mut split = serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs, "products_in_cache_ms": cached_s * 1e3});
+    println!(
+        "  the same products at 1 row: {:.2} ms ({:.1} GB/s of weights); {batch} rows take {:.2}x that",
+        one_row_s * 1e3,
+        bytes / one_row_s / 1e9,
+        products_s / one_row_s
+    );
+    let mut split = serde_json::json!({"batch": batch, "step_ms": step_s * 1e3, "products_ms": products_s * 1e3, "products_read_gbs": gbs, "same_tensors_sum_gbs": sum_gbs, "products_in_cache_ms": cached_s * 1e3, "products_one_row_ms": one_row_s * 1e3});
     if let Some(attention) = &attention {
         let kv_gbs = attention.bytes / attention_s / 1e9;
         println!(
