@@ -136,6 +136,15 @@ impl PaddingComparison {
         })
     }
 
+    /// What `pad_to_multiple_of` resolves to on the platform, in words.
+    fn resolved_pad(&self) -> String {
+        self.pad
+            .resolve(self.platform)
+            .map_or("no multiple (each batch to its longest row)".to_string(), |m| {
+                m.to_string()
+            })
+    }
+
     /// Compile time saved by the policy, seconds (negative if it costs more).
     pub fn seconds_saved(&self) -> f64 {
         self.without.ledger.predicted_compile_seconds() - self.with.ledger.predicted_compile_seconds()
@@ -200,10 +209,7 @@ impl Rich for PaddingComparison {
             self.batch_size,
             self.platform,
             self.pad,
-            self.pad
-                .resolve(self.platform)
-                .map_or("no multiple (each batch to its longest row)".to_string(), |m| m
-                    .to_string()),
+            self.resolved_pad(),
             self.with.ledger.seconds_per_compile,
             self.seconds_saved() / 60.0
         );
@@ -220,10 +226,7 @@ impl Rich for PaddingComparison {
             self.batch_size,
             self.platform,
             self.pad,
-            self.pad
-                .resolve(self.platform)
-                .map_or("no multiple (each batch to its longest row)".to_string(), |m| m
-                    .to_string())
+            self.resolved_pad()
         );
         s.push_str(&format!(
             "{:<18}{:>16}{:>13}{:>15}{:>18}\n",
@@ -276,6 +279,14 @@ mod tests {
         let html = neuron.html();
         assert!(html.contains("<svg") && html.contains("pad to 128"));
         assert!(neuron.text().contains("compile time saved"));
+        assert!(
+            neuron.text().contains("pad_to_multiple_of=auto -> 128\n"),
+            "{}",
+            neuron.text()
+        );
+        assert!(html.contains("</code> resolves to 128."));
+        let none = "pad_to_multiple_of=auto -> no multiple (each batch to its longest row)\n";
+        assert!(cpu.text().contains(none), "{}", cpu.text());
     }
 
     #[test]
