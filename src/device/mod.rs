@@ -13,6 +13,7 @@
 
 mod accelerators;
 mod cuda;
+mod dtype;
 mod error;
 mod neuron;
 mod place;
@@ -22,6 +23,7 @@ mod probe;
 
 pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
 pub use cuda::{CudaDevice, CudaInfo, load_torch_cuda};
+pub use dtype::{Dtype, DtypeSetting, UnknownDtype, parse_kind};
 pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};
 pub use place::{BackendName, Device};

@@ -32,8 +32,8 @@ impl Platform {
     /// generation needs it and float64 runs as float32 anyway); CUDA: bf16, what transformers
     /// users get from `bf16=True`; CPU and MPS: fp32, for exactness and because CPU bf16
     /// matmuls are not faster than fp32 ones on most hosts.
-    pub fn preferred_dtype(self) -> crate::model::Dtype {
-        use crate::model::Dtype;
+    pub fn preferred_dtype(self) -> super::Dtype {
+        use super::Dtype;
         match self {
             Platform::Neuron | Platform::Cuda => Dtype::Bf16,
             Platform::Cpu | Platform::Mps => Dtype::Fp32,
@@ -315,8 +315,8 @@ mod tests {
 
     #[test]
     fn preferred_dtypes() {
-        assert_eq!(Platform::Neuron.preferred_dtype(), crate::model::Dtype::Bf16);
-        assert_eq!(Platform::Cpu.preferred_dtype(), crate::model::Dtype::Fp32);
+        assert_eq!(Platform::Neuron.preferred_dtype(), crate::device::Dtype::Bf16);
+        assert_eq!(Platform::Cpu.preferred_dtype(), crate::device::Dtype::Fp32);
         assert_eq!(Platform::of(Device::Cuda(1)), Platform::Cuda);
         assert_eq!(Platform::of(Device::Cpu), Platform::Cpu);
     }

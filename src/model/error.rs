@@ -119,6 +119,9 @@ pub enum ModelError {
     /// The device cannot run what was asked of it (a PrivateUse1 backend without a kernel).
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
+    /// The tokenizer files could not be read or copied.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
 }
 
 impl ModelError {
@@ -133,6 +136,16 @@ impl ModelError {
             field: field.into(),
             value: value.to_string(),
             reason: reason.into(),
+        }
+    }
+}
+
+impl From<crate::device::UnknownDtype> for ModelError {
+    fn from(e: crate::device::UnknownDtype) -> Self {
+        ModelError::Unsupported {
+            field: "dtype".into(),
+            value: e.value,
+            reason: format!("expected {}", e.expected),
         }
     }
 }

@@ -387,7 +387,7 @@ impl Model {
         let tensors = self.vs.variables();
         write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
         match tokenizer_from {
-            Some(src) => crate::tokenizer::copy_tokenizer_files(src, dir),
+            Some(src) => Ok(crate::tokenizer::copy_tokenizer_files(src, dir)?),
             None => Ok(()),
         }
     }

@@ -18,7 +18,6 @@ mod checkpoint;
 mod config;
 pub mod cpu_kernels;
 mod decoder;
-mod dtype;
 mod error;
 mod fused;
 pub mod host_memory;
@@ -31,12 +30,12 @@ mod rope;
 mod special;
 mod weights;
 
+pub use crate::device::{Dtype, DtypeSetting, UnknownDtype, parse_kind};
 pub use attention::{Attention, KeyValues};
 pub use cache::{DynamicCache, KvCache, StaticCache};
 pub use checkpoint::Activations;
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
-pub use dtype::{Dtype, DtypeSetting, parse_kind};
 pub use error::ModelError;
 pub use layers::{Linear, LinearAdapter, Mlp, RmsNorm};
 pub use layout::{

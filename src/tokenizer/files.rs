@@ -12,11 +12,14 @@ pub const TOKENIZER_FILES: [&str; 7] = [
 ];
 
 /// Copies the tokenizer files `from` holds into `to` (a checkpoint being written).
-pub fn copy_tokenizer_files(from: &std::path::Path, to: &std::path::Path) -> Result<(), crate::model::ModelError> {
+pub fn copy_tokenizer_files(from: &std::path::Path, to: &std::path::Path) -> Result<(), super::TokenizerError> {
     for f in TOKENIZER_FILES {
         let src = from.join(f);
         if src.exists() {
-            std::fs::copy(&src, to.join(f)).map_err(|e| crate::model::ModelError::io(&src, e))?;
+            std::fs::copy(&src, to.join(f)).map_err(|e| super::TokenizerError::File {
+                path: src.clone(),
+                message: e.to_string(),
+            })?;
         }
     }
     Ok(())

@@ -46,7 +46,7 @@ pub fn save_checkpoint(
             // base is the run's `model`.
             Some(adapter) => adapter
                 .write_files(tmp)
-                .and_then(|_| crate::tokenizer::copy_tokenizer_files(tokenizer_dir, tmp)),
+                .and_then(|_| Ok(crate::tokenizer::copy_tokenizer_files(tokenizer_dir, tmp)?)),
             None => model.save(tmp, Some(tokenizer_dir)),
         }
         .map_err(|e| e.to_string())?;

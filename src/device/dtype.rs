@@ -5,8 +5,6 @@ use std::str::FromStr;
 
 use tch::Kind;
 
-use super::ModelError;
-
 /// A parameter dtype: `fp32` (`float32`), `bf16` (`bfloat16`) or `fp16` (`float16`); a
 /// `torch.` prefix and any case are accepted, as in `config.json`'s `torch_dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -47,23 +45,22 @@ impl fmt::Display for Dtype {
 }
 
 impl FromStr for Dtype {
-    type Err = ModelError;
-    fn from_str(name: &str) -> Result<Self, ModelError> {
+    type Err = UnknownDtype;
+    fn from_str(name: &str) -> Result<Self, UnknownDtype> {
         match name.trim().to_ascii_lowercase().trim_start_matches("torch.") {
             "float32" | "fp32" | "f32" | "float" => Ok(Dtype::Fp32),
             "bfloat16" | "bf16" => Ok(Dtype::Bf16),
             "float16" | "fp16" | "f16" | "half" => Ok(Dtype::Fp16),
-            other => Err(ModelError::unsupported(
-                "dtype",
-                format!("{other:?}"),
-                "expected float32, bfloat16 or float16",
-            )),
+            other => Err(UnknownDtype {
+                value: format!("{other:?}"),
+                expected: "float32, bfloat16 or float16",
+            }),
         }
     }
 }
 
 /// A run's `dtype` setting: `auto` (the default) takes the device's preferred dtype when the run
-/// starts ([`crate::device::Platform::preferred_dtype`]: bf16 on CUDA and Neuron, fp32 on CPU
+/// starts ([`super::Platform::preferred_dtype`]: bf16 on CUDA and Neuron, fp32 on CPU
 /// and MPS), any [`Dtype`] name fixes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DtypeSetting {
@@ -78,9 +75,9 @@ crate::util::serde_via_str!(DtypeSetting);
 
 impl DtypeSetting {
     /// The dtype a run on `device` computes in.
-    pub fn resolve(self, device: crate::device::Device) -> Dtype {
+    pub fn resolve(self, device: super::Device) -> Dtype {
         match self {
-            DtypeSetting::Auto => crate::device::Platform::of(device).preferred_dtype(),
+            DtypeSetting::Auto => super::Platform::of(device).preferred_dtype(),
             DtypeSetting::Fixed(d) => d,
         }
     }
@@ -102,23 +99,32 @@ impl fmt::Display for DtypeSetting {
 }
 
 impl FromStr for DtypeSetting {
-    type Err = ModelError;
-    fn from_str(name: &str) -> Result<Self, ModelError> {
+    type Err = UnknownDtype;
+    fn from_str(name: &str) -> Result<Self, UnknownDtype> {
         if name.trim().eq_ignore_ascii_case("auto") {
             return Ok(DtypeSetting::Auto);
         }
-        name.parse::<Dtype>().map(DtypeSetting::Fixed).map_err(|_| {
-            ModelError::unsupported(
-                "dtype",
-                format!("{:?}", name.trim()),
-                "expected auto, float32, bfloat16 or float16",
-            )
-        })
+        name.parse::<Dtype>()
+            .map(DtypeSetting::Fixed)
+            .map_err(|_| UnknownDtype {
+                value: format!("{:?}", name.trim()),
+                expected: "auto, float32, bfloat16 or float16",
+            })
     }
 }
 
+/// A dtype name that is none of [`Dtype`]'s (or `auto`, where a [`DtypeSetting`] is read).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config field `dtype` = {value}: expected {expected}")]
+pub struct UnknownDtype {
+    /// The name as written (quoted).
+    pub value: String,
+    /// The names that are accepted.
+    pub expected: &'static str,
+}
+
 /// The tch kind a dtype name denotes (see [`Dtype`]).
-pub fn parse_kind(name: &str) -> Result<Kind, ModelError> {
+pub fn parse_kind(name: &str) -> Result<Kind, UnknownDtype> {
     name.parse::<Dtype>().map(Dtype::kind)
 }
 
