@@ -245,13 +245,12 @@ fn failed_rewards_are_reported_and_zero_the_advantage() {
             Some(x.completion.len() as f32)
         }
     });
-    let mut t = GrpoTrainer::with_rewards(
-        GrpoConfig {
-            prompts_per_step: 6,
-            ..config()
-        },
-        vec![RewardFn::exact_answer(), picky.with_weight(0.1)],
-    )
+    let mut t = GrpoTrainer::builder(GrpoConfig {
+        prompts_per_step: 6,
+        ..config()
+    })
+    .rewards(vec![RewardFn::exact_answer(), picky.with_weight(0.1)])
+    .build()
     .unwrap();
     let m = t.step().unwrap();
     let batch = t.last_batch.as_ref().unwrap();
@@ -311,7 +310,9 @@ fn bad_configs_are_refused_with_reasons() {
         })
         .contains("max_prompt_length is 5")
     );
-    let weird = GrpoTrainer::with_rewards(config(), vec![RewardFn::exact_answer().with_weight(f32::NAN)]);
+    let weird = GrpoTrainer::builder(config())
+        .rewards(vec![RewardFn::exact_answer().with_weight(f32::NAN)])
+        .build();
     assert!(
         weird
             .unwrap_err()
@@ -444,7 +445,7 @@ fn a_resumed_sync_run_continues_exactly() {
     first.train_for(2).unwrap();
     let ckpt = first.save_checkpoint().unwrap();
     drop(first);
-    let mut resumed = GrpoTrainer::resume_from(cfg, &ckpt).unwrap();
+    let mut resumed = GrpoTrainer::builder(cfg).resume(&ckpt).build().unwrap();
     assert_eq!(resumed.state.global_step, 2);
     resumed.train_for(10).unwrap();
     assert_eq!(resumed.state.global_step, 4);
@@ -991,7 +992,10 @@ fn undecodable(reason: &str) -> bool {
 
 fn retry_trainer(prompts: usize) -> GrpoTrainer {
     use treetrain::shipped::retry::RetryGame;
-    GrpoTrainer::with_environment(retry_config(prompts), RetryGame::default(), Vec::new()).unwrap()
+    GrpoTrainer::builder(retry_config(prompts))
+        .environment(RetryGame::default())
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -1001,7 +1005,10 @@ fn multi_turn_rollouts_fork_within_conversations_and_train_the_assistant_only() 
         max_conversation_length: 4096,
         ..retry_config(1)
     };
-    let err = GrpoTrainer::with_environment(too_long, RetryGame::default(), Vec::new()).unwrap_err();
+    let err = GrpoTrainer::builder(too_long)
+        .environment(RetryGame::default())
+        .build()
+        .unwrap_err();
     assert!(err.to_string().contains("max_position_embeddings is 2048"), "{err}");
     let mut t = retry_trainer(4);
     let m = t.step().unwrap();
@@ -1137,7 +1144,7 @@ fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
         max_turns: 2,
         ..retry_config(20)
     };
-    let mut t = GrpoTrainer::with_environment(cfg, env, Vec::new()).unwrap();
+    let mut t = GrpoTrainer::builder(cfg).environment(env).build().unwrap();
     let m = t.step().unwrap();
     let batch = t.last_batch.clone().unwrap();
     let mut seen = std::collections::BTreeSet::new();
@@ -1213,7 +1220,10 @@ fn multi_turn_rollouts_run_async_and_evaluate_one_conversation_per_sample() {
         max_steps: 2,
         ..retry_config(2)
     };
-    let mut t = GrpoTrainer::with_environment(cfg, RetryGame::default(), Vec::new()).unwrap();
+    let mut t = GrpoTrainer::builder(cfg)
+        .environment(RetryGame::default())
+        .build()
+        .unwrap();
     t.train_for(2).unwrap();
     assert!(t.state.history.iter().all(|m| m.loss.is_finite() && m.staleness <= 1));
     assert!(

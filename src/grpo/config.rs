@@ -93,7 +93,7 @@ pub struct GrpoConfig {
     /// Column holding the prompt: a list of chat messages (rendered with the chat template and
     /// the generation prompt) or plain text (used as is).
     pub prompt_field: String,
-    /// Built-in rewards (custom closures: [`super::GrpoTrainer::with_rewards`]).
+    /// Built-in rewards (custom closures: [`super::GrpoTrainerBuilder::rewards`]).
     pub rewards: Vec<RewardSpec>,
     /// Completions per prompt (the group size G).
     pub num_generations: usize,

@@ -21,7 +21,7 @@
 //!     // Our own: a bonus for answers of at most 6 tokens.
 //!     RewardFn::new("short", |x| Some(if x.completion_ids.len() <= 6 { 1.0 } else { 0.0 })).with_weight(0.1),
 //! ];
-//! let mut trainer = GrpoTrainer::with_rewards(config, rewards).unwrap();
+//! let mut trainer = GrpoTrainer::builder(config).rewards(rewards).build().unwrap();
 //! let m = trainer.step().unwrap(); // 2 prompts x 8 completions, one tree-packed update
 //! assert_eq!(m.rewards.len(), 3);
 //! assert!(m.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
@@ -29,10 +29,14 @@
 
 mod advantage;
 mod answer;
+mod builder;
 mod config;
 mod environment;
+mod eval;
+mod metrics;
 mod multiturn;
 mod objective;
+mod producer;
 mod reward;
 mod rollouts;
 mod trainer;
@@ -43,18 +47,20 @@ mod worker;
 
 pub use advantage::{ScaleRewards, group_advantages};
 pub use answer::extract_answer;
+pub use builder::GrpoTrainerBuilder;
 pub use config::{GrpoConfig, ImportanceSampling, LossType, RewardSpec, RolloutMode, SamplingCorrectionMode};
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
+pub use eval::{EvalBreakdown, EvalResult};
+pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
 pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
     grpo_loss_with_reference,
 };
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
-pub use rollouts::{
-    PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, RolloutProducer, ScoredGroup, Shard,
-};
-pub use trainer::{EvalBreakdown, EvalResult, GrpoState, GrpoStepMetrics, GrpoTrainer, RewardStat, SampleCompletion};
+pub use producer::{BatchShape, RolloutProducer, Shard};
+pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
+pub use trainer::{GrpoState, GrpoTrainer};
 pub use update::{
     RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, entropy_floor, pack_rollouts,
     plan_rank_update, with_entropy_floor,

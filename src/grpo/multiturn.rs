@@ -11,7 +11,8 @@ use serde_json::Value;
 
 use super::environment::{Conversation, EnvReply, Environment, Talk};
 use super::reward::{RewardInput, score_group};
-use super::rollouts::{RolloutBatch, RolloutProducer, ScoredGroup};
+use super::RolloutProducer;
+use super::rollouts::{RolloutBatch, ScoredGroup};
 use crate::generate::{Conversations, FinishReason, GenerationConfig};
 use crate::model::CausalLm;
 use crate::train::TrainError;

@@ -125,6 +125,63 @@ impl UpdateStats {
     pub fn packing_ratio(&self) -> f64 {
         self.raw_tokens as f64 / self.forwarded_tokens.max(1) as f64
     }
+
+    /// Every rank's statistics summed: each rank's are its share of the step's means, as
+    /// [`accumulate_share`] divides by the step's totals. Timings stay this rank's; a new
+    /// statistic that ranks share joins the list in [`UpdateStats::shared_by_ranks`].
+    pub(crate) fn sum_over_ranks(&mut self, world: &World) -> Result<(), TrainError> {
+        if !world.is_distributed() {
+            return Ok(());
+        }
+        let (means, counts) = self.shared_by_ranks();
+        let mut values: Vec<f64> = means
+            .iter()
+            .map(|v| **v)
+            .chain(counts.iter().map(|c| **c as f64))
+            .collect();
+        world.sum(&mut values)?;
+        let (means, counts) = self.shared_by_ranks();
+        let (summed_means, summed_counts) = values.split_at(means.len());
+        for (field, v) in means.into_iter().zip(summed_means) {
+            *field = *v;
+        }
+        for (field, v) in counts.into_iter().zip(summed_counts) {
+            *field = *v as usize;
+        }
+        Ok(())
+    }
+
+    /// The statistics every rank holds a share of: means (shares of the step's) and counts.
+    fn shared_by_ranks(&mut self) -> ([&mut f64; 8], [&mut usize; 3]) {
+        let UpdateStats {
+            loss,
+            terms: _,
+            rows,
+            forwarded_tokens,
+            raw_tokens,
+            clip_ratio,
+            clip_ratio_low,
+            clip_ratio_high,
+            approx_kl,
+            ref_kl,
+            entropy,
+            sampling_correction,
+            forward_backward_s: _,
+        } = self;
+        (
+            [
+                loss,
+                clip_ratio,
+                clip_ratio_low,
+                clip_ratio_high,
+                approx_kl,
+                ref_kl,
+                entropy,
+                sampling_correction,
+            ],
+            [forwarded_tokens, raw_tokens, rows],
+        )
+    }
 }
 
 /// Runs forward and backward over every row, accumulating gradients in `policy`'s variables

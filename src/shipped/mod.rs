@@ -42,9 +42,10 @@ fn trainer_with(
     config: GrpoConfig,
     checkpoint: Option<&Path>,
 ) -> Result<GrpoTrainer, TrainError> {
+    let builder = GrpoTrainer::builder(config).environment(environment);
     match checkpoint {
-        None => GrpoTrainer::with_environment(config, environment, Vec::new()),
-        Some(c) => GrpoTrainer::resume_with_environment(config, environment, Vec::new(), c),
+        None => builder.build(),
+        Some(c) => builder.resume(c).build(),
     }
 }
 

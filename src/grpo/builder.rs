@@ -1,0 +1,313 @@
+//! Building a [`GrpoTrainer`]: `GrpoTrainer::builder(config)`, then what the run adds to its
+//! config (reward closures, an environment, a checkpoint to continue), then `build()`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::trainer::{GrpoState, Source};
+use super::worker::AsyncRollouts;
+use super::{
+    BatchShape, Environment, GrpoConfig, GrpoTrainer, MultiTurn, PromptSet, RewardFn, RolloutMode, RolloutProducer,
+    Shard,
+};
+use crate::data::Dataset;
+use crate::generate::GenerationConfig;
+use crate::model::{CausalLm, Model, SpecialTokens};
+use crate::tokenizer::Tokenizer;
+use crate::train::{TrainCore, TrainError};
+use serde_json::Value;
+
+/// Builds a [`GrpoTrainer`] from a [`GrpoConfig`] ([`GrpoTrainer::builder`]).
+///
+/// ```no_run
+/// use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
+/// let config = GrpoConfig::from_toml_file("datasets/grpo.toml".as_ref())?;
+/// let trainer = GrpoTrainer::builder(config)
+///     .rewards(vec![RewardFn::exact_answer(), RewardFn::answer_format().with_weight(0.5)])
+///     .resume("grpo-out/checkpoint-50")
+///     .build()?;
+/// # Ok::<(), treetrain::train::TrainError>(())
+/// ```
+pub struct GrpoTrainerBuilder {
+    config: GrpoConfig,
+    rewards: Option<Vec<RewardFn>>,
+    environment: Option<Arc<dyn Environment>>,
+    resume: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for GrpoTrainerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpoTrainerBuilder")
+            .field("rewards", &self.rewards)
+            .field("environment", &self.environment.as_ref().map(|e| e.name()))
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrpoTrainerBuilder {
+    pub(super) fn new(config: GrpoConfig) -> Self {
+        GrpoTrainerBuilder {
+            config,
+            rewards: None,
+            environment: None,
+            resume: None,
+        }
+    }
+
+    /// The reward functions (closures or built-ins), in place of the built-in rewards named
+    /// in `config.rewards`. With an environment they come after its reward and see each whole
+    /// conversation as the completion.
+    pub fn rewards(mut self, rewards: Vec<RewardFn>) -> Self {
+        self.rewards = Some(rewards);
+        self
+    }
+
+    /// Multi-turn rollouts: `environment` answers every assistant turn (the contract:
+    /// [`super::environment`]) and its reward ([`RewardFn::environment`]) comes first. Without
+    /// [`rewards`](Self::rewards) it is the only reward (`config.rewards` is for single-turn
+    /// runs). `max_turns`, `turn_generations` and `max_conversation_length` bound the
+    /// conversations.
+    pub fn environment(mut self, environment: impl Environment + 'static) -> Self {
+        self.environment = Some(Arc::new(environment));
+        self
+    }
+
+    /// Continues a run from a folder written by [`crate::train::Trainer::save_checkpoint`]:
+    /// policy weights, optimizer, state and the prompt order. Sync runs continue exactly as if
+    /// never stopped (on CPU); async runs continue from the next unseen batch of prompts.
+    pub fn resume(mut self, checkpoint: impl AsRef<Path>) -> Self {
+        self.resume = Some(checkpoint.as_ref().to_path_buf());
+        self
+    }
+
+    /// Validates the config and the rewards, loads the policy (and the KL reference when
+    /// `beta > 0`), the prompts and the held-out prompts, and starts the generation thread
+    /// in async mode.
+    pub fn build(self) -> Result<GrpoTrainer, TrainError> {
+        let GrpoTrainerBuilder {
+            config,
+            rewards,
+            environment,
+            resume,
+        } = self;
+        config.validate()?;
+        let rewards = run_rewards(&config, rewards, environment.as_deref());
+        check_rewards(&rewards)?;
+        let mut core = TrainCore::load(&config.train, resume.as_deref())?;
+        core.set_schedule(&config.train, config.max_steps);
+        let tools = environment.as_ref().and_then(|e| e.tools());
+        let multi_turn = environment.map(|environment| MultiTurn {
+            environment,
+            max_turns: config.max_turns,
+            turn_generations: config.turn_generations,
+            max_conversation_length: config.max_conversation_length,
+            prompt_field: config.prompt_field.clone(),
+        });
+        let dataset = TrainCore::open_dataset(&config.train)?;
+        let prompts = Arc::new(load_prompt_set(&config, &core.tokenizer, &dataset, tools.clone())?);
+        check_columns(&rewards, &prompts, "dataset")?;
+        if multi_turn.is_some() {
+            check_conversation_room(&config, &prompts)?;
+            let lm = &core.model.lm.config;
+            lm.check_positions(config.max_conversation_length, "max_conversation_length")
+                .map_err(|e| TrainError::config("max_conversation_length", e))?;
+        }
+        let generation = generation_config(&config, &core.special);
+        let rewards = Arc::new(rewards);
+        let producer = RolloutProducer::new(
+            prompts.clone(),
+            rewards.clone(),
+            core.tokenizer.clone(),
+            generation.clone(),
+            BatchShape {
+                group: config.num_generations,
+                // `prompts_per_step` is per process (TRL's per-device batch): the world's
+                // batch is that many times the processes, each generating its share.
+                per_batch: config.prompts_per_step * core.world.size,
+                shard: Shard::from(&core.world),
+                scale: config.scale_rewards,
+                seed: config.train.seed,
+            },
+        )
+        .with_multi_turn(multi_turn.clone());
+        let state = starting_state(&config, &mut core, &rewards, &prompts, resume.as_deref())?;
+        let source = rollout_source(&config, &core, producer, &state)?;
+        let reference = (config.beta > 0.0).then(|| reference_of(&core)).transpose()?;
+        let held_out = match &config.eval_dataset {
+            Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?, tools)?),
+            None => None,
+        };
+        if let Some(h) = &held_out {
+            check_columns(&rewards, h, "eval_dataset")?;
+        }
+        Ok(GrpoTrainer {
+            state,
+            prompts,
+            last_row: None,
+            last_batch: None,
+            config,
+            core,
+            generation,
+            reference,
+            rewards,
+            held_out,
+            pending: None,
+            source,
+            multi_turn,
+        })
+    }
+}
+
+/// The run's rewards: the environment's first, then the given ones, else the built-ins named
+/// in `config.rewards` (single-turn runs only).
+fn run_rewards(
+    config: &GrpoConfig,
+    given: Option<Vec<RewardFn>>,
+    environment: Option<&dyn Environment>,
+) -> Vec<RewardFn> {
+    match environment {
+        Some(e) => std::iter::once(RewardFn::environment(e.name()))
+            .chain(given.unwrap_or_default())
+            .collect(),
+        None => given.unwrap_or_else(|| builtin_rewards(config)),
+    }
+}
+
+/// A fresh run's state, or the checkpoint's (the producer then skips the batches it consumed).
+fn starting_state(
+    config: &GrpoConfig,
+    core: &mut TrainCore,
+    rewards: &[RewardFn],
+    prompts: &PromptSet,
+    checkpoint: Option<&Path>,
+) -> Result<GrpoState, TrainError> {
+    let Some(ckpt) = checkpoint else {
+        return Ok(GrpoState {
+            total_steps: config.max_steps,
+            reward_names: rewards.iter().map(|r| r.name.clone()).collect(),
+            skipped_prompts: prompts.skipped,
+            ..Default::default()
+        });
+    };
+    let mut state: GrpoState = core.resume(ckpt, config.max_steps)?;
+    state.total_steps = config.max_steps;
+    Ok(state)
+}
+
+/// The producer in line (sync) or on a generation thread with a copy of the policy (async),
+/// its prompt order and sampling seeds picking up after the batches the run consumed.
+fn rollout_source(
+    config: &GrpoConfig,
+    core: &TrainCore,
+    mut producer: RolloutProducer,
+    state: &GrpoState,
+) -> Result<Source, TrainError> {
+    producer.skip_batches(state.batches_consumed);
+    Ok(match config.mode {
+        RolloutMode::Sync => Source::Sync(Box::new(producer)),
+        RolloutMode::Async => {
+            let copy = core.copy_of_policy()?;
+            let capacity = config.queue_size * config.prompts_per_step;
+            Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
+        }
+    })
+}
+
+/// The reference of the KL term: with LoRA the policy's base, sharing its tensors; else the
+/// starting weights loaded again.
+fn reference_of(core: &TrainCore) -> Result<CausalLm, TrainError> {
+    Ok(match core.model.adapter {
+        Some(_) => core.model.base_view()?,
+        None => Model::load(&core.model_dir, core.load_options)?.lm,
+    })
+}
+
+/// Sampling settings of the run: EOS and padding from the tokenizer and `config.json`, the
+/// run's temperature and truncation.
+fn generation_config(config: &GrpoConfig, special: &SpecialTokens) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: config.max_completion_length,
+        eos_token_ids: special.eos.clone(),
+        pad_token_id: special.pad,
+        prefill_chunk_size: config.prefill_chunk_size,
+        sampling: config.sampling(),
+        ..Default::default()
+    }
+}
+
+/// The built-in rewards named in `config.rewards`, weighted.
+fn builtin_rewards(config: &GrpoConfig) -> Vec<RewardFn> {
+    config
+        .rewards
+        .iter()
+        .map(|spec| RewardFn::builtin(spec.name).with_weight(spec.weight))
+        .collect()
+}
+
+/// At least one reward, every weight finite.
+fn check_rewards(rewards: &[RewardFn]) -> Result<(), TrainError> {
+    if rewards.is_empty() {
+        return Err(TrainError::config("rewards", "no reward function"));
+    }
+    match rewards.iter().find(|r| !r.weight.is_finite()) {
+        Some(r) => Err(TrainError::config(
+            "rewards",
+            format!("reward `{}` has weight {}", r.name, r.weight),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Every reward's declared column is in every prompt row (else the run would score failures
+/// or 0 on every rollout of those rows).
+pub(super) fn check_columns(rewards: &[RewardFn], prompts: &PromptSet, which: &str) -> Result<(), TrainError> {
+    for r in rewards {
+        let Some(column) = r.needs_column() else { continue };
+        if let Some(p) = prompts.prompts.iter().find(|p| !p.row.contains_key(column)) {
+            return Err(TrainError::config(
+                "rewards",
+                format!(
+                    "reward `{}` reads the `{column}` column, which {which} row {} (0-based) lacks",
+                    r.name, p.dataset_row
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a multi-turn run whose conversation cache cannot hold its longest prompt (padded to
+/// the prefill chunk) and a first turn.
+fn check_conversation_room(config: &GrpoConfig, prompts: &PromptSet) -> Result<(), TrainError> {
+    let chunk = config.prefill_chunk_size.max(1) as usize;
+    let longest = prompts.prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    let need = longest.div_ceil(chunk) * chunk + config.max_completion_length;
+    if config.max_conversation_length < need {
+        return Err(TrainError::config(
+            "max_conversation_length",
+            format!(
+                "is {}: the longest prompt ({longest} tokens, padded to {chunk}) and a {}-token turn need {need}",
+                config.max_conversation_length, config.max_completion_length
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The prompts of `ds`, read as the run's config says.
+pub(super) fn load_prompt_set(
+    config: &GrpoConfig,
+    tokenizer: &Tokenizer,
+    ds: &Dataset,
+    tools: Option<Value>,
+) -> Result<PromptSet, TrainError> {
+    PromptSet::load_with_tools(
+        ds,
+        tokenizer,
+        &config.prompt_field,
+        config.max_prompt_length,
+        config.train.skip_invalid_rows,
+        tools,
+    )
+}

@@ -1,0 +1,273 @@
+//! What a GRPO step reports. [`GrpoStepMetrics`] is composed from three parts, each filled
+//! where it is known: the batch trained on ([`RolloutMetrics`]), the update ([`UpdateStats`]
+//! summed over ranks, with the optimizer's [`StepOutcome`]) and the step's own bookkeeping
+//! ([`StepTimes`]). Every field is written once; none starts as a placeholder.
+
+use super::advantage::mean_std;
+use super::{RewardFn, RolloutBatch, UpdateStats};
+use crate::generate::FinishReason;
+use crate::train::StepOutcome;
+
+/// Mean and spread of one reward function over a step's rollouts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RewardStat {
+    /// Function name.
+    pub name: String,
+    /// Mean over scored rollouts.
+    pub mean: f64,
+    /// Standard deviation over scored rollouts.
+    pub std: f64,
+}
+
+impl RewardStat {
+    /// The mean of the function called `name` among `stats` (a step's or an evaluation's).
+    pub fn mean_in(stats: &[RewardStat], name: &str) -> Option<f64> {
+        stats.iter().find(|r| r.name == name).map(|r| r.mean)
+    }
+}
+
+/// Metrics of one GRPO step.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GrpoStepMetrics {
+    /// Step number (1-based).
+    pub step: u64,
+    /// Weight version that generated the batch (its oldest group).
+    pub generated_by: u64,
+    /// Steps between generation and this update (of the oldest group).
+    pub staleness: u64,
+    /// Groups dropped as too stale while this step's batch was assembled.
+    pub dropped_stale: usize,
+    /// Mean total (weighted) reward.
+    pub reward_mean: f64,
+    /// Spread of the total reward.
+    pub reward_std: f64,
+    /// Per reward function.
+    pub rewards: Vec<RewardStat>,
+    /// Rollouts some reward function failed on (advantage 0).
+    pub reward_failures: usize,
+    /// Mean completion length: tokens the model generated (multi-turn: over all its turns,
+    /// the environment's messages not counted).
+    pub completion_length: f64,
+    /// Longest completion.
+    pub completion_length_max: usize,
+    /// Shortest completion.
+    #[serde(default)]
+    pub completion_length_min: usize,
+    /// Share of groups whose rewards were all equal: zero advantages, no gradient (TRL's
+    /// `frac_reward_zero_std`).
+    #[serde(default)]
+    pub frac_reward_zero_std: f64,
+    /// Share of completions cut at `max_completion_length`.
+    pub truncated_ratio: f64,
+    /// The loss.
+    pub loss: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Share of loss terms in the clip region (`clip_ratio/region_mean`).
+    pub clip_ratio: f64,
+    /// Share clipped below: ratio under `1 - epsilon_low` with a negative advantage.
+    #[serde(default)]
+    pub clip_ratio_low: f64,
+    /// Share clipped above: ratio over `1 + epsilon_high` with a positive advantage.
+    #[serde(default)]
+    pub clip_ratio_high: f64,
+    /// Mean `k3(generator, policy)` per term.
+    pub approx_kl: f64,
+    /// Mean `k3(reference, policy)` per term (0 when `beta = 0`).
+    pub kl: f64,
+    /// Mean policy entropy per term.
+    pub entropy: f64,
+    /// Mean sampling-correction weight per term (1 without `importance_sampling_correction`).
+    #[serde(default)]
+    pub sampling_correction: f64,
+    /// Raw tokens / forwarded tokens of the update.
+    pub packing_ratio: f64,
+    /// Tokens forwarded by the update (unique tokens for trees).
+    pub forwarded_tokens: usize,
+    /// Prompt + completion tokens of every rollout.
+    pub raw_tokens: usize,
+    /// Packed rows.
+    pub rows: usize,
+    /// Seconds generating this batch (on the generation thread in async mode).
+    pub generation_s: f64,
+    /// Seconds the trainer waited for a batch (async).
+    pub wait_s: f64,
+    /// Seconds scoring.
+    pub reward_s: f64,
+    /// Seconds packing.
+    pub pack_s: f64,
+    /// Seconds in forward + backward.
+    pub forward_backward_s: f64,
+    /// Seconds in clipping and the optimizer step.
+    pub optimizer_s: f64,
+    /// Wall seconds of the whole step (as the trainer saw it).
+    pub step_s: f64,
+    /// Generated tokens per second of generation.
+    pub generation_tokens_per_s: f64,
+    /// Raw (rollout) tokens per second of forward + backward.
+    pub training_tokens_per_s: f64,
+    /// Whether the update was skipped (non-finite loss or gradient norm: the weights are left
+    /// untouched, the step counts in `skipped_steps`).
+    pub skipped: bool,
+}
+
+/// One completion kept for the display.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SampleCompletion {
+    /// Step that trained on it.
+    pub step: u64,
+    /// Dataset row of the prompt.
+    pub dataset_row: usize,
+    /// The prompt: the last message of a conversation, else the prompt text.
+    pub prompt: String,
+    /// The completion text.
+    pub completion: String,
+    /// Per reward function (None: failed).
+    pub rewards: Vec<Option<f32>>,
+    /// Weighted total.
+    pub total: Option<f32>,
+    /// Its advantage.
+    pub advantage: f32,
+}
+
+/// The batch's side of a step's metrics: rewards, lengths and generation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RolloutMetrics {
+    generated_by: u64,
+    reward_mean: f64,
+    reward_std: f64,
+    rewards: Vec<RewardStat>,
+    reward_failures: usize,
+    completion_length: f64,
+    completion_length_max: usize,
+    completion_length_min: usize,
+    frac_reward_zero_std: f64,
+    truncated_ratio: f64,
+    generation_s: f64,
+    reward_s: f64,
+    generation_tokens_per_s: f64,
+}
+
+impl RolloutMetrics {
+    /// What `batch`, scored by `rewards`, says before any update.
+    pub(crate) fn of(batch: &RolloutBatch, rewards: &[RewardFn]) -> Self {
+        let totals: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
+        let (reward_mean, reward_std) = mean_std(&totals);
+        let lengths: Vec<usize> = batch
+            .groups
+            .iter()
+            .flat_map(|g| (0..g.completions.len()).map(|i| g.generated_tokens(i)))
+            .collect();
+        let n = lengths.len().max(1) as f64;
+        let truncated = batch
+            .groups
+            .iter()
+            .flat_map(|g| &g.completions)
+            .filter(|c| c.finish_reason == FinishReason::Length)
+            .count();
+        RolloutMetrics {
+            generated_by: batch.version,
+            reward_mean,
+            reward_std,
+            rewards: reward_stats(batch, rewards),
+            reward_failures: batch.totals().filter(Option::is_none).count(),
+            completion_length: lengths.iter().sum::<usize>() as f64 / n,
+            completion_length_max: lengths.iter().copied().max().unwrap_or(0),
+            completion_length_min: lengths.iter().copied().min().unwrap_or(0),
+            frac_reward_zero_std: batch.frac_reward_zero_std(),
+            truncated_ratio: truncated as f64 / n,
+            generation_s: batch.generation_s,
+            reward_s: batch.reward_s,
+            generation_tokens_per_s: batch.generated_tokens as f64 / batch.generation_s.max(1e-9),
+        }
+    }
+}
+
+/// The update's side: its statistics (summed over ranks), the rows this rank forwarded and
+/// what the optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct UpdateMetrics {
+    pub(crate) stats: UpdateStats,
+    pub(crate) rows: usize,
+    pub(crate) outcome: StepOutcome,
+}
+
+/// The step's own bookkeeping: how stale its batch was, and where its wall time went.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct StepTimes {
+    pub(crate) staleness: u64,
+    pub(crate) dropped_stale: usize,
+    pub(crate) wait_s: f64,
+    pub(crate) pack_s: f64,
+    pub(crate) optimizer_s: f64,
+    pub(crate) step_s: f64,
+}
+
+impl GrpoStepMetrics {
+    /// Step `step`'s metrics from its three parts.
+    pub(crate) fn compose(step: u64, rollout: RolloutMetrics, update: UpdateMetrics, times: StepTimes) -> Self {
+        let UpdateMetrics { stats, rows, outcome } = update;
+        GrpoStepMetrics {
+            step,
+            generated_by: rollout.generated_by,
+            staleness: times.staleness,
+            dropped_stale: times.dropped_stale,
+            reward_mean: rollout.reward_mean,
+            reward_std: rollout.reward_std,
+            rewards: rollout.rewards,
+            reward_failures: rollout.reward_failures,
+            completion_length: rollout.completion_length,
+            completion_length_max: rollout.completion_length_max,
+            completion_length_min: rollout.completion_length_min,
+            frac_reward_zero_std: rollout.frac_reward_zero_std,
+            truncated_ratio: rollout.truncated_ratio,
+            loss: stats.loss,
+            grad_norm: outcome.grad_norm,
+            lr: outcome.lr,
+            clip_ratio: stats.clip_ratio,
+            clip_ratio_low: stats.clip_ratio_low,
+            clip_ratio_high: stats.clip_ratio_high,
+            approx_kl: stats.approx_kl,
+            kl: stats.ref_kl,
+            entropy: stats.entropy,
+            sampling_correction: stats.sampling_correction,
+            packing_ratio: stats.packing_ratio(),
+            forwarded_tokens: stats.forwarded_tokens,
+            raw_tokens: stats.raw_tokens,
+            rows,
+            generation_s: rollout.generation_s,
+            wait_s: times.wait_s,
+            reward_s: rollout.reward_s,
+            pack_s: times.pack_s,
+            forward_backward_s: stats.forward_backward_s,
+            optimizer_s: times.optimizer_s,
+            step_s: times.step_s,
+            generation_tokens_per_s: rollout.generation_tokens_per_s,
+            training_tokens_per_s: stats.raw_tokens as f64 / stats.forward_backward_s.max(1e-9),
+            skipped: outcome.skipped,
+        }
+    }
+}
+
+/// Mean and spread of every reward function over a batch.
+pub(crate) fn reward_stats(batch: &RolloutBatch, rewards: &[RewardFn]) -> Vec<RewardStat> {
+    rewards
+        .iter()
+        .enumerate()
+        .map(|(f, r)| {
+            let v: Vec<f64> = batch
+                .groups
+                .iter()
+                .flat_map(|g| g.rewards.per_function[f].iter().flatten().map(|&x| f64::from(x)))
+                .collect();
+            let (mean, std) = mean_std(&v);
+            RewardStat {
+                name: r.name.clone(),
+                mean,
+                std,
+            }
+        })
+        .collect()
+}
