@@ -434,9 +434,8 @@ fn the_demo_tells_the_whole_story() {
     // The loss is a sum that cancels to ~1e-4 here: fp32 rounding is compared against 1e-3.
     let (tree, flat) = (t["loss_tree"].as_f64().unwrap(), t["loss_flat"].as_f64().unwrap());
     assert!((tree - flat).abs() <= 1e-5 * flat.abs().max(1e-3), "{tree} vs {flat}");
-    // Multi-turn with a tool: the calculator recipe's held-out right answers rise (measured
-    // 0.080 -> 0.178), and conversations forked after the tool's result share more than
-    // single-turn groups.
+    // Multi-turn with a tool: the calculator recipe's held-out right answers rise, and
+    // conversations forked after the tool's result share more than single-turn groups.
     let mt = &summary["multi_turn"];
     assert_eq!(mt["steps"].as_array().unwrap().len(), 40, "{mt}");
     let (tool_before, tool_after) = (

@@ -52,8 +52,8 @@ fn loss_goes_down_on_the_shipped_conversations() {
         t.ledger.graph("sft/forward")
     );
     let padding: Vec<f64> = h.iter().map(|m| m.padding_fraction).collect();
-    // bfd fills rows nearly full; the first batches hold the longest conversations (22% padding
-    // measured on the shipped data), the rest ~0-7%.
+    // bfd fills rows nearly full; the first batches hold the longest conversations and pad
+    // the most.
     let mean = padding.iter().sum::<f64>() / padding.len() as f64;
     assert!(
         mean < 0.1 && padding.iter().all(|&p| p < 0.3),

@@ -1,5 +1,6 @@
-//! Tree packing against TRL v1.16.0: the fixture of REFERENCE.md field by field, and TRL's own
-//! packer on 70 seeded rollout sets (tests/fixtures/trl_tree_packing.json, made by
+//! Tree packing against TRL v1.16.0: the worked example of its tree-packing contract (three
+//! rollouts of the prompt `101 102 103`, as `PackedRow`'s doc states it) field by field, and
+//! TRL's own packer on 70 seeded rollout sets (tests/fixtures/trl_tree_packing.json, made by
 //! scripts/fixtures/make_tree_fixtures.py).
 
 use serde_json::Value;

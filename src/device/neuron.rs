@@ -136,8 +136,8 @@ impl NeuronInfo {
         }
     }
 
-    /// Data-parallel processes a run should start (one per usable logical core; TRL v1.16 ran
-    /// 4 processes on a trn2.3xlarge, 3.6x faster than one).
+    /// Data-parallel processes a run should start: one per usable logical core, as TRL's
+    /// Trainium guide runs 4 processes on a trn2.3xlarge.
     pub fn suggested_data_parallel(&self) -> u32 {
         self.usable_logical_cores().max(1)
     }

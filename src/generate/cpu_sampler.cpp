@@ -3,8 +3,8 @@
 // penalty, top-k, then top-p, then min-p, renormalised, one uniform per row drawn by inverse CDF
 // in vocabulary order) in f64, in one or two passes over the vocabulary per row.
 //
-// The tensor-op sampler (device_sampling.rs) spends 3-90 ms a step on 8 rows of a 150k
-// vocabulary on 2 cores (f64 copies, four exp passes, a full sort for top-p); here the
+// The tensor-op sampler (device_sampling.rs) makes f64 copies, four exp passes and a full
+// sort for top-p over the whole vocabulary, which costs more than the step; here the
 // exponentials are taken once (SLEEF's f64 exp, as libtorch uses, 1 ulp) and top-k / top-p sort
 // only the head of the distribution (nth_element, widened until it holds the nucleus). Compiled
 // for AVX2 + FMA; the caller checks the CPU has them.

@@ -26,6 +26,69 @@
 //! assert_eq!(m.rewards.len(), 3);
 //! assert!(m.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
 //! ```
+//!
+//! # Reference
+//!
+//! - **Rewards**: [`RewardFn::new`]`(name, |x: &RewardInput| -> Option<f32>)` closures over the
+//!   prompt, the completion's text and ids, whether it was truncated, and the whole dataset row,
+//!   weighted with `.with_weight(w)`. Built-ins for the shipped prompts: `exact_answer` (the text
+//!   after the last `Answer:` equals the row's `answer`) and `answer_format`. A function that
+//!   returns `None`, NaN or an infinity, or panics, for a rollout is reported
+//!   (`state.recent_failures`, metric `reward_failures`) and that rollout gets advantage 0; the
+//!   step goes on.
+//! - **Advantages** (`scale_rewards`, TRL's meaning): `"group"` (default) `(r - group mean) /
+//!   (group std + 1e-4)` (Bessel-corrected, as `torch.std`), `"batch"` the group-centred rewards
+//!   over the std of the whole step's rewards, `"none"` centred only (Dr. GRPO); over the
+//!   rollouts that were scored. Groups whose rewards are all equal get zero advantages and are
+//!   counted (`frac_reward_zero_std`).
+//! - **Loss** (TRL's `_compute_loss`, term by term; [`GrpoObjective`]): the clipped surrogate
+//!   (`epsilon_low`, `epsilon_high`; `delta` caps the unclipped ratio too: two-sided clipping),
+//!   with the ratio per token or, `importance_sampling_level = "sequence"` (GSPO), the exponent of
+//!   each rollout's mean log-ratio. `top_entropy_quantile` (ρ) trains only the terms in the top ρ
+//!   of the step's policy entropies (the quantile is over the whole step, the same in either
+//!   packing and on any number of ranks; TRL takes it per local batch). Optional `beta` × k3 KL
+//!   to a frozen reference (off by default; `use_bias_correction_kl = true` multiplies each term's
+//!   k3 by its importance ratio, as TRL does).
+//! - **Averaging** as TRL's `loss_type`: `dapo` (default: over all loss terms of the step), `grpo`
+//!   (per rollout, then over rollouts), `dr_grpo` (over rollouts × `max_completion_length`) or
+//!   `bnpo` (over micro-batches of `per_device_train_batch_size` consecutive rollouts, each its
+//!   token mean).
+//! - **Sampling correction** (`importance_sampling_correction`, TRL's vLLM IS correction, here for
+//!   async rollouts and `num_iterations > 1`, whose sampling weights lag): the ratio is taken
+//!   against the policy at the start of the update and each term's policy loss is weighted by
+//!   `exp(before - sampled)` per token or summed per rollout, truncated or masked to
+//!   `[importance_sampling_clip_min, importance_sampling_clip_max]` (`importance_sampling_mode`:
+//!   `token_truncate`, `token_mask`, `sequence_truncate`, `sequence_mask` = TRL 1.16's default).
+//!   Every option is checked against a reference computed from each rollout's own forward
+//!   (`tests/grpo.rs`), in both packings. `num_iterations` (μ) optimizer steps per generated
+//!   batch; `mask_truncated_completions`.
+//! - **Updates**: the step's rollouts go through the token-budget planner into prefix-tree rows
+//!   (`packing = "tree"`, default) or are laid end to end (`"flat"`): the same loss and gradients
+//!   (tested to 1e-5 on real rollouts).
+//! - **Rollouts**: `mode = "sync"` (generate, then train; default) or `"async"`: a generation
+//!   thread with its own copy of the weights fills a bounded queue (`queue_size` steps' worth)
+//!   with scored groups, each tagged with the weight version that generated it; the trainer
+//!   assembles each step from the oldest queued groups, drops groups more than `max_staleness`
+//!   versions old (counted), publishes weights every `weight_sync_steps`, and forces a sync when
+//!   everything it could receive would be too stale.
+//! - **Multi-turn rollouts** ([`GrpoTrainerBuilder::environment`]): an [`Environment`] (a trait,
+//!   or a closure through [`environment()`], with optional `tools` schemas rendered into the
+//!   prompt as transformers' `tools=`) answers each assistant turn with [`EnvReply::Done`] or the
+//!   next message ([`EnvRole::User`] or [`EnvRole::Tool`]). The generator continues each
+//!   conversation from its static KV cache, prefilling only what the cache lacks, and forks each
+//!   conversation that goes on `turn_generations` ways; `max_turns` and `max_conversation_length`
+//!   bound it. Only generated tokens are trained. An environment that fails, panics, returns a
+//!   non-finite reward or a message the template cannot render as an extension of the
+//!   conversation fails that conversation like a failing reward (advantage 0); the step goes on.
+//!   Shipped environments: [`crate::shipped`] (`treetrain grpo --environment
+//!   calculator|retry-game`).
+//! - **The trainer**: [`GrpoTrainer::step`] / `train_for(n)` / [`GrpoTrainer::evaluate`] /
+//!   [`GrpoTrainer::evaluate_by`] (each part of the prompts sharing a value of a string column,
+//!   evaluated alone) / `state` (HTML: reward curves per function, entropy and KL, the time split,
+//!   sample completions with rewards and advantages, the latest micro-batch's prefix tree), a
+//!   JSONL log per step ([`GrpoStepMetrics`]'s fields), and checkpoints that resume (sync runs
+//!   exactly, on CPU).
+//! - CLI: `treetrain grpo --config datasets/grpo.toml` (the recipe the demo runs).
 
 mod advantage;
 mod answer;
@@ -57,8 +120,8 @@ pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
     grpo_loss_with_reference,
 };
-pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
 pub use producer::{BatchShape, RolloutProducer, Shard};
+pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
 pub use trainer::{GrpoState, GrpoTrainer};
 pub use update::{

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use super::RolloutProducer;
 use super::environment::{Conversation, EnvReply, Environment, Talk};
 use super::reward::{RewardInput, score_group};
-use super::RolloutProducer;
 use super::rollouts::{RolloutBatch, ScoredGroup};
 use crate::generate::{Conversations, FinishReason, GenerationConfig};
 use crate::model::CausalLm;

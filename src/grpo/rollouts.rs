@@ -2,9 +2,9 @@
 
 use serde_json::{Map, Value};
 
+use super::ScaleRewards;
 use super::advantage::mean_std;
 use super::reward::GroupRewards;
-use super::ScaleRewards;
 use crate::data::Dataset;
 use crate::generate::{Completion, FinishReason};
 use crate::pack::Rollout;

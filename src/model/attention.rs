@@ -181,9 +181,8 @@ impl Attention {
     pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let scale = (self.head_dim as f64).powf(-0.5);
         // Grouped-query attention inside the kernel (`enable_gqa`): repeating the keys and
-        // values of a whole KV cache every decode step cost 3.6x the attention itself, and in
-        // training (fwd + bwd, 9 heads over 3, 1,024 tokens) 1.3x (measured on CPU with the
-        // same libtorch).
+        // values of a whole KV cache every decode step would copy more than the attention
+        // itself reads.
         let gqa = self.num_heads != self.num_kv_heads;
         let out = Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), scale, gqa);
         let (b, t) = (q.size()[0], q.size()[2]);
@@ -227,11 +226,11 @@ impl Attention {
     /// takes, and batched segments gather their queries, keys and values as such rows (dim 0).
     /// Why rows: the backward of a gather adds each gathered slot back into its source, and
     /// libtorch does that per index: along dim 0 of `[n, heads * d]` one contiguous row per
-    /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, 2.3-3.6x slower
-    /// (1,000 to 6,400 indices, measured with this libtorch). A tree gathers its shared prefix
-    /// once per branch (8.5 key slots a token in a GRPO bench row against flat packing's 1.04), so
-    /// this cost is a larger share of the tree's update than of the flat one. On the CPU keys
-    /// and values stay at `kv_heads` ([`Attention::segment_keys_values`]).
+    /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, which is slower.
+    /// A tree gathers its shared prefix once per branch, many key slots per token where flat
+    /// packing gathers about one, so this cost weighs more in the tree's update (the GRPO
+    /// bench's tree/flat ratio shows it). On the CPU keys and values stay at `kv_heads`
+    /// ([`Attention::segment_keys_values`]).
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
         let n = q.size()[2];
         let (k, v) = self.segment_keys_values(k, v);

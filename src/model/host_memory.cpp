@@ -3,9 +3,8 @@
 // anonymous memory gets 4 KiB pages unless advised otherwise, and libtorch's allocator advises
 // only when THP_MEM_ALLOC_ENABLE is set in the environment, which a library cannot decide for
 // its process. A sequential read of 4 KiB pages misses the TLB every 4 KiB; under a hypervisor
-// each miss walks two page tables. On the project's 2-core VM a decode step's weight products
-// run 1.01-1.14x faster over huge pages, sums of the same tensors 1.06-1.23x (BENCHMARKS.md,
-// `cargo bench --bench generation -- --pages`).
+// each miss walks two page tables. `cargo bench --bench generation -- --pages` times the
+// difference.
 
 #include <ATen/ATen.h>
 

@@ -4,9 +4,9 @@
 //! Linux backs anonymous memory with 4 KiB pages unless the memory is advised otherwise (THP
 //! mode `madvise`, the Debian and Ubuntu default), and libtorch advises only under an
 //! environment variable a library should not set for its process. Streaming 4 KiB pages costs
-//! a TLB miss every 4 KiB (two page walks under a hypervisor): on the project's 2-core VM a
-//! decode step's weight products run 1.01-1.14x faster over huge pages than over the same
-//! weights in libtorch's allocation (BENCHMARKS.md, `--pages` of the generation bench).
+//! a TLB miss every 4 KiB (two page walks under a hypervisor). The generation bench's
+//! `--pages` times a decode step's weight products over huge pages against the same weights
+//! in libtorch's allocation.
 //!
 //! Every whole 2 MiB of a buffer can be a huge page; a tail under 2 MiB stays in small pages
 //! rather than rounding the buffer up, so a small model costs no extra memory.

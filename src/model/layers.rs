@@ -23,9 +23,8 @@ pub enum LinearAdapter {
 }
 
 /// Inputs of at most this many rows (decode steps: one token per sequence) are multiplied as
-/// `W x^T` on the CPU: MKL reads the weight at ~17 GB/s that way against ~13 GB/s as `x W^T`
-/// (an LM head of 151,936 x 1,024: 53 against 92 ms for 8 rows; measured on this project's
-/// 2-core machine, BENCHMARKS.md).
+/// `W x^T` on the CPU: MKL streams the weight faster in that orientation than as `x W^T`
+/// (the generation bench's decode steps over a real-size LM head show it).
 pub const SKINNY_ROWS: i64 = 64;
 
 /// `x W^T + b` for `x` `[..., in]`, `weight` `[out, in]` with libtorch's ops: on the CPU for

@@ -194,8 +194,9 @@ const BATCH_PADDING: i64 = 2;
 ///
 /// Why bound padding rather than the spread of path lengths alone: a GRPO tree mixes prompt
 /// segments (tens of queries) with completion branches of a few tokens under paths of similar
-/// length; padded to the longest segment, the branches' call computed 3.7x its real scores,
-/// and attention took a larger share of the tree update than of the flat one (BENCHMARKS.md).
+/// length; padded to the longest segment, the branches' call would compute several times its
+/// real scores, and attention would weigh more in the tree update than in the flat one (the
+/// GRPO bench's tree/flat ratio against the work ratio shows it).
 fn batch_ranges(segments: &[(i64, i64)]) -> Vec<std::ops::Range<usize>> {
     let mut ranges = Vec::new();
     let mut start = 0;

@@ -216,4 +216,3 @@ impl Rich for super::super::RewardFn {
 }
 
 crate::rich_display!(super::super::RewardFn);
-

@@ -13,26 +13,21 @@
 //! where autograd records a graph, on CPUs without AVX2 + FMA. They are tested against those
 //! libtorch ops (values to f32 rounding).
 //!
-//! A weight product is bound by reading `W` once from memory. MKL's sgemm copies (packs) `W` on
-//! every call at these shapes and reads it at 7-18 GB/s; the kernel streams each thread's
-//! block of weight rows once, in tiles of a few rows against the input rows held in registers,
-//! prefetching the next tile, and reads at 23-27 GB/s where a plain sum reads 30-36 on the
-//! project's AVX2 machine; on an AVX-512 Zen 4 machine at 21-30 GB/s where a sum of the same
-//! weight tensors, timed in turns with it, reads 26-46 (0.54-0.79 of it) (BENCHMARKS.md, real size: greedy
-//! decode). There, at 8 rows, the same multiply-adds with the weights in cache take as long:
-//! the products are bound by their arithmetic (101-129 GFLOP/s, 0.8-0.9 of MKL's large-GEMM
-//! rate), not by the read. It runs where no autograd
-//! graph is recorded, on contiguous f32 CPU tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums
-//! are taken in another order than MKL's, so values agree to f32 rounding (~1e-6 relative),
-//! not bit for bit.
+//! A weight product at these shapes should be bound by reading `W` once from memory. MKL's
+//! sgemm copies (packs) `W` on every call; the kernel instead streams each thread's block of
+//! weight rows once, in tiles of a few rows against the input rows held in registers,
+//! prefetching the next tile. At a batch of 8 in f32 on two cores the multiply-adds can take
+//! as long as the read, so the kernel keeps the arithmetic dense too. The generation bench
+//! (`--split`, `--product-sweep`) sets both against their bounds; `benches/README.md` has the
+//! current numbers. It runs where no autograd graph is recorded, on contiguous f32 CPU
+//! tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums are taken in another order than MKL's, so
+//! values agree to f32 rounding (~1e-6 relative), not bit for bit.
 
 use tch::{Kind, Tensor};
 
-/// Inputs of at most this many rows go through the kernel. Placed by the generation bench's
-/// `--product-sweep` over SmolLM2-135M's decode-step weights (538 MB a pass, 2 threads;
-/// BENCHMARKS.md, real size): on the project's AVX2 machine libtorch's `linear` took 3.3x the
-/// kernel's time at 8 rows, 1.17x at 64, 1.12x at 128 and 0.88x at 192, where the product is
-/// long compute-bound; an earlier AVX-512 machine crossed over near 256.
+/// Inputs of at most this many rows go through the kernel: above it the product is
+/// compute-bound and MKL's packing pays for itself. Placed where libtorch's `linear` overtakes
+/// the kernel in the generation bench's `--product-sweep`.
 pub const KERNEL_ROWS: i64 = 128;
 
 mod ops;
