@@ -5,7 +5,7 @@
 # Why not tch's download-libtorch: its host is unreachable here; PyPI is.
 # Why only the CPU libraries: torch-sys links libtorch_cuda whenever it sees it in the lib
 # folder, which would drag cuDNN/cuBLAS (gigabytes) onto CPU machines. On a GPU machine
-# the same binary loads a full torch lib folder at run time (see README, "CUDA").
+# the same binary loads a full torch lib folder at run time (src/guide/cuda.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Gloo's headers for the c10d shim (independent of the libtorch layout below).

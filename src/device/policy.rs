@@ -189,7 +189,7 @@ impl DeviceSpec {
                     name: format!("neuron:{index}"),
                     reason: format!(
                         "no PrivateUse1 backend is loaded: set {} to the backend's library (TorchNeuron: \
-                         the one its torch-neuronx package installs; see the README)",
+                         the one its torch-neuronx package installs; see the Neuron guide, src/guide/neuron.md)",
                         privateuse1::LIBRARY_ENV
                     ),
                 }),
