@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use tch::{Kind, Tensor};
 
-use super::generator::GenerateError;
+use super::{GenerateError, GenerationConfig};
 use crate::device::Device;
 use crate::model::{CausalLm, KvCache, StaticCache};
 use crate::util::ErrBuf;
@@ -238,5 +238,62 @@ impl DecodeGraph {
         self.graph.replay()?;
         cache.advance(1);
         Ok(self.logits.shallow_clone())
+    }
+}
+
+/// Where a decode call stands with its CUDA graph (`GenerationConfig::cuda_graph`).
+pub(super) enum GraphState {
+    /// No graph asked for: every step runs eagerly.
+    Off,
+    /// Asked for; this step runs eagerly (it warms up libtorch's CUDA state: cuBLAS handles,
+    /// kernels loaded), the next is recorded.
+    WarmingUp,
+    /// The next step is recorded, then replayed.
+    Due,
+    /// Recorded: every step is a replay.
+    Ready(DecodeGraph),
+}
+
+impl GraphState {
+    pub(super) fn new(cfg: &GenerationConfig, model: &CausalLm) -> Result<Self, GenerateError> {
+        match (cfg.cuda_graph, model.device()) {
+            (false, _) => Ok(GraphState::Off),
+            (true, Device::Cuda(_)) => Ok(GraphState::WarmingUp),
+            (true, other) => Err(GenerateError::Config(format!(
+                "cuda_graph needs a CUDA device; the model is on {other}"
+            ))),
+        }
+    }
+
+    /// The logits of a step run through the graph (recorded first when due), or `None` when
+    /// this step runs eagerly.
+    pub(super) fn step<C: KvCache>(
+        &mut self,
+        model: &CausalLm,
+        cache: &mut C,
+        mask: &Tensor,
+        ids: &[i64],
+        positions: &[i64],
+    ) -> Result<Option<Tensor>, GenerateError> {
+        if matches!(self, GraphState::Off) {
+            return Ok(None);
+        }
+        let cache = cache
+            .as_static()
+            .ok_or_else(|| GenerateError::Config("cuda_graph needs the static cache".into()))?;
+        match self {
+            GraphState::Off => Ok(None),
+            GraphState::WarmingUp => {
+                *self = GraphState::Due;
+                Ok(None)
+            }
+            GraphState::Due => {
+                let mut graph = DecodeGraph::capture(model, cache, mask)?;
+                let logits = graph.step(cache, ids, positions)?;
+                *self = GraphState::Ready(graph);
+                Ok(Some(logits))
+            }
+            GraphState::Ready(graph) => Ok(Some(graph.step(cache, ids, positions)?)),
+        }
     }
 }

@@ -4,120 +4,12 @@ use tch::{Kind, Tensor};
 
 use crate::device::{Device, privateuse1};
 
-use super::cuda_graph::DecodeGraph;
+use super::cuda_graph::GraphState;
 use super::device_sampling::{choose_rows, seen_mask};
-use super::sampling::SamplingConfig;
-use crate::model::{CausalLm, DynamicCache, KvCache, ModelError, StaticCache};
+use super::{Completion, FinishReason, GenerateError, GenerationConfig};
+use crate::model::{CausalLm, DynamicCache, KvCache, StaticCache};
 use crate::shapes::ShapeLedger;
 use crate::util::SplitMix64;
-
-/// Errors from generation.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerateError {
-    /// A prompt is empty or holds an id outside the vocabulary.
-    #[error("prompt {index}: {message}")]
-    Prompt {
-        /// Index of the prompt.
-        index: usize,
-        /// What is wrong.
-        message: String,
-    },
-    /// The configuration cannot work.
-    #[error("generation config: {0}")]
-    Config(String),
-    /// The model failed (includes static-cache overflow).
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// libtorch failed.
-    #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
-    /// A CUDA graph of the decode step could not be loaded, recorded or replayed.
-    #[error("CUDA graph: {0}")]
-    CudaGraph(String),
-}
-
-impl From<crate::device::DeviceError> for GenerateError {
-    fn from(e: crate::device::DeviceError) -> Self {
-        GenerateError::Model(ModelError::Device(e))
-    }
-}
-
-/// How long and how to generate.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerationConfig {
-    /// Most tokens generated per completion.
-    pub max_new_tokens: usize,
-    /// Tokens that end a completion (included in its output).
-    pub eos_token_ids: Vec<i64>,
-    /// Token sequences that end a completion (included in its output).
-    pub stop_sequences: Vec<Vec<i64>>,
-    /// Id written in padding slots.
-    pub pad_token_id: i64,
-    /// Prompts are left-padded to a multiple of this and prefilled this many tokens at a time.
-    pub prefill_chunk_size: i64,
-    /// Cache capacity; default: padded prompt length + `max_new_tokens`. Too small is an error.
-    pub max_cache_len: Option<i64>,
-    /// Token choice.
-    pub sampling: SamplingConfig,
-    /// On CUDA, run the decode steps as a captured CUDA graph (`generate::cuda_graph`): the
-    /// first step runs as usual, the second is recorded, every later one is a replay. Needs
-    /// the static cache ([`Generator::generate`], [`Generator::generate_groups`]); an error on
-    /// other devices.
-    pub cuda_graph: bool,
-}
-
-impl Default for GenerationConfig {
-    fn default() -> Self {
-        GenerationConfig {
-            max_new_tokens: 64,
-            eos_token_ids: Vec::new(),
-            stop_sequences: Vec::new(),
-            pad_token_id: 0,
-            prefill_chunk_size: 128,
-            max_cache_len: None,
-            sampling: SamplingConfig::default(),
-            cuda_graph: false,
-        }
-    }
-}
-
-/// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// An EOS token.
-    Eos,
-    /// A stop sequence.
-    Stop,
-    /// `max_new_tokens` reached.
-    Length,
-}
-
-impl FinishReason {
-    /// `eos`, `stop` or `length`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Eos => "eos",
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
-
-/// One generated completion.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Completion {
-    /// Which prompt it continues.
-    pub prompt_index: usize,
-    /// Generated ids (EOS / stop sequence included).
-    pub output_ids: Vec<i64>,
-    /// Log-prob of each generated token under the sampling distribution used.
-    pub logprobs: Vec<f32>,
-    /// Log-prob of each generated token under `softmax(logits / temperature)`, untruncated.
-    pub untruncated_logprobs: Vec<f32>,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-}
 
 /// The decoding state after prefill: cache, which slots hold real tokens, per-row positions.
 pub(super) struct Decoding<C: KvCache> {
@@ -526,70 +418,13 @@ impl crate::display::Rich for Generator {
 
 crate::rich_display!(Generator);
 
-/// Where a decode call stands with its CUDA graph (`GenerationConfig::cuda_graph`).
-enum GraphState {
-    /// No graph asked for: every step runs eagerly.
-    Off,
-    /// Asked for; this step runs eagerly (it warms up libtorch's CUDA state: cuBLAS handles,
-    /// kernels loaded), the next is recorded.
-    WarmingUp,
-    /// The next step is recorded, then replayed.
-    Due,
-    /// Recorded: every step is a replay.
-    Ready(DecodeGraph),
-}
-
-impl GraphState {
-    fn new(cfg: &GenerationConfig, model: &CausalLm) -> Result<Self, GenerateError> {
-        match (cfg.cuda_graph, model.device()) {
-            (false, _) => Ok(GraphState::Off),
-            (true, Device::Cuda(_)) => Ok(GraphState::WarmingUp),
-            (true, other) => Err(GenerateError::Config(format!(
-                "cuda_graph needs a CUDA device; the model is on {other}"
-            ))),
-        }
-    }
-
-    /// The logits of a step run through the graph (recorded first when due), or `None` when
-    /// this step runs eagerly.
-    fn step<C: KvCache>(
-        &mut self,
-        model: &CausalLm,
-        cache: &mut C,
-        mask: &Tensor,
-        ids: &[i64],
-        positions: &[i64],
-    ) -> Result<Option<Tensor>, GenerateError> {
-        if matches!(self, GraphState::Off) {
-            return Ok(None);
-        }
-        let cache = cache
-            .as_static()
-            .ok_or_else(|| GenerateError::Config("cuda_graph needs the static cache".into()))?;
-        match self {
-            GraphState::Off => Ok(None),
-            GraphState::WarmingUp => {
-                *self = GraphState::Due;
-                Ok(None)
-            }
-            GraphState::Due => {
-                let mut graph = DecodeGraph::capture(model, cache, mask)?;
-                let logits = graph.step(cache, ids, positions)?;
-                *self = GraphState::Ready(graph);
-                Ok(Some(logits))
-            }
-            GraphState::Ready(graph) => Ok(Some(graph.step(cache, ids, positions)?)),
-        }
-    }
-}
-
 /// Refuses a host KV cache of `rows` x `slots` larger than the memory available now (what would
 /// otherwise end in an allocation failure or the kernel's OOM killer), saying what would fit.
 fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize) -> Result<(), GenerateError> {
     if model.device() != Device::Cpu {
         return Ok(());
     }
-    let Some(available) = available_host_bytes() else {
+    let Some(available) = crate::device::available_host_bytes() else {
         return Ok(());
     };
     let need = model.config.kv_cache_bytes(rows, slots, model.kind());
@@ -603,14 +438,6 @@ fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize) -> Result<(), G
         available as f64 / 1e9,
         available / per_row
     )))
-}
-
-/// `MemAvailable` of `/proc/meminfo`, in bytes (None off Linux).
-pub fn available_host_bytes() -> Option<u128> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Chooses the next token of every unfinished row from `st.logits` (on their device: only the

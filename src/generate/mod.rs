@@ -32,6 +32,8 @@
 //! Throughput against transformers and against the memory bound: `cargo bench --bench
 //! generation` (`benches/README.md`).
 
+mod completion;
+mod config;
 mod conversation;
 mod cpu_sampler;
 pub mod cuda_graph;
@@ -40,8 +42,10 @@ mod generator;
 mod sampling;
 mod view;
 
+pub use completion::{Completion, FinishReason};
+pub use config::{GenerateError, GenerationConfig};
 pub use conversation::Conversations;
 pub use device_sampling::{BatchChoice, choose_rows, choose_rows_with_tensors, seen_mask};
-pub use generator::{Completion, FinishReason, GenerateError, GenerationConfig, Generator, available_host_bytes};
+pub use generator::Generator;
 pub use sampling::{Choice, SamplingConfig, choose};
 pub use view::Completions;

@@ -6,6 +6,7 @@
 use tch::{Kind, Tensor};
 
 use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
+use crate::device::Device;
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
@@ -277,30 +278,19 @@ fn loss_of_terms(
 ) -> Result<GrpoLoss, ModelError> {
     let device = model.device();
     let m = row.token_index.len();
-    // The entropies ride the log-probs' pass over the LM head; the step's entropy floor was
-    // taken from the same function (`update::term_entropies`), so a term compares its own bits.
+    // 1. The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
+    //    step's entropy floor was taken from the same function (`update::term_entropies`), so
+    //    a term compares its own bits.
     let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks)?;
-    let sampled = device.from_slice(&row.old_log_probs)?;
-    // With a sampling correction the ratio is against the policy at update start, and the
-    // sampling mismatch becomes a (detached) weight on each term's policy loss.
-    let (old, correction) = match (cfg.sampling_correction, other.before_update) {
-        (Some(c), Some(before)) => {
-            let before = device.put(before)?.f_to_kind(Kind::Float)?;
-            let w = sampling_weights(row, &before, &sampled, c)?;
-            (before, Some(w))
-        }
-        _ => (sampled, None),
-    };
+    // 2. The ratio `[M]` against the sampling weights, or against the policy at update start
+    //    with a (detached) sampling-correction weight per term.
+    let (old, correction) = ratio_baseline(row, cfg, other.before_update, device)?;
     let adv = device.from_slice(&row.advantages)?;
     let ratio = importance_ratio(row, &logprobs, &old, cfg.importance_sampling)?;
-    let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
-    let unclipped = match cfg.delta {
-        Some(delta) => ratio.clamp_max(delta),
-        None => ratio.shallow_clone(),
-    };
-    let mut per_term = -(&unclipped * &adv).minimum(&(&clipped * &adv));
+    // 3. The clipped surrogate per term, masked below the entropy floor (TRL masks the policy
+    //    term only; the KL penalty still applies to every term) and weighted by the correction.
+    let mut per_term = clipped_surrogate(&ratio, &adv, cfg);
     if let Some(floor) = cfg.entropy_floor {
-        // TRL masks the policy term only; the KL penalty below still applies to every term.
         let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;
         per_term = per_term.f_mul(&keep.f_to_kind(Kind::Float)?)?;
     }
@@ -311,47 +301,12 @@ fn loss_of_terms(
         }
         None => m as f64,
     };
-    let mut ref_kl_sum = 0.0;
-    if let Some(reference) = other.reference.filter(|_| cfg.beta > 0.0) {
-        if reference.size() != [m as i64] {
-            return Err(ModelError::Input(format!(
-                "reference log-probs have shape {:?}, the row has {m} loss terms",
-                reference.size()
-            )));
-        }
-        let mut kl = k3(&logprobs, &device.put(reference)?.f_to_kind(Kind::Float)?);
-        if cfg.bias_corrected_kl {
-            // The ratio before clipping, with its gradient, as TRL multiplies it in; the
-            // sampling correction above weighs the policy term only, never this one.
-            kl = kl.f_mul(&ratio)?;
-        }
-        ref_kl_sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
-        per_term += kl * cfg.beta;
-    }
-    let loss = match weights {
-        TermWeights::Uniform(w) => per_term.sum(Kind::Float) * w,
-        TermWeights::PerTerm(ref w) => {
-            if w.len() != m {
-                return Err(ModelError::Input(format!(
-                    "{} term weights for a row of {m} loss terms",
-                    w.len()
-                )));
-            }
-            (per_term * device.from_slice(w.as_slice())?).sum(Kind::Float)
-        }
-    };
-    let ([clip_fraction, clip_low_fraction, clip_high_fraction], approx_kl_sum) = if m == 0 {
-        ([0.0; 3], 0.0)
-    } else {
-        tch::no_grad(|| {
-            let high = ratio.gt(1.0 + cfg.epsilon_high).logical_and(&adv.gt(0.0));
-            let low = ratio.lt(1.0 - cfg.epsilon_low).logical_and(&adv.lt(0.0));
-            let share = |t: &Tensor| t.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
-            let clips = [share(&high.logical_or(&low)), share(&low), share(&high)];
-            // Sampled from the old weights: k3 of KL(old || policy) uses ratio policy/old.
-            (clips, k3(&old, &logprobs).sum(Kind::Float).double_value(&[]))
-        })
-    };
+    // 4. `beta` x k3 to the reference, then the terms summed under the averaging's weights.
+    let (per_term, ref_kl_sum) = with_reference_kl(per_term, &logprobs, &ratio, other.reference, cfg, device)?;
+    let loss = weigh_terms(per_term, weights, device)?;
+    // 5. The statistics, outside the graph.
+    let (clips, approx_kl_sum) = clip_statistics(&ratio, &adv, &old, &logprobs, cfg);
+    let [clip_fraction, clip_low_fraction, clip_high_fraction] = clips;
     let entropy_sum = weighted_sum(&entropies, &terms.counts)?;
     Ok(GrpoLoss {
         loss,
@@ -364,6 +319,105 @@ fn loss_of_terms(
         ref_kl_sum,
         entropy_sum,
         correction_sum,
+    })
+}
+
+/// What the ratio is taken against `[M]`: the sampling weights' log-probs, or with a sampling
+/// correction the policy's at update start, with each term's correction weight.
+fn ratio_baseline(
+    row: &PackedRow,
+    cfg: &GrpoObjective,
+    before_update: Option<&Tensor>,
+    device: Device,
+) -> Result<(Tensor, Option<Tensor>), ModelError> {
+    let sampled = device.from_slice(&row.old_log_probs)?;
+    Ok(match (cfg.sampling_correction, before_update) {
+        (Some(c), Some(before)) => {
+            let before = device.put(before)?.f_to_kind(Kind::Float)?;
+            let w = sampling_weights(row, &before, &sampled, c)?;
+            (before, Some(w))
+        }
+        _ => (sampled, None),
+    })
+}
+
+/// `-min(unclipped ratio x adv, clipped ratio x adv)` per term; `delta` caps the unclipped
+/// ratio too (two-sided clipping).
+fn clipped_surrogate(ratio: &Tensor, adv: &Tensor, cfg: &GrpoObjective) -> Tensor {
+    let clipped = ratio.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
+    let unclipped = match cfg.delta {
+        Some(delta) => ratio.clamp_max(delta),
+        None => ratio.shallow_clone(),
+    };
+    -(&unclipped * adv).minimum(&(&clipped * adv))
+}
+
+/// `per_term + beta x k3(reference, policy)` (with `bias_corrected_kl`, each k3 times the
+/// ratio before clipping, with its gradient, as TRL multiplies it in; the sampling correction
+/// weighs the policy term only, never this one), and the k3 sum; unchanged without a
+/// reference or with `beta = 0`.
+fn with_reference_kl(
+    per_term: Tensor,
+    logprobs: &Tensor,
+    ratio: &Tensor,
+    reference: Option<&Tensor>,
+    cfg: &GrpoObjective,
+    device: Device,
+) -> Result<(Tensor, f64), ModelError> {
+    let Some(reference) = reference.filter(|_| cfg.beta > 0.0) else {
+        return Ok((per_term, 0.0));
+    };
+    if reference.size() != logprobs.size() {
+        return Err(ModelError::Input(format!(
+            "reference log-probs have shape {:?}, the row has {} loss terms",
+            reference.size(),
+            logprobs.size()[0]
+        )));
+    }
+    let mut kl = k3(logprobs, &device.put(reference)?.f_to_kind(Kind::Float)?);
+    if cfg.bias_corrected_kl {
+        kl = kl.f_mul(ratio)?;
+    }
+    let sum = tch::no_grad(|| kl.sum(Kind::Float).double_value(&[]));
+    Ok((per_term + kl * cfg.beta, sum))
+}
+
+/// The terms summed under the averaging's weights: one weight for all, or one per term.
+fn weigh_terms(per_term: Tensor, weights: TermWeights, device: Device) -> Result<Tensor, ModelError> {
+    Ok(match weights {
+        TermWeights::Uniform(w) => per_term.sum(Kind::Float) * w,
+        TermWeights::PerTerm(ref w) => {
+            let m = per_term.size()[0] as usize;
+            if w.len() != m {
+                return Err(ModelError::Input(format!(
+                    "{} term weights for a row of {m} loss terms",
+                    w.len()
+                )));
+            }
+            (per_term * device.from_slice(w.as_slice())?).sum(Kind::Float)
+        }
+    })
+}
+
+/// The shares of terms clipped (in the region, below, above) and the k3 sum of KL(old ||
+/// policy), outside the graph; zeros for a row without terms.
+fn clip_statistics(
+    ratio: &Tensor,
+    adv: &Tensor,
+    old: &Tensor,
+    logprobs: &Tensor,
+    cfg: &GrpoObjective,
+) -> ([f64; 3], f64) {
+    if logprobs.numel() == 0 {
+        return ([0.0; 3], 0.0);
+    }
+    tch::no_grad(|| {
+        let high = ratio.gt(1.0 + cfg.epsilon_high).logical_and(&adv.gt(0.0));
+        let low = ratio.lt(1.0 - cfg.epsilon_low).logical_and(&adv.lt(0.0));
+        let share = |t: &Tensor| t.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let clips = [share(&high.logical_or(&low)), share(&low), share(&high)];
+        // Sampled from the old weights: k3 of KL(old || policy) uses ratio policy/old.
+        (clips, k3(old, logprobs).sum(Kind::Float).double_value(&[]))
     })
 }
 

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor, nn};
 
 use super::lora::{LoraAdapter, LoraConfig};
-use super::weights::{check_finite_to_write, init_seeded, load_into, weight_files, write_json, write_safetensors};
+use super::seeded::{SEED_FILE, materialise_seeded};
+use super::weights::{check_finite_to_write, load_into, weight_files};
 use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, host_memory, parse_kind, target_logprobs};
 use crate::device::{Device, privateuse1};
-use crate::display::{self, Rich, escape};
 
 /// Where and how to materialise parameters.
 #[derive(Debug, Clone, Copy)]
@@ -29,48 +29,6 @@ impl Default for LoadOptions {
             device: Device::Cpu,
         }
     }
-}
-
-/// The `torch_dtype` name of a parameter kind (`float32`, `bfloat16`, `float16`).
-pub fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::BFloat16 => "bfloat16",
-        Kind::Half => "float16",
-        _ => "float32",
-    }
-}
-
-/// Marks a seeded checkpoint folder (see [`Model::load`]).
-pub const SEED_FILE: &str = "treetrain_init.json";
-
-fn materialise_seeded(dir: &Path, hf_config: &HfConfig) -> Result<(), ModelError> {
-    let path = dir.join(SEED_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
-    let (Some(seed), Some(std)) = (v["seed"].as_u64(), v["std"].as_f64()) else {
-        return Err(ModelError::Json {
-            path,
-            message: "expected {\"seed\": integer, \"std\": number}".into(),
-        });
-    };
-    let model = Model::seeded(
-        hf_config.clone(),
-        LoadOptions {
-            dtype: Some(Kind::Float),
-            device: Device::Cpu,
-        },
-        seed,
-        std,
-    )?;
-    // Written beside the config under a temporary name, then renamed: concurrent first uses
-    // (two notebook kernels) each write identical bytes and never see a partial file.
-    let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
-    write_safetensors(&tmp, &model.vs.variables(), Kind::Float)?;
-    let dest = dir.join("model.safetensors");
-    std::fs::rename(&tmp, &dest).map_err(|e| ModelError::io(&dest, e))
 }
 
 /// A causal LM with its var store and original config.
@@ -94,65 +52,6 @@ impl Model {
     pub fn check_finite(&self) -> Result<(), ModelError> {
         check_finite_to_write(&self.vs.variables())
     }
-}
-
-/// Refuses a save target holding the user's data: a file always, a non-empty folder unless
-/// `replace`.
-fn check_target(dir: &Path, replace: bool) -> Result<(), ModelError> {
-    let refuse = |reason: &str| ModelError::WouldOverwrite {
-        path: dir.into(),
-        reason: reason.into(),
-    };
-    match std::fs::symlink_metadata(dir) {
-        Err(_) => Ok(()),
-        Ok(m) if !m.is_dir() => Err(refuse("exists and is not a folder; choose another output path")),
-        Ok(_) if replace => Ok(()),
-        Ok(_) => match std::fs::read_dir(dir).map(|mut d| d.next().is_none()) {
-            Ok(true) => Ok(()),
-            _ => Err(refuse(
-                "is a folder that is not empty; choose another path or pass --overwrite to replace it",
-            )),
-        },
-    }
-}
-
-/// Writes a folder through `write` into a temporary sibling renamed into place, so a crash never
-/// leaves a half-written folder under the real name. `dir` must not exist or be an empty folder
-/// unless `replace` (then an existing folder is replaced whole; a file is always refused).
-pub(crate) fn save_folder(
-    dir: &Path,
-    replace: bool,
-    write: impl FnOnce(&Path) -> Result<(), ModelError>,
-) -> Result<(), ModelError> {
-    check_target(dir, replace)?;
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-    if let Err(e) = write(&tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    if dir.is_dir() && std::fs::remove_dir(dir).is_ok() {
-        // It was an empty folder.
-        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-    } else if dir.is_dir() {
-        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
-        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-        let _ = std::fs::remove_dir_all(&old);
-    } else {
-        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
-    }
-    Ok(())
 }
 
 impl Model {
@@ -181,17 +80,7 @@ impl Model {
         Ok(model)
     }
 
-    /// A model with seeded random weights (N(0, `std`), norms 1): identical on every machine.
-    pub fn seeded(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {
-        privateuse1::checked(opts.device, || {
-            let mut model = Self::declare(hf_config, opts)?;
-            init_seeded(&model.vs, seed, std)?;
-            model.finish(opts.device)?;
-            Ok(model)
-        })
-    }
-
-    fn declare(hf_config: HfConfig, opts: LoadOptions) -> Result<Self, ModelError> {
+    pub(super) fn declare(hf_config: HfConfig, opts: LoadOptions) -> Result<Self, ModelError> {
         let config = hf_config.validate()?;
         let kind = match opts.dtype {
             Some(k) => k,
@@ -220,7 +109,7 @@ impl Model {
     /// where the var store could not create them), then ties the fused projections there:
     /// after the dtype and device are final, since moving or converting a tied weight would
     /// give it storage of its own again.
-    fn finish(&mut self, device: Device) -> Result<(), ModelError> {
+    pub(super) fn finish(&mut self, device: Device) -> Result<(), ModelError> {
         if device.is_privateuse1() {
             self.lm.place(&self.vs, device)?;
         }
@@ -319,88 +208,6 @@ impl Model {
             at += k;
         }
         Ok(out)
-    }
-
-    /// Writes a folder transformers' `from_pretrained` loads unchanged: `config.json`,
-    /// `model.safetensors`, `generation_config.json`, plus the tokenizer files of
-    /// `tokenizer_from` when given. Written to a temporary sibling and renamed into place, so a
-    /// crash never leaves a half-written checkpoint. `dir` must not exist or be an empty
-    /// folder: nothing of the user's is replaced ([`Model::save_over`] replaces a folder).
-    pub fn save(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
-        self.save_as(dir, tokenizer_from, false)
-    }
-
-    /// [`Model::save`] that replaces an existing folder `dir` whole (`convert --overwrite`).
-    /// A file at `dir` is still refused: only folders are replaced, never renamed away.
-    pub fn save_over(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
-        self.save_as(dir, tokenizer_from, true)
-    }
-
-    fn save_as(&self, dir: &Path, tokenizer_from: Option<&Path>, replace: bool) -> Result<(), ModelError> {
-        if self.adapter.as_ref().is_some_and(|a| !a.merged) {
-            return Err(ModelError::Adapter {
-                place: format!("saving {}:", dir.display()),
-                message: "the model has an unmerged LoRA adapter, which a plain checkpoint would lose; \
-                          save_adapter writes the adapter, merge_and_unload then save writes the merged model"
-                    .into(),
-            });
-        }
-        save_folder(dir, replace, |tmp| self.write_files(tmp, tokenizer_from))
-    }
-
-    fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
-        self.check_finite()?;
-        let kind = self.kind();
-        let mut cfg = self.hf_config.clone();
-        if cfg.dtype.is_some() || cfg.torch_dtype.is_none() {
-            cfg.dtype = Some(kind_name(kind).into());
-        }
-        if cfg.torch_dtype.is_some() {
-            cfg.torch_dtype = Some(kind_name(kind).into());
-        }
-        let json = |v: &serde_json::Value, file: &str| write_json(&dir.join(file), v);
-        json(
-            &serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
-                path: dir.join("config.json"),
-                message: e.to_string(),
-            })?,
-            "config.json",
-        )?;
-        let c = &self.lm.config;
-        let mut generation = serde_json::Map::new();
-        if let Some(b) = c.bos_token_id {
-            generation.insert("bos_token_id".into(), b.into());
-        }
-        match c.eos_token_ids.as_slice() {
-            [] => {}
-            [one] => {
-                generation.insert("eos_token_id".into(), (*one).into());
-            }
-            many => {
-                generation.insert("eos_token_id".into(), many.to_vec().into());
-            }
-        }
-        if let Some(p) = c.pad_token_id {
-            generation.insert("pad_token_id".into(), p.into());
-        }
-        json(&serde_json::Value::Object(generation), "generation_config.json")?;
-        let tensors = self.vs.variables();
-        write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
-        match tokenizer_from {
-            Some(src) => Ok(crate::tokenizer::copy_tokenizer_files(src, dir)?),
-            None => Ok(()),
-        }
-    }
-
-    fn parameter_rows(&self) -> Vec<(String, Vec<i64>, i64)> {
-        let mut rows: Vec<(String, Vec<i64>, i64)> = self
-            .vs
-            .variables()
-            .into_iter()
-            .map(|(k, t)| (k, t.size(), t.numel() as i64))
-            .collect();
-        rows.sort_by_key(|r| natural_key(&r.0));
-        rows
     }
 }
 
@@ -519,100 +326,3 @@ impl Drop for TrainingMode<'_> {
         self.0.set_training(false);
     }
 }
-
-fn natural_key(name: &str) -> Vec<(u64, String)> {
-    name.split('.')
-        .map(|p| {
-            p.parse::<u64>()
-                .map_or((u64::MAX, p.to_string()), |n| (n, String::new()))
-        })
-        .collect()
-}
-
-impl Rich for Model {
-    fn html(&self) -> String {
-        let c = &self.lm.config;
-        let cfg_rows = vec![
-            (
-                "architecture",
-                format!("{} ({})", c.arch.name(), escape(&self.hf_config.model_type)),
-            ),
-            ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
-            ("dtype", kind_name(self.kind()).to_string()),
-            (
-                "layers / hidden / intermediate",
-                format!("{} / {} / {}", c.num_layers, c.hidden_size, c.intermediate_size),
-            ),
-            (
-                "heads / kv heads / head dim",
-                format!("{} / {} / {}", c.num_heads, c.num_kv_heads, c.head_dim),
-            ),
-            ("vocab", c.vocab_size.to_string()),
-            ("RoPE", format!("theta {}, {}", c.rope_theta, c.rope_scaling.describe())),
-            ("tied embeddings", c.tie_word_embeddings.to_string()),
-            (
-                "LoRA adapter",
-                self.adapter.as_ref().map_or("none".into(), |a| escape(&a.summary())),
-            ),
-            (
-                "source",
-                escape(
-                    &self
-                        .source
-                        .as_ref()
-                        .map_or("(in memory)".into(), |p| p.display().to_string()),
-                ),
-            ),
-        ];
-        let rows: Vec<Vec<String>> = self
-            .parameter_rows()
-            .into_iter()
-            .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
-            .map(|(n, s, k)| {
-                vec![
-                    format!("<code>{}</code>", escape(&n)),
-                    format!("<code class=\"chip\">{s:?}</code>"),
-                    k.to_string(),
-                ]
-            })
-            .collect();
-        let note = if c.num_layers > 1 {
-            format!(
-                "<p class=\"muted\">model.layers.1 to model.layers.{} have the same parameters as layer 0.</p>",
-                c.num_layers - 1
-            )
-        } else {
-            String::new()
-        };
-        display::style::container(&format!(
-            "{}{}",
-            display::section("Model", &display::kv_table(&cfg_rows)),
-            display::section(
-                "Parameters",
-                &format!("{}{note}", display::table(&["name", "shape", "numel"], &rows))
-            )
-        ))
-    }
-
-    fn text(&self) -> String {
-        let c = &self.lm.config;
-        let adapter = self
-            .adapter
-            .as_ref()
-            .map_or(String::new(), |a| format!("LoRA adapter: {}\n", a.summary()));
-        format!(
-            "{} model: {:.2} M parameters, {}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
-            c.arch.name(),
-            c.num_parameters() as f64 / 1e6,
-            kind_name(self.kind()),
-            c.num_layers,
-            c.hidden_size,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            c.vocab_size
-        )
-    }
-}
-
-crate::rich_display!(Model);

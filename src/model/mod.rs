@@ -30,7 +30,6 @@
 
 mod attention;
 mod cache;
-mod checkpoint;
 mod config;
 pub mod cpu_kernels;
 mod decoder;
@@ -42,14 +41,17 @@ mod layout;
 mod loaded;
 mod logprobs;
 pub mod lora;
+mod recompute;
 mod rope;
+mod save;
+mod seeded;
 mod special;
+mod view;
 mod weights;
 
 pub use crate::device::{Dtype, DtypeSetting, UnknownDtype, parse_kind};
 pub use attention::{Attention, KeyValues};
 pub use cache::{DynamicCache, KvCache, StaticCache};
-pub use checkpoint::Activations;
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer};
 pub use error::ModelError;
@@ -58,7 +60,10 @@ pub use layout::{
     AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
     SegmentLayout,
 };
-pub use loaded::{LoadOptions, Model, SEED_FILE, TrainingMode, kind_name};
+pub use loaded::{LoadOptions, Model, TrainingMode};
 pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
+pub use recompute::Activations;
+pub use save::kind_name;
+pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
 pub use weights::{all_finite, weight_files, write_safetensors};

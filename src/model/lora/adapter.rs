@@ -242,7 +242,7 @@ impl LoraAdapter {
     /// Writes PEFT's two files into `dir` (atomically; `dir` must not hold anything yet unless
     /// `replace`): `adapter_config.json` and `adapter_model.safetensors` (f32).
     pub fn save(&self, dir: &Path, replace: bool) -> Result<(), ModelError> {
-        crate::model::loaded::save_folder(dir, replace, |tmp| self.write_files(tmp))
+        crate::model::save::save_folder(dir, replace, |tmp| self.write_files(tmp))
     }
 
     /// The two files, into an existing folder (a checkpoint being written).

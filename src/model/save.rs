@@ -1,0 +1,150 @@
+//! Saving a model as a folder transformers loads unchanged, written atomically: a temporary
+//! sibling renamed into place, never over the user's files.
+
+use std::path::Path;
+
+use tch::Kind;
+
+use super::weights::{write_json, write_safetensors};
+use super::{Model, ModelError};
+
+/// The `torch_dtype` name of a parameter kind (`float32`, `bfloat16`, `float16`).
+pub fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    }
+}
+
+/// Refuses a save target holding the user's data: a file always, a non-empty folder unless
+/// `replace`.
+fn check_target(dir: &Path, replace: bool) -> Result<(), ModelError> {
+    let refuse = |reason: &str| ModelError::WouldOverwrite {
+        path: dir.into(),
+        reason: reason.into(),
+    };
+    match std::fs::symlink_metadata(dir) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.is_dir() => Err(refuse("exists and is not a folder; choose another output path")),
+        Ok(_) if replace => Ok(()),
+        Ok(_) => match std::fs::read_dir(dir).map(|mut d| d.next().is_none()) {
+            Ok(true) => Ok(()),
+            _ => Err(refuse(
+                "is a folder that is not empty; choose another path or pass --overwrite to replace it",
+            )),
+        },
+    }
+}
+
+/// Writes a folder through `write` into a temporary sibling renamed into place, so a crash never
+/// leaves a half-written folder under the real name. `dir` must not exist or be an empty folder
+/// unless `replace` (then an existing folder is replaced whole; a file is always refused).
+pub(crate) fn save_folder(
+    dir: &Path,
+    replace: bool,
+    write: impl FnOnce(&Path) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    check_target(dir, replace)?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.is_dir() && std::fs::remove_dir(dir).is_ok() {
+        // It was an empty folder.
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    } else if dir.is_dir() {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old).map_err(|e| ModelError::io(dir, e))?;
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Writes a folder transformers' `from_pretrained` loads unchanged: `config.json`,
+    /// `model.safetensors`, `generation_config.json`, plus the tokenizer files of
+    /// `tokenizer_from` when given. Written to a temporary sibling and renamed into place, so a
+    /// crash never leaves a half-written checkpoint. `dir` must not exist or be an empty
+    /// folder: nothing of the user's is replaced ([`Model::save_over`] replaces a folder).
+    pub fn save(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.save_as(dir, tokenizer_from, false)
+    }
+
+    /// [`Model::save`] that replaces an existing folder `dir` whole (`convert --overwrite`).
+    /// A file at `dir` is still refused: only folders are replaced, never renamed away.
+    pub fn save_over(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.save_as(dir, tokenizer_from, true)
+    }
+
+    fn save_as(&self, dir: &Path, tokenizer_from: Option<&Path>, replace: bool) -> Result<(), ModelError> {
+        if self.adapter.as_ref().is_some_and(|a| !a.merged) {
+            return Err(ModelError::Adapter {
+                place: format!("saving {}:", dir.display()),
+                message: "the model has an unmerged LoRA adapter, which a plain checkpoint would lose; \
+                          save_adapter writes the adapter, merge_and_unload then save writes the merged model"
+                    .into(),
+            });
+        }
+        save_folder(dir, replace, |tmp| self.write_files(tmp, tokenizer_from))
+    }
+
+    fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
+        self.check_finite()?;
+        let kind = self.kind();
+        let mut cfg = self.hf_config.clone();
+        if cfg.dtype.is_some() || cfg.torch_dtype.is_none() {
+            cfg.dtype = Some(kind_name(kind).into());
+        }
+        if cfg.torch_dtype.is_some() {
+            cfg.torch_dtype = Some(kind_name(kind).into());
+        }
+        let json = |v: &serde_json::Value, file: &str| write_json(&dir.join(file), v);
+        json(
+            &serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
+                path: dir.join("config.json"),
+                message: e.to_string(),
+            })?,
+            "config.json",
+        )?;
+        let c = &self.lm.config;
+        let mut generation = serde_json::Map::new();
+        if let Some(b) = c.bos_token_id {
+            generation.insert("bos_token_id".into(), b.into());
+        }
+        match c.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => {
+                generation.insert("eos_token_id".into(), (*one).into());
+            }
+            many => {
+                generation.insert("eos_token_id".into(), many.to_vec().into());
+            }
+        }
+        if let Some(p) = c.pad_token_id {
+            generation.insert("pad_token_id".into(), p.into());
+        }
+        json(&serde_json::Value::Object(generation), "generation_config.json")?;
+        let tensors = self.vs.variables();
+        write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
+        match tokenizer_from {
+            Some(src) => Ok(crate::tokenizer::copy_tokenizer_files(src, dir)?),
+            None => Ok(()),
+        }
+    }
+}
