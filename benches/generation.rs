@@ -425,25 +425,19 @@ fn in_cache_products(
 /// The weights one decode step multiplies by, in its order (fused q/k/v, o, fused gate/up,
 /// down per layer, then the head).
 fn step_weights(lm: &CausalLm) -> Vec<tch::Tensor> {
-    use treetrain::model::Linear;
-    // The fused weight buffers, two per layer (the bias buffers of biased models left out).
-    let fused: Vec<tch::Tensor> = lm
-        .buffers()
-        .into_iter()
-        .skip(1)
-        .filter(|(name, _)| !name.ends_with(" bias (fused)"))
-        .map(|(_, t)| t.shallow_clone())
-        .collect();
+    use treetrain::model::Projections;
+    // A projection's shared buffer when tied (its bias left out), else each map's weight.
+    fn projection<const N: usize>(p: &Projections<N>) -> Vec<tch::Tensor> {
+        match p.buffers() {
+            Some((weight, _)) => vec![weight.shallow_clone()],
+            None => p.maps().iter().map(|l| l.weight.shallow_clone()).collect(),
+        }
+    }
     let mut weights: Vec<tch::Tensor> = Vec::new();
-    for (i, layer) in lm.layers.iter().enumerate() {
-        let pick = |k: usize, parts: &[&Linear]| match fused.get(2 * i + k) {
-            Some(f) if fused.len() == 2 * lm.layers.len() => vec![f.shallow_clone()],
-            _ => parts.iter().map(|l| l.weight.shallow_clone()).collect(),
-        };
-        let attn = &layer.self_attn;
-        weights.extend(pick(0, &[&attn.q_proj, &attn.k_proj, &attn.v_proj]));
-        weights.push(attn.o_proj.weight.shallow_clone());
-        weights.extend(pick(1, &[&layer.mlp.gate_proj, &layer.mlp.up_proj]));
+    for layer in &lm.layers {
+        weights.extend(projection(&layer.self_attn.qkv));
+        weights.push(layer.self_attn.o_proj.weight.shallow_clone());
+        weights.extend(projection(&layer.mlp.gate_up));
         weights.push(layer.mlp.down_proj.weight.shallow_clone());
     }
     weights.push(lm.lm_head_weight().shallow_clone());

@@ -125,8 +125,8 @@ fn the_base_view_shares_every_base_tensor() {
     let pairs = [
         (&view.embed_tokens, &model.lm.embed_tokens),
         (
-            &view.layers[1].self_attn.q_proj.weight,
-            &model.lm.layers[1].self_attn.q_proj.weight,
+            &view.layers[1].self_attn.q_proj().weight,
+            &model.lm.layers[1].self_attn.q_proj().weight,
         ),
         (
             &view.layers[0].mlp.down_proj.weight,
@@ -136,7 +136,7 @@ fn the_base_view_shares_every_base_tensor() {
     for (a, b) in pairs {
         assert_eq!(a.data_ptr(), b.data_ptr(), "the reference copied a weight");
     }
-    assert!(view.layers[0].self_attn.q_proj.adapter.is_none());
+    assert!(view.layers[0].self_attn.q_proj().adapter.is_none());
     model.merge_adapter().unwrap();
     assert!(model.base_view().is_err(), "a merged adapter hides the base");
 }

@@ -204,30 +204,29 @@ impl GrpoTrainer {
     /// One GRPO step: a batch of `prompts_per_step x num_generations` scored rollouts, one
     /// packed update, one optimizer step.
     pub fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
-        crate::device::privateuse1::checked(self.core.model.device(), || self.step_here())
-    }
-
-    fn step_here(&mut self) -> Result<GrpoStepMetrics, TrainError> {
-        let start = Instant::now();
-        let (batch, wait_s, dropped_stale) = self.take_batch()?;
-        let version = self.state.global_step;
-        let (update, rows, mut times) = self.update_on(&batch, version)?;
-        self.state.global_step = version + 1;
-        if let Source::Async(a) = &mut self.source
-            && self.state.global_step.is_multiple_of(self.config.weight_sync_steps)
-        {
-            a.publish(self.state.global_step, self.core.model.trainable());
-        }
-        times.staleness = version - batch.version.min(version);
-        times.dropped_stale = dropped_stale;
-        times.wait_s = wait_s;
-        times.step_s = start.elapsed().as_secs_f64();
-        let rollout = RolloutMetrics::of(&batch, &self.rewards);
-        let m = GrpoStepMetrics::compose(version + 1, rollout, update, times);
-        self.record(&batch, &m);
-        self.last_row = rows.into_iter().last();
-        self.last_batch = Some(batch);
-        Ok(m)
+        let device = self.core.model.device();
+        crate::device::privateuse1::checked(device, || {
+            let start = Instant::now();
+            let (batch, wait_s, dropped_stale) = self.take_batch()?;
+            let version = self.state.global_step;
+            let (update, rows, mut times) = self.update_on(&batch, version)?;
+            self.state.global_step = version + 1;
+            if let Source::Async(a) = &mut self.source
+                && self.state.global_step.is_multiple_of(self.config.weight_sync_steps)
+            {
+                a.publish(self.state.global_step, self.core.model.trainable());
+            }
+            times.staleness = version - batch.version.min(version);
+            times.dropped_stale = dropped_stale;
+            times.wait_s = wait_s;
+            times.step_s = start.elapsed().as_secs_f64();
+            let rollout = RolloutMetrics::of(&batch, &self.rewards);
+            let m = GrpoStepMetrics::compose(version + 1, rollout, update, times);
+            self.record(&batch, &m);
+            self.last_row = rows.into_iter().last();
+            self.last_batch = Some(batch);
+            Ok(m)
+        })
     }
 
     /// Plans, forwards and back-propagates this rank's share of `batch`, sums the statistics

@@ -6,9 +6,9 @@ use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::{CpuOps, QkvShape, decode_attention, qk_norm_rope};
-use super::fused::FusedLinear;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
+use super::projection::Projections;
 use super::rope;
 
 /// Where a layer's attention takes its keys and values from.
@@ -45,20 +45,15 @@ impl KeyValues<'_> {
 /// `self_attn` of one decoder layer.
 #[derive(Debug)]
 pub struct Attention {
-    /// `[heads * head_dim, hidden]`.
-    pub q_proj: Linear,
-    /// `[kv_heads * head_dim, hidden]`.
-    pub k_proj: Linear,
-    /// `[kv_heads * head_dim, hidden]`.
-    pub v_proj: Linear,
+    /// `q_proj` `[heads * head_dim, hidden]`, `k_proj` and `v_proj` `[kv_heads * head_dim,
+    /// hidden]`: one product where no graph is built.
+    pub qkv: Projections<3>,
     /// `[hidden, heads * head_dim]`.
     pub o_proj: Linear,
     /// Per-head RMSNorm on queries (Qwen3).
     pub q_norm: Option<RmsNorm>,
     /// Per-head RMSNorm on keys (Qwen3).
     pub k_norm: Option<RmsNorm>,
-    /// q, k and v as one product where no graph is built ([`Attention::tie_fused`]).
-    qkv: Option<FusedLinear>,
     num_heads: i64,
     num_kv_heads: i64,
     head_dim: i64,
@@ -70,13 +65,17 @@ impl Attention {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         Attention {
-            q_proj: Linear::new(&path / "q_proj", h, q, cfg.qkv_bias),
-            k_proj: Linear::new(&path / "k_proj", h, kv, cfg.qkv_bias),
-            v_proj: Linear::new(&path / "v_proj", h, kv, cfg.qkv_bias),
+            qkv: Projections::new(
+                ["q_proj", "k_proj", "v_proj"],
+                [
+                    Linear::new(&path / "q_proj", h, q, cfg.qkv_bias),
+                    Linear::new(&path / "k_proj", h, kv, cfg.qkv_bias),
+                    Linear::new(&path / "v_proj", h, kv, cfg.qkv_bias),
+                ],
+            ),
             o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
             q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
             k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
-            qkv: None,
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -86,54 +85,58 @@ impl Attention {
     /// The same base tensors (shared, not copied) without adapters.
     pub fn base_view(&self) -> Attention {
         Attention {
-            q_proj: self.q_proj.base_view(),
-            k_proj: self.k_proj.base_view(),
-            v_proj: self.v_proj.base_view(),
+            qkv: self.qkv.base_view(),
             o_proj: self.o_proj.base_view(),
             q_norm: self.q_norm.as_ref().map(RmsNorm::base_view),
             k_norm: self.k_norm.as_ref().map(RmsNorm::base_view),
-            qkv: self.qkv.as_ref().map(FusedLinear::shallow_clone),
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
         }
     }
 
-    /// Puts q, k and v's weights into one buffer ([`FusedLinear`]), after the parameters have
-    /// their final dtype and device.
-    /// The fused q/k/v buffer, once tied.
-    pub(crate) fn fused_qkv(&self) -> Option<&FusedLinear> {
-        self.qkv.as_ref()
+    /// `q_proj`.
+    pub fn q_proj(&self) -> &Linear {
+        &self.qkv.maps()[0]
     }
 
-    pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
-        self.qkv = FusedLinear::tie(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
+    /// `k_proj`.
+    pub fn k_proj(&self) -> &Linear {
+        &self.qkv.maps()[1]
+    }
+
+    /// `v_proj`.
+    pub fn v_proj(&self) -> &Linear {
+        &self.qkv.maps()[2]
     }
 
     /// The linear layers by name within `self_attn`.
     pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 4] {
-        [
-            ("q_proj", &mut self.q_proj),
-            ("k_proj", &mut self.k_proj),
-            ("v_proj", &mut self.v_proj),
-            ("o_proj", &mut self.o_proj),
-        ]
+        let [q, k, v] = self.qkv.named_mut();
+        [q, k, v, ("o_proj", &mut self.o_proj)]
+    }
+
+    /// The linear layers, in `state_dict` order.
+    pub fn linears(&self) -> [&Linear; 4] {
+        let [q, k, v] = self.qkv.maps();
+        [q, k, v, &self.o_proj]
     }
 
     /// Projects `x` `[batch, seq, hidden]` to `(q, k, v)`, each `[batch, heads, seq, head_dim]`
     /// (k and v with `kv_heads`), rotated by `cos`/`sin` `[batch, seq, head_dim]`; with `ops`.
-    pub fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, ops: CpuOps) -> (Tensor, Tensor, Tensor) {
+    pub fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, ops: CpuOps) -> (Tensor, Tensor, Tensor) {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let maps = [&self.q_proj, &self.k_proj, &self.v_proj];
-        let fused = self.qkv.as_ref().and_then(|f| f.product(x, &maps, ops));
-        if let Some(y) = &fused
+        // 1. q, k, v: `[b, t, (heads + 2 kv_heads) * d]` as one product where no graph is built.
+        let projected = self.qkv.forward(x, ops);
+        // 2. The decode kernels norm and rotate that product in place, in one pass.
+        if let Some(y) = projected.fused()
             && ops.kernel(|| self.norm_rope_in_place(y, cos, sin)).is_some()
         {
             return self.heads_of(y, b, t);
         }
-        let [q, k, v] = FusedLinear::outputs_of_product(self.qkv.as_ref(), fused, x, maps);
-        // (Slices of the fused product along its last dimension: reshape is still a view.)
+        // 3. Otherwise each map's output `[b, t, heads, d]`, normed per head (Qwen3), rotated.
+        //    (Slices of the fused product along its last dimension: reshape is still a view.)
+        let [q, k, v] = projected.split();
         let split = |y: Tensor, heads: i64| y.reshape([b, t, heads, self.head_dim]);
         let mut q = split(q, self.num_heads);
         let mut k = split(k, self.num_kv_heads);
@@ -163,7 +166,7 @@ impl Attention {
         qk_norm_rope(y, shape, cos, sin, norms).then_some(())
     }
 
-    /// `(q, k, v)` as [`Attention::qkv`] returns them, as views of the fused product `y`.
+    /// `(q, k, v)` as [`Attention::project`] returns them, as views of the fused product `y`.
     fn heads_of(&self, y: &Tensor, b: i64, t: i64) -> (Tensor, Tensor, Tensor) {
         let d = self.head_dim;
         let (nq, nkv) = (self.num_heads * d, self.num_kv_heads * d);
@@ -201,7 +204,10 @@ impl Attention {
         kv: &mut KeyValues<'_>,
     ) -> Result<Tensor, ModelError> {
         let ops = kv.cpu_ops();
-        let (q, k, v) = self.qkv(x, cos, sin, ops);
+        // 1. q `[b, heads, t, d]`, k and v `[b, kv_heads, t, d]`, rotated.
+        let (q, k, v) = self.project(x, cos, sin, ops);
+        // 2. Attention under the layout, or over the cache after storing this chunk, merged
+        //    through `o_proj` to `[b, t, hidden]`.
         Ok(match kv {
             KeyValues::Layout {
                 layout: AttentionLayout::Segments(layout),

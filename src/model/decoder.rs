@@ -127,11 +127,11 @@ impl CausalLm {
     }
 
     /// Ties every layer's q/k/v and gate/up weights into shared buffers (see
-    /// `model::fused`): called once the parameters have their final dtype and device.
+    /// `model::projection`): called once the parameters have their final dtype and device.
     pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
         for layer in &mut self.layers {
-            layer.self_attn.tie_fused()?;
-            layer.mlp.tie_fused()?;
+            layer.self_attn.qkv.tie()?;
+            layer.mlp.gate_up.tie()?;
         }
         Ok(())
     }
@@ -151,12 +151,12 @@ impl CausalLm {
         let mut out = vec![("model.rotary_emb.inv_freq".to_string(), &self.inv_freq)];
         for (i, layer) in self.layers.iter().enumerate() {
             let fused = [
-                ("self_attn.qkv", layer.self_attn.fused_qkv()),
-                ("mlp.gate_up", layer.mlp.fused_gate_up()),
+                ("self_attn.qkv", layer.self_attn.qkv.buffers()),
+                ("mlp.gate_up", layer.mlp.gate_up.buffers()),
             ];
-            for (name, f) in fused.into_iter().filter_map(|(n, f)| Some((n, f?))) {
-                out.push((format!("model.layers.{i}.{name} (fused)"), f.weight()));
-                if let Some(b) = f.bias() {
+            for (name, (weight, bias)) in fused.into_iter().filter_map(|(n, f)| Some((n, f?))) {
+                out.push((format!("model.layers.{i}.{name} (fused)"), weight));
+                if let Some(b) = bias {
                     out.push((format!("model.layers.{i}.{name} bias (fused)"), b));
                 }
             }

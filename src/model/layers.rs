@@ -2,11 +2,10 @@
 
 use tch::{Kind, Tensor, nn};
 
-use super::ModelError;
 use super::config::ModelConfig;
 use super::cpu_kernels::{self, CpuOps};
-use super::fused::FusedLinear;
 use super::lora::LoraDelta;
+use super::projection::Projections;
 
 /// What an adapter puts on a linear layer.
 #[derive(Debug)]
@@ -176,14 +175,11 @@ impl RmsNorm {
 /// `down(silu(gate(x)) * up(x))`.
 #[derive(Debug)]
 pub struct Mlp {
-    /// `[intermediate, hidden]`.
-    pub gate_proj: Linear,
-    /// `[intermediate, hidden]`.
-    pub up_proj: Linear,
+    /// `gate_proj` and `up_proj`, each `[intermediate, hidden]`: one product where no graph is
+    /// built.
+    pub gate_up: Projections<2>,
     /// `[hidden, intermediate]`.
     pub down_proj: Linear,
-    /// gate and up as one product where no graph is built ([`Mlp::tie_fused`]).
-    gate_up: Option<FusedLinear>,
 }
 
 impl Mlp {
@@ -191,42 +187,45 @@ impl Mlp {
     pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
         Mlp {
-            gate_proj: Linear::new(&path / "gate_proj", h, i, b),
-            up_proj: Linear::new(&path / "up_proj", h, i, b),
+            gate_up: Projections::new(
+                ["gate_proj", "up_proj"],
+                [
+                    Linear::new(&path / "gate_proj", h, i, b),
+                    Linear::new(&path / "up_proj", h, i, b),
+                ],
+            ),
             down_proj: Linear::new(&path / "down_proj", i, h, b),
-            gate_up: None,
         }
     }
 
     /// The same base tensors without adapters.
     pub fn base_view(&self) -> Mlp {
         Mlp {
-            gate_proj: self.gate_proj.base_view(),
-            up_proj: self.up_proj.base_view(),
+            gate_up: self.gate_up.base_view(),
             down_proj: self.down_proj.base_view(),
-            gate_up: self.gate_up.as_ref().map(FusedLinear::shallow_clone),
         }
     }
 
-    /// The fused gate/up buffer, once tied.
-    pub(crate) fn fused_gate_up(&self) -> Option<&FusedLinear> {
-        self.gate_up.as_ref()
+    /// `gate_proj`.
+    pub fn gate_proj(&self) -> &Linear {
+        &self.gate_up.maps()[0]
     }
 
-    /// Puts gate and up's weights into one buffer ([`FusedLinear`]), after the parameters
-    /// have their final dtype and device.
-    pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
-        self.gate_up = FusedLinear::tie(&mut [&mut self.gate_proj, &mut self.up_proj])?;
-        Ok(())
+    /// `up_proj`.
+    pub fn up_proj(&self) -> &Linear {
+        &self.gate_up.maps()[1]
     }
 
     /// The linear layers by name within the MLP.
     pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 3] {
-        [
-            ("gate_proj", &mut self.gate_proj),
-            ("up_proj", &mut self.up_proj),
-            ("down_proj", &mut self.down_proj),
-        ]
+        let [gate, up] = self.gate_up.named_mut();
+        [gate, up, ("down_proj", &mut self.down_proj)]
+    }
+
+    /// The linear layers, in `state_dict` order.
+    pub fn linears(&self) -> [&Linear; 3] {
+        let [gate, up] = self.gate_up.maps();
+        [gate, up, &self.down_proj]
     }
 
     /// `x` `[..., hidden]` -> `[..., hidden]`.
@@ -236,14 +235,18 @@ impl Mlp {
 
     /// [`Mlp::forward`] with `ops`.
     pub fn forward_with(&self, x: &Tensor, ops: CpuOps) -> Tensor {
-        let maps = [&self.gate_proj, &self.up_proj];
-        let fused = self.gate_up.as_ref().and_then(|f| f.product(x, &maps, ops));
-        // One pass for silu(gate) * up over the fused product, where the CPU kernel applies.
-        if let Some(act) = fused.as_ref().and_then(|y| ops.kernel(|| cpu_kernels::swiglu(y))) {
-            return self.down_proj.forward_with(&act, ops);
-        }
-        let [gate, up] = FusedLinear::outputs_of_product(self.gate_up.as_ref(), fused, x, maps);
-        self.down_proj.forward_with(&(gate.silu() * up), ops)
+        // 1. gate and up, `[..., intermediate]` each (one product where no graph is built).
+        let projected = self.gate_up.forward(x, ops);
+        // 2. silu(gate) * up: one pass over that product where the decode kernel applies.
+        let act = match projected.fused().and_then(|y| ops.kernel(|| cpu_kernels::swiglu(y))) {
+            Some(act) => act,
+            None => {
+                let [gate, up] = projected.split();
+                gate.silu() * up
+            }
+        };
+        // 3. down, `[..., hidden]`.
+        self.down_proj.forward_with(&act, ops)
     }
 }
 

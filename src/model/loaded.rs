@@ -61,23 +61,21 @@ impl Model {
     /// a seeded checkpoint: its weights are made from the seed, written to `model.safetensors`
     /// once (when the folder is writable), and loaded. The shipped tiny model works this way.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
-        privateuse1::checked(opts.device, || Self::load_on(dir, opts))
-    }
-
-    fn load_on(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
-        let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
-        let files = match weight_files(dir) {
-            Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
-                materialise_seeded(dir, &hf_config)?;
-                weight_files(dir)?
-            }
-            other => other?,
-        };
-        let mut model = Self::declare(hf_config, opts)?;
-        load_into(&model.vs, &files, dir)?;
-        model.source = Some(dir.to_path_buf());
-        model.finish(opts.device)?;
-        Ok(model)
+        privateuse1::checked(opts.device, || {
+            let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
+            let files = match weight_files(dir) {
+                Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
+                    materialise_seeded(dir, &hf_config)?;
+                    weight_files(dir)?
+                }
+                other => other?,
+            };
+            let mut model = Self::declare(hf_config, opts)?;
+            load_into(&model.vs, &files, dir)?;
+            model.source = Some(dir.to_path_buf());
+            model.finish(opts.device)?;
+            Ok(model)
+        })
     }
 
     pub(super) fn declare(hf_config: HfConfig, opts: LoadOptions) -> Result<Self, ModelError> {
@@ -165,49 +163,47 @@ impl Model {
     /// Scores several sequences in one packed row (position resets, no cross-sequence
     /// attention); same numbers as scoring each alone.
     pub fn score_packed(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
-        privateuse1::checked(self.device(), || self.score_packed_here(rows))
-    }
-
-    fn score_packed_here(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let lengths: Vec<i64> = rows.iter().map(|r| r.len() as i64).collect();
-        let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-        if flat.is_empty() {
-            return Ok(rows.iter().map(|_| Vec::new()).collect());
-        }
-        let device = self.lm.device();
-        let n = flat.len() as i64;
-        let ids = Tensor::from_slice(&flat).view([1, n]);
-        let (layout, positions) = AttentionLayout::packed_row(&lengths, device)?;
-        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &positions, &layout))?;
-        // Position i predicts token i + 1 within the same sequence.
-        let mut src = Vec::new();
-        let mut tgt = Vec::new();
-        let mut offset = 0i64;
-        for &len in &lengths {
-            for i in 0..(len - 1).max(0) {
-                src.push(offset + i);
-                tgt.push(flat[(offset + i + 1) as usize]);
+        privateuse1::checked(self.device(), || {
+            let lengths: Vec<i64> = rows.iter().map(|r| r.len() as i64).collect();
+            let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+            if flat.is_empty() {
+                return Ok(rows.iter().map(|_| Vec::new()).collect());
             }
-            offset += len;
-        }
-        let h = hidden.squeeze_dim(0).f_index_select(0, &device.from_slice(&src)?)?;
-        let lp = tch::no_grad(|| {
-            target_logprobs(
-                &h,
-                self.lm.lm_head_weight(),
-                &Tensor::from_slice(&tgt),
-                LogprobChunks::default(),
-            )
-        })?;
-        let values = Vec::<f32>::try_from(&Device::to_host(&lp)?)?;
-        let mut out = Vec::with_capacity(rows.len());
-        let mut at = 0;
-        for &len in &lengths {
-            let k = (len - 1).max(0) as usize;
-            out.push(values[at..at + k].to_vec());
-            at += k;
-        }
-        Ok(out)
+            let device = self.lm.device();
+            let n = flat.len() as i64;
+            let ids = Tensor::from_slice(&flat).view([1, n]);
+            let (layout, positions) = AttentionLayout::packed_row(&lengths, device)?;
+            let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &positions, &layout))?;
+            // Position i predicts token i + 1 within the same sequence.
+            let mut src = Vec::new();
+            let mut tgt = Vec::new();
+            let mut offset = 0i64;
+            for &len in &lengths {
+                for i in 0..(len - 1).max(0) {
+                    src.push(offset + i);
+                    tgt.push(flat[(offset + i + 1) as usize]);
+                }
+                offset += len;
+            }
+            let h = hidden.squeeze_dim(0).f_index_select(0, &device.from_slice(&src)?)?;
+            let lp = tch::no_grad(|| {
+                target_logprobs(
+                    &h,
+                    self.lm.lm_head_weight(),
+                    &Tensor::from_slice(&tgt),
+                    LogprobChunks::default(),
+                )
+            })?;
+            let values = Vec::<f32>::try_from(&Device::to_host(&lp)?)?;
+            let mut out = Vec::with_capacity(rows.len());
+            let mut at = 0;
+            for &len in &lengths {
+                let k = (len - 1).max(0) as usize;
+                out.push(values[at..at + k].to_vec());
+                at += k;
+            }
+            Ok(out)
+        })
     }
 }
 

@@ -113,17 +113,7 @@ impl CausalLm {
         };
         self.layers.iter().find_map(|layer| {
             let (a, m) = (&layer.self_attn, &layer.mlp);
-            [
-                &a.q_proj,
-                &a.k_proj,
-                &a.v_proj,
-                &a.o_proj,
-                &m.gate_proj,
-                &m.up_proj,
-                &m.down_proj,
-            ]
-            .into_iter()
-            .find_map(lora)
+            a.linears().into_iter().chain(m.linears()).find_map(lora)
         })
     }
 }

@@ -202,68 +202,67 @@ impl SftTrainer {
     /// One optimizer step over `gradient_accumulation_steps` micro-batches (global ones: in a
     /// multi-process run each rank forwards its share of every micro-batch's rows).
     pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
-        crate::device::privateuse1::checked(self.core.model.device(), || self.step_here())
-    }
-
-    fn step_here(&mut self) -> Result<StepMetrics, TrainError> {
-        let start = Instant::now();
-        let window = self.next_window()?;
-        // The loss is normalised over every trained token of the global window, not per
-        // micro-batch or per rank: every rank counts them from the same rows, so no message is
-        // needed for it.
-        let window_tokens: usize = window
-            .iter()
-            .map(|mb| Collator::trained_tokens(&self.train, mb))
-            .sum::<usize>()
-            .max(1);
-        // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
-        let mut sums = [0.0; 3];
-        let training = self.core.model.training();
-        let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
-        for mb in &window {
-            let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
-            if mine.is_empty() {
-                continue;
+        let device = self.core.model.device();
+        crate::device::privateuse1::checked(device, || {
+            let start = Instant::now();
+            let window = self.next_window()?;
+            // The loss is normalised over every trained token of the global window, not per
+            // micro-batch or per rank: every rank counts them from the same rows, so no message is
+            // needed for it.
+            let window_tokens: usize = window
+                .iter()
+                .map(|mb| Collator::trained_tokens(&self.train, mb))
+                .sum::<usize>()
+                .max(1);
+            // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
+            let mut sums = [0.0; 3];
+            let training = self.core.model.training();
+            let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
+            for mb in &window {
+                let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
+                if mine.is_empty() {
+                    continue;
+                }
+                let b = self.collator.tensors(&self.train, &mine);
+                let nll = backward_nll(
+                    &self.core.model,
+                    &mut self.ledger,
+                    &b,
+                    window_tokens as f64,
+                    self.config.lm_head_chunk_tokens,
+                    activations,
+                )
+                .inspect_err(|_| self.core.optim.discard_gradients())?;
+                sums[0] += nll;
+                sums[1] += b.real as f64;
+                sums[2] += b.total as f64;
             }
-            let b = self.collator.tensors(&self.train, &mine);
-            let nll = backward_nll(
-                &self.core.model,
-                &mut self.ledger,
-                &b,
-                window_tokens as f64,
-                self.config.lm_head_chunk_tokens,
-                activations,
-            )
-            .inspect_err(|_| self.core.optim.discard_gradients())?;
-            sums[0] += nll;
-            sums[1] += b.real as f64;
-            sums[2] += b.total as f64;
-        }
-        drop(training);
-        self.core.world.sum(&mut sums)?;
-        let [loss_sum, real, total] = sums;
-        let step = self.state.global_step;
-        let rows = || window.iter().flatten().flatten().map(|p| p.0).collect();
-        let outcome = self
-            .core
-            .optim
-            .finish_step(&self.core.world, &self.config.train, step, loss_sum, rows)?;
-        self.state.skipped_steps += usize::from(outcome.skipped);
-        self.state.global_step = step + 1;
-        let per_epoch = self.batches_of(self.state.epoch)?.len().max(1) as f64;
-        let m = StepMetrics {
-            step: step + 1,
-            epoch: self.state.epoch as f64 + self.state.micro_batch as f64 / per_epoch,
-            loss: loss_sum / window_tokens as f64,
-            lr: outcome.lr,
-            grad_norm: outcome.grad_norm,
-            tokens_per_s: real / start.elapsed().as_secs_f64().max(1e-9),
-            padding_fraction: 1.0 - real / total.max(1.0),
-            skipped: outcome.skipped,
-        };
-        self.core.log(&self.config.train, &m);
-        self.state.history.push(m.clone());
-        Ok(m)
+            drop(training);
+            self.core.world.sum(&mut sums)?;
+            let [loss_sum, real, total] = sums;
+            let step = self.state.global_step;
+            let rows = || window.iter().flatten().flatten().map(|p| p.0).collect();
+            let outcome = self
+                .core
+                .optim
+                .finish_step(&self.core.world, &self.config.train, step, loss_sum, rows)?;
+            self.state.skipped_steps += usize::from(outcome.skipped);
+            self.state.global_step = step + 1;
+            let per_epoch = self.batches_of(self.state.epoch)?.len().max(1) as f64;
+            let m = StepMetrics {
+                step: step + 1,
+                epoch: self.state.epoch as f64 + self.state.micro_batch as f64 / per_epoch,
+                loss: loss_sum / window_tokens as f64,
+                lr: outcome.lr,
+                grad_norm: outcome.grad_norm,
+                tokens_per_s: real / start.elapsed().as_secs_f64().max(1e-9),
+                padding_fraction: 1.0 - real / total.max(1.0),
+                skipped: outcome.skipped,
+            };
+            self.core.log(&self.config.train, &m);
+            self.state.history.push(m.clone());
+            Ok(m)
+        })
     }
 
     /// Mean loss per trained token on the held-out rows.
