@@ -30,7 +30,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use treetrain::generate::{GenerationConfig, Generator};
-use treetrain::model::cpu_kernels::CpuOps;
+use treetrain::model::CpuOps;
 use treetrain::model::{AttentionLayout, CausalLm, LoadOptions, Model};
 use treetrain::util::SplitMix64;
 
@@ -357,7 +357,7 @@ struct CacheAttention {
 
 impl CacheAttention {
     fn new(lm: &CausalLm, batch: i64, slots: i64) -> Option<Self> {
-        use treetrain::model::cpu_kernels::{KernelIsa, kernel_isa};
+        use treetrain::model::{KernelIsa, kernel_isa};
         use treetrain::model::{KvCache, StaticCache};
         let applies = lm.device() == treetrain::device::Device::Cpu
             && lm.kind() == tch::Kind::Float
@@ -387,7 +387,7 @@ impl CacheAttention {
 
     fn run(&self) {
         for (k, v) in &self.keys_values {
-            let out = treetrain::model::cpu_kernels::decode_attention(&self.q, k, v, &self.valid, self.scale);
+            let out = treetrain::bench_support::decode_attention(&self.q, k, v, &self.valid, self.scale);
             assert!(out.is_some(), "the attention kernel applies to f32 CPU tensors");
         }
     }
@@ -484,7 +484,7 @@ fn weight_bytes(maps: &[(treetrain::model::Linear, tch::Tensor)]) -> f64 {
 }
 
 /// The page size's share (`--pages`, f32 CPU): a decode step's weight products at `batch` rows
-/// over the model's weights (in huge pages, `treetrain::model::host_memory`) and over copies of
+/// over the model's weights (in huge pages, `treetrain::bench_support::huge_page_empty`) and over copies of
 /// them in libtorch's own allocation (4 KiB pages where the THP mode is `madvise`), and a sum of
 /// each set, in 20 interleaved rounds; medians of the pairwise time ratios.
 fn page_comparison(lm: &CausalLm, batch: i64) -> serde_json::Value {
@@ -530,9 +530,9 @@ fn page_comparison(lm: &CausalLm, batch: i64) -> serde_json::Value {
 /// Where the weight-product kernel stops paying (`--product-sweep`, f32 CPU): a decode step's
 /// products at each row count through the kernel and through libtorch's `linear` (MKL), the
 /// two interleaved (kernel, libtorch, ... 5 times, medians of 3 each), the ratio per row count.
-/// This is what places `cpu_kernels::KERNEL_ROWS`.
+/// This is what places `bench_support::KERNEL_ROWS`.
 fn product_sweep(lm: &CausalLm) -> serde_json::Value {
-    use treetrain::model::cpu_kernels::product_up_to;
+    use treetrain::bench_support::product_up_to;
     let mut rows_out = Vec::new();
     println!("weight products of a decode step: kernel vs libtorch (MKL) per row count");
     for rows in [1i64, 8, 32, 64, 128, 192, 256] {

@@ -105,6 +105,8 @@
 //! [notebooks](guide::notebooks).
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod bench_support;
 pub mod data;
 pub mod demo;
 pub mod device;
@@ -130,3 +132,14 @@ pub use serde_json;
 pub use tch;
 
 pub use env_report::{EnvReport, TCH_VERSION};
+
+// What a notebook user holds, at the crate root (`use treetrain::{GrpoTrainer, Trainer};`).
+pub use data::Dataset;
+pub use device::Device;
+pub use generate::{GenerationConfig, Generator};
+pub use grpo::{GrpoConfig, GrpoTrainer, RewardFn};
+pub use model::{LoadOptions, Model};
+pub use pack::{PackedRow, PrefixTree, Rollout};
+pub use sft::{SftConfig, SftTrainer};
+pub use tokenizer::Tokenizer;
+pub use train::{TrainConfig, Trainer};

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["train"],
     &["sft", "grpo"],
     &["shipped", "validation", "env_report"],
-    &["demo", "guide"],
+    &["demo", "guide", "bench_support"],
 ];
 
 /// Names the crate root exports (macros and re-exports) and the module each comes from.

@@ -207,11 +207,11 @@ pub fn median(v: &[f64]) -> f64 {
 
 /// Read bandwidth of this machine in GB/s: the best of 5 sums over a 1 GiB f32 tensor (one
 /// read of every byte, nothing written but the scalar) in huge pages where the system has them,
-/// as the models' parameters and KV caches are (`treetrain::model::host_memory`).
+/// as the models' parameters and KV caches are (`treetrain::bench_support::huge_page_empty`).
 #[allow(dead_code)]
 pub fn read_bandwidth_gbs() -> f64 {
     let like = tch::Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cpu));
-    let (mut t, _) = treetrain::model::host_memory::huge_page_empty(1 << 28, &like).expect("1 GiB in huge pages");
+    let (mut t, _) = treetrain::bench_support::huge_page_empty(1 << 28, &like).expect("1 GiB in huge pages");
     let _ = t.fill_(1.0);
     best_sum_gbs(&t)
 }

@@ -54,7 +54,7 @@ pub struct GenerationConfig {
     pub sampling: SamplingConfig,
     /// On CUDA, run the decode steps as a captured CUDA graph (`generate::cuda_graph`): the
     /// first step runs as usual, the second is recorded, every later one is a replay. Needs
-    /// the static cache ([`Generator::generate`], [`Generator::generate_groups`]); an error on
+    /// the static cache ([`super::Generator::generate`], [`super::Generator::generate_groups`]); an error on
     /// other devices.
     pub cuda_graph: bool,
 }

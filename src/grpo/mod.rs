@@ -118,16 +118,13 @@ pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
 pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
-    grpo_loss_with_reference,
 };
 pub use producer::{BatchShape, RolloutProducer, Shard};
-pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput, score_group};
+pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
 pub use trainer::{GrpoState, GrpoTrainer};
-pub use update::{
-    RankUpdate, StepTotals, UpdateStats, accumulate_gradients, accumulate_share, entropy_floor, pack_rollouts,
-    plan_rank_update, with_entropy_floor,
-};
+pub(crate) use update::{StepTotals, accumulate_share, plan_rank_update, with_entropy_floor};
+pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;
 
 /// The message of a caught panic.

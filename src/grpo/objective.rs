@@ -29,7 +29,7 @@ pub struct GrpoObjective {
     /// Share of the step's loss terms, by entropy from the top, that are trained (1: all).
     pub top_entropy_quantile: f64,
     /// The step's entropy at quantile `1 - top_entropy_quantile`: terms below it are left out
-    /// of the policy loss. Set per step by the update ([`super::entropy_floor`]); `None`: all
+    /// of the policy loss. Set per step by the update (`update::entropy_floor`); `None`: all
     /// terms train.
     pub entropy_floor: Option<f64>,
     /// LM-head chunking for the per-term log-probs.
@@ -140,7 +140,7 @@ impl GrpoObjective {
     /// - `Bnpo`: every term / (its micro-batch's terms x micro-batches of the step), a
     ///   micro-batch being `per_device_train_batch_size` consecutive rollouts of the step:
     ///   each micro-batch's token mean, then the mean over micro-batches.
-    pub fn term_weights(&self, row: &PackedRow, totals: &super::StepTotals) -> Result<TermWeights, ModelError> {
+    pub(crate) fn term_weights(&self, row: &PackedRow, totals: &super::StepTotals) -> Result<TermWeights, ModelError> {
         let (terms, rollouts) = (totals.terms, totals.rollouts.max(1));
         Ok(match self.loss_type {
             LossType::Bnpo => {
@@ -237,7 +237,7 @@ pub fn grpo_loss(
 /// The clipped surrogate with per-term `weights`, plus `beta * k3(policy, reference)` per term
 /// when `reference` holds the frozen reference model's log-probs of the row's terms `[M]` and
 /// `cfg.beta > 0`: `loss = sum_t weight_t * term_t`.
-pub fn grpo_loss_with_reference(
+pub(crate) fn grpo_loss_with_reference(
     model: &CausalLm,
     row: &PackedRow,
     cfg: &GrpoObjective,
@@ -248,7 +248,7 @@ pub fn grpo_loss_with_reference(
     loss_of_terms(model, row, &terms, cfg, weights, other)
 }
 
-/// [`grpo_loss_with_reference`], back-propagated into the policy's gradients (accumulated;
+/// `grpo_loss_with_reference`, back-propagated into the policy's gradients (accumulated;
 /// layer activations kept or recomputed as `cfg.activations` says). Under `tch::no_grad` only
 /// the loss and its statistics are computed.
 pub fn grpo_loss_backward(

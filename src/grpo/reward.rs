@@ -213,7 +213,7 @@ impl GroupRewards {
 }
 
 /// Scores the completions of one prompt with every function.
-pub fn score_group(functions: &[RewardFn], dataset_row: usize, inputs: &[RewardInput]) -> GroupRewards {
+pub(crate) fn score_group(functions: &[RewardFn], dataset_row: usize, inputs: &[RewardInput]) -> GroupRewards {
     let mut per_function = Vec::with_capacity(functions.len());
     let mut failures = Vec::new();
     for f in functions {

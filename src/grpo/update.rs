@@ -20,7 +20,7 @@ pub fn pack_rollouts(rollouts: Vec<Rollout>, packing: Packing, budget: usize) ->
 /// One rank's part of a step's update: its rows (the planner spreads the step's rows over the
 /// ranks by attention load) and the step's totals every loss weight divides by.
 #[derive(Debug, Clone)]
-pub struct RankUpdate {
+pub(crate) struct RankUpdate {
     /// The rows this rank forwards.
     pub rows: Vec<PackedRow>,
     /// The whole step's totals (every rank's rows).
@@ -31,7 +31,7 @@ pub struct RankUpdate {
 
 /// What a step's loss is normalised by: its loss terms and rollouts, over every rank.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StepTotals {
+pub(crate) struct StepTotals {
     /// Loss terms (trained tokens).
     pub terms: usize,
     /// Rollouts.
@@ -64,7 +64,7 @@ impl StepTotals {
 
 /// Plans the step's `rollouts` (the same on every rank) over `ranks` ranks and keeps rank
 /// `rank`'s rows.
-pub fn plan_rank_update(
+pub(crate) fn plan_rank_update(
     rollouts: Vec<Rollout>,
     packing: Packing,
     budget: usize,
@@ -187,7 +187,7 @@ impl UpdateStats {
 /// Runs forward and backward over every row, accumulating gradients in `policy`'s variables
 /// (not zeroed here; under `tch::no_grad` only the loss and statistics are computed). With
 /// `reference` and `objective.beta > 0`, adds the KL penalty to the reference's log-probs. The
-/// loss terms are weighted over every row of the step ([`GrpoObjective::term_weights`]), so the
+/// loss terms are weighted over every row of the step (`GrpoObjective::term_weights`), so the
 /// gradient is the same whatever the packing.
 pub fn accumulate_gradients(
     policy: &CausalLm,
@@ -205,7 +205,7 @@ pub fn accumulate_gradients(
 /// `objective` with the step's entropy floor set from every rank's rows when
 /// `top_entropy_quantile < 1` (one extra forward per row, without gradient): the quantile is
 /// over the whole step, so it is the same in either packing and on any number of ranks.
-pub fn with_entropy_floor(
+pub(crate) fn with_entropy_floor(
     policy: &CausalLm,
     rows: &[PackedRow],
     objective: GrpoObjective,
@@ -249,7 +249,7 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
 /// The entropy at quantile `1 - top_entropy_quantile` of `entropies` (`torch.quantile`'s
 /// linear interpolation, as TRL takes it): terms at or above it train. `None` when every term
 /// trains.
-pub fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64> {
+pub(crate) fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64> {
     let q = objective.top_entropy_quantile;
     if q >= 1.0 || entropies.is_empty() {
         return None;
@@ -264,7 +264,7 @@ pub fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64
 /// [`accumulate_gradients`] over one rank's `rows` of a step whose totals are `totals`: the
 /// loss weights and the statistics divide by the whole step's counts, so summing every rank's
 /// gradients and statistics gives the one-process update.
-pub fn accumulate_share(
+pub(crate) fn accumulate_share(
     policy: &CausalLm,
     reference: Option<&CausalLm>,
     rows: &[PackedRow],

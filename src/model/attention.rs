@@ -33,7 +33,7 @@ pub enum KeyValues<'a> {
 
 impl KeyValues<'_> {
     /// The CPU ops a forward over these keys and values uses: the decode kernels in cached
-    /// (generation) forwards, libtorch's elsewhere (see [`super::cpu_kernels`]).
+    /// (generation) forwards, libtorch's elsewhere (see `super::cpu_kernels`).
     pub fn cpu_ops(&self) -> CpuOps {
         match self {
             KeyValues::Layout { .. } => CpuOps::Libtorch,

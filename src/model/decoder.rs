@@ -324,7 +324,7 @@ impl CausalLm {
     }
 
     /// [`CausalLm::logits`] of the hidden states a cached (generation) forward returned,
-    /// through the decode kernel where it applies ([`super::cpu_kernels`]).
+    /// through the decode kernel where it applies (`super::cpu_kernels`).
     pub fn decode_logits(&self, hidden: &Tensor) -> Tensor {
         super::layers::linear_with(hidden, self.lm_head_weight(), None, CpuOps::Kernels)
     }

@@ -140,7 +140,7 @@ impl<const N: usize> Projections<N> {
     }
 
     /// The maps' outputs for `x` `[..., in]`: one product (with `ops`, see
-    /// [`super::layers::linear_with`]) where that gives the maps' own values, i.e. they are tied,
+    /// `super::layers::linear_with`) where that gives the maps' own values, i.e. they are tied,
     /// none has an adapter and no graph is recorded; else one product per map.
     pub fn forward(&self, x: &Tensor, ops: CpuOps) -> Projected<N> {
         match &self.fused {

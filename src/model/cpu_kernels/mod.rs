@@ -121,7 +121,7 @@ pub fn product(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Ten
     product_up_to(x, weight, bias, KERNEL_ROWS)
 }
 
-/// [`product`] for inputs of up to `max_rows` rows instead of [`KERNEL_ROWS`]: what the
+/// The decode product (`cpu_kernels::product`) for inputs of up to `max_rows` rows instead of [`KERNEL_ROWS`]: what the
 /// generation bench's `--product-sweep` times against libtorch to place that limit.
 pub fn product_up_to(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, max_rows: i64) -> Option<Tensor> {
     let [rows, input] = x.size()[..] else { return None };
