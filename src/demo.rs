@@ -413,7 +413,10 @@ fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Val
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("calculator.toml"))?;
     config.train.output_dir = None;
-    let (samples, eval_every) = (config.eval_samples, config.train.eval_steps.unwrap_or(u64::MAX).max(1));
+    let (samples, eval_every) = (
+        config.eval.eval_samples,
+        config.train.eval_steps.unwrap_or(u64::MAX).max(1),
+    );
     let mut grpo = ShippedEnvironment::Calculator.trainer(config, None)?;
     let held_out = grpo.load_prompts(&root.join("calculator/test.parquet"))?;
     let before = grpo.evaluate(&held_out, samples, 99)?;

@@ -77,11 +77,12 @@ fn reward_rises_in_sync_mode() {
 #[test]
 #[ignore = "slow: 40 async GRPO steps (~30 s)"]
 fn reward_rises_in_async_mode() {
-    let cfg = GrpoConfig {
-        mode: RolloutMode::Async,
-        max_staleness: 1,
-        queue_size: 1,
-        ..config()
+    let cfg = {
+        let mut c = config();
+        c.rollouts.mode = RolloutMode::Async;
+        c.rollouts.max_staleness = 1;
+        c.rollouts.queue_size = 1;
+        c
     };
     let (before, after, took, t) = reward_before_after(cfg, 40);
     eprintln!("async: held-out reward {before:.3} -> {after:.3} in {took:?}");
@@ -97,11 +98,12 @@ fn reward_rises_in_async_mode() {
 fn sampling_and_training_log_probs_agree_at_any_temperature() {
     // Old log-probs are the generator's untruncated log softmax(logits / T); the loss
     // recomputes them at the same T, so an on-policy step has ratio 1.
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        temperature: 0.7,
-        top_k: Some(20),
-        prompts_per_step: 4,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.sampling.temperature = 0.7;
+        c.sampling.top_k = Some(20);
+        c.rollouts.prompts_per_step = 4;
+        c
     })
     .unwrap();
     let m = t.step().unwrap();
@@ -118,10 +120,11 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
 #[test]
 fn tree_and_flat_packing_give_the_same_update() {
     // Real rollouts of the shipped model, with a KL penalty so the reference path is covered.
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 6,
-        beta: 0.05,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 6;
+        c.loss.beta = 0.05;
+        c
     })
     .unwrap();
     t.step().unwrap();
@@ -196,13 +199,14 @@ fn tree_and_flat_packing_give_the_same_update() {
 
 #[test]
 fn stale_groups_are_dropped_and_counted() {
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        mode: RolloutMode::Async,
-        prompts_per_step: 2,
-        queue_size: 3,
-        max_staleness: 0,
-        weight_sync_steps: 1,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.mode = RolloutMode::Async;
+        c.rollouts.prompts_per_step = 2;
+        c.rollouts.queue_size = 3;
+        c.rollouts.max_staleness = 0;
+        c.rollouts.weight_sync_steps = 1;
+        c
     })
     .unwrap();
     // 3 steps' worth: 6 groups of version 0 waiting.
@@ -220,13 +224,14 @@ fn stale_groups_are_dropped_and_counted() {
 
     // Weights synced too rarely for max_staleness: the trainer forces a sync instead of
     // dropping forever.
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        mode: RolloutMode::Async,
-        prompts_per_step: 2,
-        queue_size: 2,
-        max_staleness: 0,
-        weight_sync_steps: 1000,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.mode = RolloutMode::Async;
+        c.rollouts.prompts_per_step = 2;
+        c.rollouts.queue_size = 2;
+        c.rollouts.max_staleness = 0;
+        c.rollouts.weight_sync_steps = 1000;
+        c
     })
     .unwrap();
     t.train_for(3).unwrap();
@@ -245,9 +250,10 @@ fn failed_rewards_are_reported_and_zero_the_advantage() {
             Some(x.completion.len() as f32)
         }
     });
-    let mut t = GrpoTrainer::builder(GrpoConfig {
-        prompts_per_step: 6,
-        ..config()
+    let mut t = GrpoTrainer::builder({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 6;
+        c
     })
     .rewards(vec![RewardFn::exact_answer(), picky.with_weight(0.1)])
     .build()
@@ -283,9 +289,10 @@ fn failed_rewards_are_reported_and_zero_the_advantage() {
 fn bad_configs_are_refused_with_reasons() {
     let err = |cfg: GrpoConfig| GrpoTrainer::new(cfg).unwrap_err().to_string();
     assert!(
-        err(GrpoConfig {
-            num_generations: 1,
-            ..config()
+        err({
+            let mut c = config();
+            c.rollouts.num_generations = 1;
+            c
         })
         .contains("num_generations")
     );
@@ -297,16 +304,18 @@ fn bad_configs_are_refused_with_reasons() {
             .contains("unknown reward `vibes`")
     );
     assert!(
-        err(GrpoConfig {
-            prompt_field: "question".into(),
-            ..config()
+        err({
+            let mut c = config();
+            c.rollouts.prompt_field = "question".into();
+            c
         })
         .contains("prompt row 0 (0-based): has no `question` column")
     );
     assert!(
-        err(GrpoConfig {
-            max_prompt_length: 5,
-            ..config()
+        err({
+            let mut c = config();
+            c.rollouts.max_prompt_length = 5;
+            c
         })
         .contains("max_prompt_length is 5")
     );
@@ -333,10 +342,11 @@ fn bad_configs_are_refused_with_reasons() {
 fn state_display_shows_curves_samples_and_the_tree() {
     let dir = std::env::temp_dir().join(format!("treetrain-grpo-display-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 3,
-        log_completions: 5,
-        ..with_output(Some(dir.clone()))
+    let mut t = GrpoTrainer::new({
+        let mut c = with_output(Some(dir.clone()));
+        c.rollouts.prompts_per_step = 3;
+        c.eval.log_completions = 5;
+        c
     })
     .unwrap();
     t.train_for(2).unwrap();
@@ -426,10 +436,11 @@ fn state_display_shows_curves_samples_and_the_tree() {
 fn a_resumed_sync_run_continues_exactly() {
     let dir = std::env::temp_dir().join(format!("treetrain-grpo-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = GrpoConfig {
-        prompts_per_step: 3,
-        max_steps: 4,
-        ..with_output(Some(dir.clone()))
+    let cfg = {
+        let mut c = with_output(Some(dir.clone()));
+        c.rollouts.prompts_per_step = 3;
+        c.max_steps = 4;
+        c
     };
     let mut straight = GrpoTrainer::new(GrpoConfig {
         train: TrainConfig {
@@ -509,14 +520,15 @@ fn loss_types_match_per_rollout_references_in_both_packings() {
 
 #[test]
 fn num_iterations_reuses_a_batch_and_masking_drops_truncated_completions() {
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 3,
-        num_iterations: 2,
-        // The shipped SFT model's replies are 4 tokens with EOS (`Answer`, `:`, the item,
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 3;
+        c.loss.num_iterations = 2;
+        // The shipped SFT model's replies are 4 tokens with EOS (`Answer`, ` = `, the item,
         // `<|im_end|>`): at 3 some are truncated.
-        max_completion_length: 3,
-        mask_truncated_completions: true,
-        ..config()
+        c.rollouts.max_completion_length = 3;
+        c.loss.mask_truncated_completions = true;
+        c
     })
     .unwrap();
     t.train_for(3).unwrap();
@@ -579,9 +591,10 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
 
 /// The rollouts of one sync step of the shipped recipe at 4 prompts (the SFT model sampling).
 fn sampled_rollouts() -> Vec<treetrain::pack::Rollout> {
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 4,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 4;
+        c
     })
     .unwrap();
     t.step().unwrap();
@@ -680,14 +693,15 @@ fn gspo_and_two_sided_clipping_match_per_rollout_references_in_both_packings() {
 fn batch_scaled_advantages_zero_std_groups_and_all_options_in_the_trainer() {
     use treetrain::grpo::ScaleRewards;
     // The trainer path with every TRL option of this file on at once.
-    let mut t = GrpoTrainer::new(GrpoConfig {
-        prompts_per_step: 6,
-        scale_rewards: ScaleRewards::Batch,
-        top_entropy_quantile: 0.5,
-        importance_sampling_level: treetrain::grpo::ImportanceSampling::Sequence,
-        delta: Some(2.0),
-        importance_sampling_correction: true,
-        ..config()
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 6;
+        c.loss.scale_rewards = ScaleRewards::Batch;
+        c.loss.top_entropy_quantile = 0.5;
+        c.loss.importance_sampling_level = treetrain::grpo::ImportanceSampling::Sequence;
+        c.loss.delta = Some(2.0);
+        c.loss.importance_sampling_correction = true;
+        c
     })
     .unwrap();
     let m = t.step().unwrap();
@@ -973,15 +987,14 @@ fn the_bias_corrected_kl_matches_trls_loss_and_gradients_in_both_packings() {
 /// The shipped recipe as a multi-turn run of the retry game: 3 tries, each conversation that
 /// goes on forked in two after a wrong answer. Messages are prefilled 16 slots at a time.
 fn retry_config(prompts: usize) -> GrpoConfig {
-    GrpoConfig {
-        prompts_per_step: prompts,
-        num_generations: 4,
-        max_turns: 3,
-        turn_generations: 2,
-        prefill_chunk_size: 16,
-        max_conversation_length: 256,
-        ..config()
-    }
+    let mut c = config();
+    c.rollouts.prompts_per_step = prompts;
+    c.rollouts.num_generations = 4;
+    c.multi_turn.max_turns = 3;
+    c.multi_turn.turn_generations = 2;
+    c.rollouts.prefill_chunk_size = 16;
+    c.multi_turn.max_conversation_length = 256;
+    c
 }
 
 /// A conversation whose turn holds ids the tokenizer cannot decode (the tiny model's vocabulary
@@ -1001,9 +1014,10 @@ fn retry_trainer(prompts: usize) -> GrpoTrainer {
 #[test]
 fn multi_turn_rollouts_fork_within_conversations_and_train_the_assistant_only() {
     use treetrain::shipped::retry::RetryGame;
-    let too_long = GrpoConfig {
-        max_conversation_length: 4096,
-        ..retry_config(1)
+    let too_long = {
+        let mut c = retry_config(1);
+        c.multi_turn.max_conversation_length = 4096;
+        c
     };
     let err = GrpoTrainer::builder(too_long)
         .environment(RetryGame::default())
@@ -1140,9 +1154,10 @@ fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
         }),
         _ => Ok(EnvReply::Done(if c.last_reply().contains('1') { 1.0 } else { 0.0 })),
     });
-    let cfg = GrpoConfig {
-        max_turns: 2,
-        ..retry_config(20)
+    let cfg = {
+        let mut c = retry_config(20);
+        c.multi_turn.max_turns = 2;
+        c
     };
     let mut t = GrpoTrainer::builder(cfg).environment(env).build().unwrap();
     let m = t.step().unwrap();
@@ -1215,10 +1230,11 @@ fn the_calculator_task_reward_rises() {
 #[test]
 fn multi_turn_rollouts_run_async_and_evaluate_one_conversation_per_sample() {
     use treetrain::shipped::retry::RetryGame;
-    let cfg = GrpoConfig {
-        mode: RolloutMode::Async,
-        max_steps: 2,
-        ..retry_config(2)
+    let cfg = {
+        let mut c = retry_config(2);
+        c.rollouts.mode = RolloutMode::Async;
+        c.max_steps = 2;
+        c
     };
     let mut t = GrpoTrainer::builder(cfg)
         .environment(RetryGame::default())

@@ -152,18 +152,19 @@ fn grpo(lora: Option<LoraConfig>, mode: RolloutMode) -> GrpoConfig {
     let mut cfg = common::shipped_grpo();
     cfg.train.learning_rate = 1e-2;
     cfg.train.lora = lora;
-    cfg.beta = 0.02;
-    cfg.mode = mode;
+    cfg.loss.beta = 0.02;
+    cfg.rollouts.mode = mode;
     cfg
 }
 
 #[test]
 fn grpo_with_lora_uses_the_base_as_reference_and_syncs_the_adapter_alone() {
-    let cfg = GrpoConfig {
-        max_steps: 3,
-        max_staleness: 1,
-        queue_size: 1,
-        ..grpo(Some(lora(0.0)), RolloutMode::Async)
+    let cfg = {
+        let mut c = grpo(Some(lora(0.0)), RolloutMode::Async);
+        c.max_steps = 3;
+        c.rollouts.max_staleness = 1;
+        c.rollouts.queue_size = 1;
+        c
     };
     let mut t = GrpoTrainer::new(cfg).unwrap();
     t.train_for(3).unwrap();
@@ -202,9 +203,10 @@ fn grpo_with_lora_raises_the_reward() {
         ..lora(0.0)
     };
     // No KL term, as the full-weight test (TRL's default beta = 0).
-    let cfg = GrpoConfig {
-        beta: 0.0,
-        ..grpo(Some(adapter), RolloutMode::Sync)
+    let cfg = {
+        let mut c = grpo(Some(adapter), RolloutMode::Sync);
+        c.loss.beta = 0.0;
+        c
     };
     let mut t = GrpoTrainer::new(cfg).unwrap();
     let held_out = t.load_prompts(&root().join("datasets/grpo/test.parquet")).unwrap();

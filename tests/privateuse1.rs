@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use tch::{Kind, Tensor};
 use treetrain::device::{Device, DeviceError, DeviceSpec, PadTo, Platform, parse_device, privateuse1};
 use treetrain::generate::{GenerationConfig, Generator};
-use treetrain::grpo::{GrpoConfig, GrpoTrainer};
+use treetrain::grpo::GrpoTrainer;
 use treetrain::model::{Dtype, DtypeSetting, LoadOptions, Model, StaticCache};
 use treetrain::pack::Packing;
 use treetrain::sft::SftTrainer;
@@ -245,9 +245,10 @@ fn the_shape_ledger_of_an_sft_run_on_the_device_measures_auto_padding() {
 #[test]
 fn a_tree_packed_grpo_update_on_the_device_equals_the_cpu() {
     let device = neuron();
-    let mut cfg = GrpoConfig {
-        prompts_per_step: 4,
-        ..common::shipped_grpo()
+    let mut cfg = {
+        let mut c = common::shipped_grpo();
+        c.rollouts.prompts_per_step = 4;
+        c
     };
     cfg.max_steps = 1;
     cfg.train.dtype = DtypeSetting::Fixed(Dtype::Fp32);
@@ -256,7 +257,7 @@ fn a_tree_packed_grpo_update_on_the_device_equals_the_cpu() {
     // as the shipped SFT model) move by O(lr) either way. At 1e-6 they move in proportion to
     // the gradient, so comparing updates compares gradients.
     cfg.train.adamw.eps = 1e-6;
-    assert_eq!(cfg.packing, Packing::Tree);
+    assert_eq!(cfg.update.packing, Packing::Tree);
     let mut cpu_trainer = GrpoTrainer::new(cfg.clone()).unwrap();
     let cpu_step = cpu_trainer.step().unwrap();
     cfg.train.device = DeviceSpec::PrivateUse1(0);

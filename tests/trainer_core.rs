@@ -78,7 +78,7 @@ fn configs_saved_as_toml_read_back_unchanged() {
     let mut grpo = GrpoConfig::default();
     grpo.train.model = sft.train.model.clone();
     grpo.train.dataset = root().join("datasets/grpo/train.parquet");
-    grpo.eval_dataset = Some(root().join("datasets/grpo/test.parquet"));
+    grpo.eval.eval_dataset = Some(root().join("datasets/grpo/test.parquet"));
     let path = dir.join("grpo.toml");
     grpo.save_toml(&path).unwrap();
     assert_eq!(GrpoConfig::from_toml_file(&path).unwrap(), grpo);

@@ -63,8 +63,8 @@ pub fn grpo(args: &GrpoArgs) -> Result<()> {
     let mut cfg = GrpoConfig::from_toml_file(&args.config)?;
     cfg.train.device = args.device.unwrap_or(cfg.train.device);
     cfg.max_steps = args.max_steps.unwrap_or(cfg.max_steps);
-    cfg.mode = args.mode.unwrap_or(cfg.mode);
-    cfg.packing = args.packing.unwrap_or(cfg.packing);
+    cfg.rollouts.mode = args.mode.unwrap_or(cfg.rollouts.mode);
+    cfg.update.packing = args.packing.unwrap_or(cfg.update.packing);
     let resume = args.resume_from.as_deref();
     match args.environment {
         Some(env) => run(env.trainer(cfg, resume)?),

@@ -99,10 +99,10 @@ impl GrpoTrainerBuilder {
         let tools = environment.as_ref().and_then(|e| e.tools());
         let multi_turn = environment.map(|environment| MultiTurn {
             environment,
-            max_turns: config.max_turns,
-            turn_generations: config.turn_generations,
-            max_conversation_length: config.max_conversation_length,
-            prompt_field: config.prompt_field.clone(),
+            max_turns: config.multi_turn.max_turns,
+            turn_generations: config.multi_turn.turn_generations,
+            max_conversation_length: config.multi_turn.max_conversation_length,
+            prompt_field: config.rollouts.prompt_field.clone(),
         });
         let dataset = TrainCore::open_dataset(&config.train)?;
         let prompts = Arc::new(load_prompt_set(&config, &core.tokenizer, &dataset, tools.clone())?);
@@ -110,7 +110,7 @@ impl GrpoTrainerBuilder {
         if multi_turn.is_some() {
             check_conversation_room(&config, &prompts)?;
             let lm = &core.model.lm.config;
-            lm.check_positions(config.max_conversation_length, "max_conversation_length")
+            lm.check_positions(config.multi_turn.max_conversation_length, "max_conversation_length")
                 .map_err(|e| TrainError::config("max_conversation_length", e))?;
         }
         let generation = generation_config(&config, &core.special);
@@ -121,20 +121,20 @@ impl GrpoTrainerBuilder {
             core.tokenizer.clone(),
             generation.clone(),
             BatchShape {
-                group: config.num_generations,
+                group: config.rollouts.num_generations,
                 // `prompts_per_step` is per process (TRL's per-device batch): the world's
                 // batch is that many times the processes, each generating its share.
-                per_batch: config.prompts_per_step * core.world.size,
+                per_batch: config.rollouts.prompts_per_step * core.world.size,
                 shard: Shard::from(&core.world),
-                scale: config.scale_rewards,
+                scale: config.loss.scale_rewards,
                 seed: config.train.seed,
             },
         )
         .with_multi_turn(multi_turn.clone());
         let state = starting_state(&config, &mut core, &rewards, &prompts, resume.as_deref())?;
         let source = rollout_source(&config, &core, producer, &state)?;
-        let reference = (config.beta > 0.0).then(|| reference_of(&core)).transpose()?;
-        let held_out = match &config.eval_dataset {
+        let reference = (config.loss.beta > 0.0).then(|| reference_of(&core)).transpose()?;
+        let held_out = match &config.eval.eval_dataset {
             Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?, tools)?),
             None => None,
         };
@@ -204,11 +204,11 @@ fn rollout_source(
     state: &GrpoState,
 ) -> Result<Source, TrainError> {
     producer.skip_batches(state.batches_consumed);
-    Ok(match config.mode {
+    Ok(match config.rollouts.mode {
         RolloutMode::Sync => Source::Sync(Box::new(producer)),
         RolloutMode::Async => {
             let copy = core.copy_of_policy()?;
-            let capacity = config.queue_size * config.prompts_per_step;
+            let capacity = config.rollouts.queue_size * config.rollouts.prompts_per_step;
             Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
         }
     })
@@ -227,11 +227,11 @@ fn reference_of(core: &TrainCore) -> Result<CausalLm, TrainError> {
 /// run's temperature and truncation.
 fn generation_config(config: &GrpoConfig, special: &SpecialTokens) -> GenerationConfig {
     GenerationConfig {
-        max_new_tokens: config.max_completion_length,
+        max_new_tokens: config.rollouts.max_completion_length,
         eos_token_ids: special.eos.clone(),
         pad_token_id: special.pad,
-        prefill_chunk_size: config.prefill_chunk_size,
-        sampling: config.sampling(),
+        prefill_chunk_size: config.rollouts.prefill_chunk_size,
+        sampling: config.sampling_config(),
         ..Default::default()
     }
 }
@@ -280,15 +280,15 @@ pub(super) fn check_columns(rewards: &[RewardFn], prompts: &PromptSet, which: &s
 /// Refuses a multi-turn run whose conversation cache cannot hold its longest prompt (padded to
 /// the prefill chunk) and a first turn.
 fn check_conversation_room(config: &GrpoConfig, prompts: &PromptSet) -> Result<(), TrainError> {
-    let chunk = config.prefill_chunk_size.max(1) as usize;
+    let chunk = config.rollouts.prefill_chunk_size.max(1) as usize;
     let longest = prompts.prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
-    let need = longest.div_ceil(chunk) * chunk + config.max_completion_length;
-    if config.max_conversation_length < need {
+    let need = longest.div_ceil(chunk) * chunk + config.rollouts.max_completion_length;
+    if config.multi_turn.max_conversation_length < need {
         return Err(TrainError::config(
             "max_conversation_length",
             format!(
                 "is {}: the longest prompt ({longest} tokens, padded to {chunk}) and a {}-token turn need {need}",
-                config.max_conversation_length, config.max_completion_length
+                config.multi_turn.max_conversation_length, config.rollouts.max_completion_length
             ),
         ));
     }
@@ -305,8 +305,8 @@ pub(super) fn load_prompt_set(
     PromptSet::load_with_tools(
         ds,
         tokenizer,
-        &config.prompt_field,
-        config.max_prompt_length,
+        &config.rollouts.prompt_field,
+        config.rollouts.max_prompt_length,
         config.train.skip_invalid_rows,
         tools,
     )

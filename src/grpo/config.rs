@@ -82,7 +82,9 @@ fn one() -> f32 {
     1.0
 }
 
-/// Everything a GRPO run needs.
+/// Everything a GRPO run needs (TRL's `GRPOConfig`). Grouped here by concern; a TOML file
+/// (and [`GrpoConfig::save_toml`]) writes every field at the top level under TRL's names
+/// (`num_generations = 8`, not `rollouts.num_generations`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct GrpoConfig {
@@ -90,11 +92,59 @@ pub struct GrpoConfig {
     /// bookkeeping.
     #[serde(flatten)]
     pub train: TrainConfig,
+    /// Built-in rewards (custom closures: [`super::GrpoTrainerBuilder::rewards`]).
+    pub rewards: Vec<RewardSpec>,
+    /// Optimizer steps of the run.
+    pub max_steps: u64,
+    /// What each step generates: prompts, group size, lengths, sync or async.
+    #[serde(flatten)]
+    pub rollouts: Rollouts,
+    /// How completions are sampled.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    /// The clipped-surrogate loss and its options.
+    #[serde(flatten)]
+    pub loss: Loss,
+    /// How the update packs its rollouts.
+    #[serde(flatten)]
+    pub update: Update,
+    /// Conversations with an environment (a trainer built with one).
+    #[serde(flatten)]
+    pub multi_turn: MultiTurnLimits,
+    /// Held-out evaluation and logged samples.
+    #[serde(flatten)]
+    pub eval: Eval,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            train: TrainConfig {
+                learning_rate: 1e-6,
+                ..TrainConfig::default()
+            },
+            rewards: vec![RewardSpec {
+                name: BuiltinReward::ExactAnswer,
+                weight: 1.0,
+            }],
+            max_steps: 100,
+            rollouts: Rollouts::default(),
+            sampling: Sampling::default(),
+            loss: Loss::default(),
+            update: Update::default(),
+            multi_turn: MultiTurnLimits::default(),
+            eval: Eval::default(),
+        }
+    }
+}
+
+/// What each GRPO step generates ([`GrpoConfig::rollouts`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Rollouts {
     /// Column holding the prompt: a list of chat messages (rendered with the chat template and
     /// the generation prompt) or plain text (used as is).
     pub prompt_field: String,
-    /// Built-in rewards (custom closures: [`super::GrpoTrainerBuilder::rewards`]).
-    pub rewards: Vec<RewardSpec>,
     /// Completions per prompt (the group size G).
     pub num_generations: usize,
     /// Prompts per optimizer step; the step trains on `prompts_per_step * num_generations`
@@ -104,6 +154,40 @@ pub struct GrpoConfig {
     pub max_prompt_length: usize,
     /// Most tokens generated per completion.
     pub max_completion_length: usize,
+    /// Prompts are prefilled this many tokens at a time (a static shape).
+    pub prefill_chunk_size: i64,
+    /// Sync (default) or async rollouts.
+    pub mode: RolloutMode,
+    /// Async: finished groups that may wait for the trainer, in steps' worth
+    /// (`queue_size x prompts_per_step` groups).
+    pub queue_size: usize,
+    /// Async: groups generated more than this many weight versions ago are dropped.
+    pub max_staleness: u64,
+    /// Async: the generator receives the trainer's weights every this many steps.
+    pub weight_sync_steps: u64,
+}
+
+impl Default for Rollouts {
+    fn default() -> Self {
+        Rollouts {
+            prompt_field: "prompt".into(),
+            num_generations: 8,
+            prompts_per_step: 4,
+            max_prompt_length: 512,
+            max_completion_length: 64,
+            prefill_chunk_size: 64,
+            mode: RolloutMode::Sync,
+            queue_size: 2,
+            max_staleness: 1,
+            weight_sync_steps: 1,
+        }
+    }
+}
+
+/// How completions are sampled ([`GrpoConfig::sampling`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Sampling {
     /// Sampling temperature (also applied to the policy's logits in the loss).
     pub temperature: f64,
     /// Nucleus sampling.
@@ -112,6 +196,23 @@ pub struct GrpoConfig {
     pub top_k: Option<usize>,
     /// Min-p sampling.
     pub min_p: Option<f64>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+        }
+    }
+}
+
+/// The loss ([`GrpoConfig::loss`]): TRL's `_compute_loss` options.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Loss {
     /// Lower clip of the importance ratio.
     pub epsilon_low: f64,
     /// Upper clip of the importance ratio.
@@ -158,70 +259,20 @@ pub struct GrpoConfig {
     /// Optimizer steps taken on each generated batch (TRL's `num_iterations`, μ); the clip
     /// bounds how far later iterations move from the generating weights.
     pub num_iterations: usize,
-    /// Tree (default) or flat packing of the update.
-    pub packing: Packing,
-    /// Most tokens per packed row of the update (unique tokens for trees).
-    pub token_budget: usize,
-    /// Sync (default) or async rollouts.
-    pub mode: RolloutMode,
-    /// Async: finished groups that may wait for the trainer, in steps' worth
-    /// (`queue_size x prompts_per_step` groups).
-    pub queue_size: usize,
-    /// Async: groups generated more than this many weight versions ago are dropped.
-    pub max_staleness: u64,
-    /// Async: the generator receives the trainer's weights every this many steps.
-    pub weight_sync_steps: u64,
-    /// Optimizer steps of the run.
-    pub max_steps: u64,
-    /// Prompts are prefilled this many tokens at a time (a static shape).
-    pub prefill_chunk_size: i64,
-    /// Completions kept for the state display's sample table.
-    pub log_completions: usize,
-    /// Held-out prompts to evaluate on (CLI: before training, every `eval_steps` and at the end).
-    pub eval_dataset: Option<PathBuf>,
-    /// Completions per held-out prompt (0: one greedy completion).
-    pub eval_samples: usize,
-    /// Multi-turn (a trainer built with an environment): most assistant turns per
-    /// conversation; after the last the environment must answer `Done`.
-    pub max_turns: usize,
-    /// Multi-turn: continuations forked from each conversation that goes on after a turn (1:
-    /// no fork; a prompt then has at most `num_generations x turn_generations^(max_turns - 1)`
-    /// conversations).
-    pub turn_generations: usize,
-    /// Multi-turn: most tokens of a whole conversation (prompt, turns, messages); its KV cache
-    /// holds this many slots. A conversation that would grow past it fails (advantage 0).
-    pub max_conversation_length: usize,
 }
 
-impl Default for GrpoConfig {
+impl Default for Loss {
     fn default() -> Self {
-        GrpoConfig {
-            train: TrainConfig {
-                learning_rate: 1e-6,
-                ..TrainConfig::default()
-            },
-            prompt_field: "prompt".into(),
-            rewards: vec![RewardSpec {
-                name: BuiltinReward::ExactAnswer,
-                weight: 1.0,
-            }],
-            num_generations: 8,
-            prompts_per_step: 4,
-            max_prompt_length: 512,
-            max_completion_length: 64,
-            temperature: 1.0,
-            top_p: None,
-            top_k: None,
-            min_p: None,
+        Loss {
             epsilon_low: 0.2,
             epsilon_high: 0.2,
             delta: None,
             importance_sampling_level: ImportanceSampling::Token,
-            top_entropy_quantile: 1.0,
             importance_sampling_correction: false,
             importance_sampling_mode: SamplingCorrectionMode::SequenceMask,
             importance_sampling_clip_max: Some(3.0),
             importance_sampling_clip_min: None,
+            top_entropy_quantile: 1.0,
             beta: 0.0,
             use_bias_correction_kl: false,
             scale_rewards: ScaleRewards::Group,
@@ -229,20 +280,73 @@ impl Default for GrpoConfig {
             per_device_train_batch_size: 8,
             mask_truncated_completions: false,
             num_iterations: 1,
+        }
+    }
+}
+
+/// How the update packs a step's rollouts ([`GrpoConfig::update`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Update {
+    /// Tree (default) or flat packing of the update.
+    pub packing: Packing,
+    /// Most tokens per packed row of the update (unique tokens for trees).
+    pub token_budget: usize,
+}
+
+impl Default for Update {
+    fn default() -> Self {
+        Update {
             packing: Packing::Tree,
             token_budget: 4096,
-            mode: RolloutMode::Sync,
-            queue_size: 2,
-            max_staleness: 1,
-            weight_sync_steps: 1,
-            max_steps: 100,
-            prefill_chunk_size: 64,
-            log_completions: 8,
-            eval_dataset: None,
-            eval_samples: 4,
+        }
+    }
+}
+
+/// Bounds of multi-turn conversations ([`GrpoConfig::multi_turn`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct MultiTurnLimits {
+    /// Most assistant turns per conversation; after the last the environment must answer
+    /// `Done`.
+    pub max_turns: usize,
+    /// Continuations forked from each conversation that goes on after a turn (1: no fork; a
+    /// prompt then has at most `num_generations x turn_generations^(max_turns - 1)`
+    /// conversations).
+    pub turn_generations: usize,
+    /// Most tokens of a whole conversation (prompt, turns, messages); its KV cache holds this
+    /// many slots. A conversation that would grow past it fails (advantage 0).
+    pub max_conversation_length: usize,
+}
+
+impl Default for MultiTurnLimits {
+    fn default() -> Self {
+        MultiTurnLimits {
             max_turns: 4,
             turn_generations: 1,
             max_conversation_length: 1024,
+        }
+    }
+}
+
+/// Held-out evaluation and the samples a run keeps ([`GrpoConfig::eval`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Eval {
+    /// Held-out prompts to evaluate on (CLI: before training, every `eval_steps` and at the end).
+    pub eval_dataset: Option<PathBuf>,
+    /// Completions per held-out prompt (0: one greedy completion).
+    pub eval_samples: usize,
+    /// Completions kept for the state display's sample table.
+    pub log_completions: usize,
+}
+
+impl Default for Eval {
+    fn default() -> Self {
+        Eval {
+            eval_dataset: None,
+            eval_samples: 4,
+            log_completions: 8,
         }
     }
 }
@@ -259,7 +363,7 @@ impl GrpoConfig {
     pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
         let (mut cfg, base): (GrpoConfig, _) = crate::train::config_file::read_toml(path)?;
         cfg.train.anchor_paths(base);
-        if let Some(p) = cfg.eval_dataset.as_mut() {
+        if let Some(p) = cfg.eval.eval_dataset.as_mut() {
             crate::train::config_file::anchor(base, p);
         }
         Ok(cfg)
@@ -267,13 +371,14 @@ impl GrpoConfig {
 
     /// How rollouts are sampled: temperature, top-k, top-p and min-p of this config, seeded
     /// by the run's seed (what the generator uses and what validation checks).
-    pub fn sampling(&self) -> crate::generate::SamplingConfig {
+    pub fn sampling_config(&self) -> crate::generate::SamplingConfig {
+        let s = &self.sampling;
         crate::generate::SamplingConfig {
             do_sample: true,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
             seed: self.train.seed,
             ..Default::default()
         }
@@ -282,42 +387,45 @@ impl GrpoConfig {
     /// Checks the numbers that would make a run meaningless or hang.
     pub fn validate(&self) -> Result<(), TrainError> {
         self.train.validate()?;
-        if self.num_generations < 2 {
+        if self.rollouts.num_generations < 2 {
             return Err(TrainError::config(
                 "num_generations",
                 "must be at least 2 (advantages compare completions of one prompt)",
             ));
         }
         let mut positive = vec![
-            ("prompts_per_step", self.prompts_per_step),
-            ("max_completion_length", self.max_completion_length),
-            ("token_budget", self.token_budget),
-            ("num_iterations", self.num_iterations),
-            ("per_device_train_batch_size", self.per_device_train_batch_size),
-            ("max_turns", self.max_turns),
-            ("turn_generations", self.turn_generations),
+            ("prompts_per_step", self.rollouts.prompts_per_step),
+            ("max_completion_length", self.rollouts.max_completion_length),
+            ("token_budget", self.update.token_budget),
+            ("num_iterations", self.loss.num_iterations),
+            ("per_device_train_batch_size", self.loss.per_device_train_batch_size),
+            ("max_turns", self.multi_turn.max_turns),
+            ("turn_generations", self.multi_turn.turn_generations),
         ];
-        if self.mode == RolloutMode::Async {
+        if self.rollouts.mode == RolloutMode::Async {
             positive.extend([
-                ("queue_size", self.queue_size),
-                ("weight_sync_steps", self.weight_sync_steps as usize),
+                ("queue_size", self.rollouts.queue_size),
+                ("weight_sync_steps", self.rollouts.weight_sync_steps as usize),
             ]);
         }
         if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(TrainError::config(field, "must be at least 1"));
         }
-        self.sampling()
+        self.sampling_config()
             .check()
             .map_err(|(field, message)| TrainError::config(field, message))?;
         let non_negative = [
-            ("epsilon_low", self.epsilon_low),
-            ("epsilon_high", self.epsilon_high),
-            ("beta", self.beta),
+            ("epsilon_low", self.loss.epsilon_low),
+            ("epsilon_high", self.loss.epsilon_high),
+            ("beta", self.loss.beta),
         ];
         if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(TrainError::config(field, "must be finite and >= 0"));
         }
-        let (lo, hi) = (self.importance_sampling_clip_min, self.importance_sampling_clip_max);
+        let (lo, hi) = (
+            self.loss.importance_sampling_clip_min,
+            self.loss.importance_sampling_clip_max,
+        );
         if lo.is_some_and(|l| !(l.is_finite() && l >= 0.0))
             || hi.is_some_and(|h| !(h.is_finite() && h > lo.unwrap_or(0.0)))
         {
@@ -326,16 +434,20 @@ impl GrpoConfig {
                 "and importance_sampling_clip_min must be finite, >= 0, with min below max",
             ));
         }
-        if !(0.0..=1.0).contains(&self.top_entropy_quantile) {
+        if !(0.0..=1.0).contains(&self.loss.top_entropy_quantile) {
             return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
         }
-        if self.max_conversation_length <= self.max_completion_length {
+        if self.multi_turn.max_conversation_length <= self.rollouts.max_completion_length {
             return Err(TrainError::config(
                 "max_conversation_length",
                 "must exceed max_completion_length (a prompt and one whole turn)",
             ));
         }
-        if let Some(d) = self.delta.filter(|d| !(d.is_finite() && *d > 1.0 + self.epsilon_high)) {
+        if let Some(d) = self
+            .loss
+            .delta
+            .filter(|d| !(d.is_finite() && *d > 1.0 + self.loss.epsilon_high))
+        {
             return Err(TrainError::config(
                 "delta",
                 format!("is {d}: it caps the unclipped ratio, so it must be finite and above 1 + epsilon_high"),

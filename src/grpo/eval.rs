@@ -32,7 +32,7 @@ impl GrpoTrainer {
             group: samples.max(1),
             per_batch: prompts.prompts.len(),
             shard: Shard::from(&self.core.world),
-            scale: self.config.scale_rewards,
+            scale: self.config.loss.scale_rewards,
             seed,
         };
         // One conversation per sample: forks would weigh conversations that go on more.

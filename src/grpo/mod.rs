@@ -14,7 +14,7 @@
 //! use treetrain::train::Trainer;
 //! let mut config = GrpoConfig::from_toml_file(&treetrain::shipped::datasets_dir().join("grpo.toml")).unwrap();
 //! config.train.output_dir = None;
-//! config.prompts_per_step = 2;
+//! config.rollouts.prompts_per_step = 2;
 //! let rewards = vec![
 //!     RewardFn::exact_answer(),
 //!     RewardFn::answer_format().with_weight(0.5),

@@ -54,24 +54,24 @@ pub struct GrpoObjective {
 impl From<&GrpoConfig> for GrpoObjective {
     fn from(c: &GrpoConfig) -> Self {
         GrpoObjective {
-            epsilon_low: c.epsilon_low,
-            epsilon_high: c.epsilon_high,
-            delta: c.delta,
-            importance_sampling: c.importance_sampling_level,
-            top_entropy_quantile: c.top_entropy_quantile,
+            epsilon_low: c.loss.epsilon_low,
+            epsilon_high: c.loss.epsilon_high,
+            delta: c.loss.delta,
+            importance_sampling: c.loss.importance_sampling_level,
+            top_entropy_quantile: c.loss.top_entropy_quantile,
             entropy_floor: None,
-            sampling_correction: c.importance_sampling_correction.then_some(SamplingCorrection {
-                mode: c.importance_sampling_mode,
-                clip_min: c.importance_sampling_clip_min,
-                clip_max: c.importance_sampling_clip_max,
+            sampling_correction: c.loss.importance_sampling_correction.then_some(SamplingCorrection {
+                mode: c.loss.importance_sampling_mode,
+                clip_min: c.loss.importance_sampling_clip_min,
+                clip_max: c.loss.importance_sampling_clip_max,
             }),
             chunks: LogprobChunks::default(),
-            temperature: c.temperature,
-            beta: c.beta,
-            bias_corrected_kl: c.use_bias_correction_kl,
-            loss_type: c.loss_type,
-            max_completion_length: c.max_completion_length,
-            per_device_train_batch_size: c.per_device_train_batch_size,
+            temperature: c.sampling.temperature,
+            beta: c.loss.beta,
+            bias_corrected_kl: c.loss.use_bias_correction_kl,
+            loss_type: c.loss.loss_type,
+            max_completion_length: c.rollouts.max_completion_length,
+            per_device_train_batch_size: c.loss.per_device_train_batch_size,
             activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
         }
     }

@@ -153,25 +153,25 @@ impl GrpoTrainer {
         match &mut self.source {
             Source::Sync(p) => {
                 let mut batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
-                batch.scale_advantages(self.config.scale_rewards);
+                batch.scale_advantages(self.config.loss.scale_rewards);
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
             Source::Async(a) => {
                 let (mut wait, mut dropped) = (0.0, 0);
-                let mut groups = Vec::with_capacity(self.config.prompts_per_step);
-                while groups.len() < self.config.prompts_per_step {
+                let mut groups = Vec::with_capacity(self.config.rollouts.prompts_per_step);
+                while groups.len() < self.config.rollouts.prompts_per_step {
                     let t = Instant::now();
                     let queued = a.next()?;
                     wait += t.elapsed().as_secs_f64();
-                    if version - queued.group.version.min(version) <= self.config.max_staleness {
+                    if version - queued.group.version.min(version) <= self.config.rollouts.max_staleness {
                         groups.push(queued);
                         continue;
                     }
                     dropped += 1;
                     self.state.dropped_stale += 1;
                     // Until the generator has weights recent enough, all it makes is dropped.
-                    if version - a.published() > self.config.max_staleness {
+                    if version - a.published() > self.config.rollouts.max_staleness {
                         a.publish(version, self.core.model.trainable());
                         self.state.forced_syncs += 1;
                     }
@@ -179,7 +179,7 @@ impl GrpoTrainer {
                 let mut batch =
                     RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone())
                         .gather(&self.core.world)?;
-                batch.scale_advantages(self.config.scale_rewards);
+                batch.scale_advantages(self.config.loss.scale_rewards);
                 self.state.batches_consumed += 1;
                 Ok((batch, wait, dropped))
             }
@@ -195,8 +195,8 @@ impl GrpoTrainer {
             return Ok((batch, 0.0, 0));
         }
         let next = self.next_batch()?;
-        if self.config.num_iterations > 1 {
-            self.pending = Some((next.0.clone(), self.config.num_iterations - 1));
+        if self.config.loss.num_iterations > 1 {
+            self.pending = Some((next.0.clone(), self.config.loss.num_iterations - 1));
         }
         Ok(next)
     }
@@ -212,7 +212,10 @@ impl GrpoTrainer {
             let (update, rows, mut times) = self.update_on(&batch, version)?;
             self.state.global_step = version + 1;
             if let Source::Async(a) = &mut self.source
-                && self.state.global_step.is_multiple_of(self.config.weight_sync_steps)
+                && self
+                    .state
+                    .global_step
+                    .is_multiple_of(self.config.rollouts.weight_sync_steps)
             {
                 a.publish(self.state.global_step, self.core.model.trainable());
             }
@@ -238,12 +241,12 @@ impl GrpoTrainer {
         version: u64,
     ) -> Result<(UpdateMetrics, Vec<PackedRow>, StepTimes), TrainError> {
         let t = Instant::now();
-        let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
+        let rollouts = batch.rollouts_for_update(self.config.loss.mask_truncated_completions);
         let world = &self.core.world;
         let update = plan_rank_update(
             rollouts,
-            self.config.packing,
-            self.config.token_budget,
+            self.config.update.packing,
+            self.config.update.token_budget,
             world.rank,
             world.size,
         )?;
@@ -286,8 +289,8 @@ impl GrpoTrainer {
         packing: Packing,
         repeats: usize,
     ) -> Result<(f64, UpdateStats), TrainError> {
-        let rollouts = batch.rollouts_for_update(self.config.mask_truncated_completions);
-        let rows = pack_rollouts(rollouts, packing, self.config.token_budget)?;
+        let rollouts = batch.rollouts_for_update(self.config.loss.mask_truncated_completions);
+        let rows = pack_rollouts(rollouts, packing, self.config.update.token_budget)?;
         let (mut best, mut last) = (f64::INFINITY, UpdateStats::default());
         for _ in 0..repeats.max(1) {
             let run = accumulate_gradients(&self.core.model.lm, None, &rows, &self.objective());
@@ -306,14 +309,14 @@ impl GrpoTrainer {
         let most = batch.groups.iter().map(|g| g.completions.len()).max().unwrap_or(0);
         'fill: for i in 0..most {
             for g in &batch.groups {
-                if samples.len() >= self.config.log_completions {
+                if samples.len() >= self.config.eval.log_completions {
                     break 'fill;
                 }
                 if i < g.completions.len() {
                     samples.push(SampleCompletion {
                         step: m.step,
                         dataset_row: g.dataset_row,
-                        prompt: prompt_summary(&self.prompts.prompts[g.prompt], &self.config.prompt_field),
+                        prompt: prompt_summary(&self.prompts.prompts[g.prompt], &self.config.rollouts.prompt_field),
                         completion: g.texts[i].clone(),
                         rewards: g.rewards.per_function.iter().map(|f| f[i]).collect(),
                         total: g.rewards.total[i],
@@ -363,7 +366,7 @@ impl Trainer for GrpoTrainer {
     fn evaluate_held_out(&mut self) -> Result<Option<EvalResult>, TrainError> {
         match &self.held_out {
             Some(prompts) => self
-                .evaluate(prompts, self.config.eval_samples, self.config.train.seed ^ 0xe7a1)
+                .evaluate(prompts, self.config.eval.eval_samples, self.config.train.seed ^ 0xe7a1)
                 .map(Some),
             None => Ok(None),
         }
@@ -395,10 +398,10 @@ impl Trainer for GrpoTrainer {
             self.prompts.prompts.len(),
             self.state.skipped_prompts,
             self.state.total_steps,
-            c.prompts_per_step,
-            c.num_generations,
-            crate::display::serde_name(&c.mode),
-            crate::display::serde_name(&c.packing)
+            c.rollouts.prompts_per_step,
+            c.rollouts.num_generations,
+            crate::display::serde_name(&c.rollouts.mode),
+            crate::display::serde_name(&c.update.packing)
         )
     }
 }

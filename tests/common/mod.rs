@@ -43,7 +43,7 @@ pub fn shipped_sft(out: Option<PathBuf>, steps: u64) -> SftConfig {
 /// tokens a step, lr 1e-3, 40 steps.
 #[allow(dead_code)]
 pub fn shipped_grpo() -> GrpoConfig {
-    GrpoConfig {
+    let mut c = GrpoConfig {
         train: TrainConfig {
             model: root().join("datasets/tiny-qwen3-sft").display().to_string(),
             dataset: root().join("datasets/grpo/train.parquet"),
@@ -62,13 +62,14 @@ pub fn shipped_grpo() -> GrpoConfig {
                 weight: 0.5,
             },
         ],
-        num_generations: 8,
-        prompts_per_step: 16,
-        max_completion_length: 16,
-        token_budget: 2048,
         max_steps: 40,
         ..Default::default()
-    }
+    };
+    c.rollouts.num_generations = 8;
+    c.rollouts.prompts_per_step = 16;
+    c.rollouts.max_completion_length = 16;
+    c.update.token_budget = 2048;
+    c
 }
 
 /// Logits `[len, vocab]` of one row forwarded alone (causal, no gradient).
