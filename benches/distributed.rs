@@ -13,6 +13,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -34,16 +36,27 @@ struct Measured {
     bytes_per_step: f64,
 }
 
+/// The data-parallel bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Interleaved 1-process / 2-rank rounds (a full run).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
 fn main() {
     if std::env::var_os(WORKER).is_some() {
         return worker();
     }
-    let args = common::Args::from_env();
+    let cli = Cli::parse();
+    let args = &cli.common;
     let steps = args.steps(10, 2);
     let root = &common::root();
     let model = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
     let rounds: usize = match args.full {
-        true => args.get("--rounds").map_or(3, |s| s.parse().expect("--rounds N")),
+        true => cli.rounds,
         false => 1,
     };
     let (mut ones, mut twos) = (Vec::new(), Vec::new());

@@ -25,6 +25,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -88,18 +90,46 @@ fn no_cache(lm: &CausalLm, prompts: &[Vec<i64>], new: usize) {
     }
 }
 
+/// The generation bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Prompts (the batch) of a full run.
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    /// New tokens per prompt in a full run.
+    #[arg(long, default_value_t = 64)]
+    new: usize,
+    /// Interleaved treetrain / transformers pairs.
+    #[arg(long, default_value_t = 3)]
+    pairs: usize,
+    /// Interleaved decode / bandwidth-bound pairs (default 3; 1 in a smoke run).
+    #[arg(long)]
+    bound_pairs: Option<usize>,
+    /// Only the static cache (no growing cache, no recomputation, no groups).
+    #[arg(long)]
+    static_only: bool,
+    /// A decode step split into its weight products, their arithmetic in cache and the
+    /// attention over the cache.
+    #[arg(long)]
+    split: bool,
+    /// The step's products over huge pages against copies in libtorch's allocation.
+    #[arg(long)]
+    pages: bool,
+    /// The products through the CPU kernel and through libtorch at 1-256 rows.
+    #[arg(long)]
+    product_sweep: bool,
+    /// (CUDA) decode steps replayed as a CUDA graph against the same steps run eagerly.
+    #[arg(long)]
+    cuda_graph: bool,
+}
+
 fn main() {
-    let args = common::Args::from_env();
+    let cli = Cli::parse();
+    let args = &cli.common;
     let full = args.full;
-    let (n_prompts, new, repeats) = if full {
-        (
-            args.get("--prompts").map_or(8, |v| v.parse().expect("--prompts N")),
-            args.get("--new").map_or(64, |v| v.parse().expect("--new N")),
-            3,
-        )
-    } else {
-        (2, 4, 1)
-    };
+    let (n_prompts, new, repeats) = if full { (cli.prompts, cli.new, 3) } else { (2, 4, 1) };
     let dir = args.model_dir(treetrain::shipped::tiny_model_dir().expect("tiny model"));
     let (device, kind) = (args.device(), args.kind());
     let model = Model::load(
@@ -136,77 +166,85 @@ fn main() {
         "model": dir.display().to_string(), "device": format!("{device:?}"), "dtype": treetrain::model::kind_name(kind),
         "static_tokens_per_s": ours.end_to_end, "static_decode_tokens_per_s": ours.decode,
     });
-    if full && args.flag("--cuda-graph") {
+    if full && cli.cuda_graph {
         results["cuda_graph"] = graph_comparison(&mut g, lm, &ps, &cfg, repeats);
     }
-    if full && args.flag("--split") {
+    if full && cli.split {
         results["decode_split"] = decode_split(lm, n_prompts as i64);
     }
-    if full && args.flag("--pages") {
+    if full && cli.pages {
         results["pages"] = page_comparison(lm, n_prompts as i64);
     }
-    if full && args.flag("--product-sweep") {
+    if full && cli.product_sweep {
         results["product_sweep"] = product_sweep(lm);
     }
     // `--static-only`: at real sizes the recomputing baseline alone takes many minutes.
-    if !(full && args.flag("--static-only")) {
+    if !(full && cli.static_only) {
         other_modes(lm, &mut g, &ps, &cfg, (full, repeats), &mut results);
     }
-    let pairs = args
-        .get("--bound-pairs")
-        .map_or(if full { 3 } else { 1 }, |v| v.parse().expect("--bound-pairs N"));
+    let pairs = cli.bound_pairs.unwrap_or(if full { 3 } else { 1 });
     let bound = Bound::of(&model, &ps, new);
     bound.report(&mut g, lm, (&ps, &cfg), (repeats, pairs), &mut results);
     if full {
-        match common::python(args.get("--python"), "transformers, torch") {
-            None => {
-                println!("transformers: skipped (no Python with torch + transformers; see scripts/fixtures/venv.sh)")
-            }
-            Some(py) => {
-                let tmp = std::env::temp_dir().join(format!("treetrain-bench-prompts-{}.json", std::process::id()));
-                std::fs::write(&tmp, serde_json::to_string(&ps).expect("json")).expect("write prompts");
-                let pairs: usize = args.get("--pairs").map_or(3, |v| v.parse().expect("--pairs N"));
-                let ours = g.generate(lm, &ps, &cfg).expect("generate");
-                let (mut ratios, mut decode_ratios, mut theirs, mut mine, mut same) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
-                for _ in 0..pairs {
-                    let r = rates(&mut g, lm, &ps, &cfg, repeats);
-                    let Some((tf, outputs)) = transformers_static(&py, &dir, &tmp, new, device, kind) else {
-                        break;
-                    };
-                    same &= outputs
-                        .iter()
-                        .zip(&ours)
-                        .all(|(r, c)| serde_json::json!(c.output_ids) == *r);
-                    ratios.push(r.end_to_end / tf.end_to_end);
-                    decode_ratios.push(r.decode / tf.decode);
-                    mine.push(r);
-                    theirs.push(tf);
-                }
-                if !ratios.is_empty() {
-                    let median_of =
-                        |v: &[Rates], f: fn(&Rates) -> f64| common::median(&v.iter().map(f).collect::<Vec<_>>());
-                    let (tf, ratio) = (median_of(&theirs, |r| r.end_to_end), common::median(&ratios));
-                    let (tf_decode, decode_ratio) = (median_of(&theirs, |r| r.decode), common::median(&decode_ratios));
-                    println!(
-                        "{:<36}{tf:>12.1}   treetrain static is {ratio:.2}x end to end, {decode_ratio:.2}x in decode steps ({tf_decode:.1} tokens/s there); median of {} interleaved pairs (treetrain {:.1}, decode {:.1}); same tokens: {same}",
-                        "transformers static cache",
-                        ratios.len(),
-                        median_of(&mine, |r| r.end_to_end),
-                        median_of(&mine, |r| r.decode),
-                    );
-                    results["transformers_static_tokens_per_s"] = tf.into();
-                    results["transformers_decode_tokens_per_s"] = tf_decode.into();
-                    results["speedup_vs_transformers"] = ratio.into();
-                    results["decode_speedup_vs_transformers"] = decode_ratio.into();
-                    results["pairwise_ratios"] = serde_json::json!(ratios);
-                    results["pairwise_decode_ratios"] = serde_json::json!(decode_ratios);
-                    results["same_tokens_as_transformers"] = same.into();
-                }
-            }
-        }
+        against_transformers(&cli, &mut g, lm, (&ps, &cfg), &dir, &mut results);
     }
     args.write_result("generation", &results);
+}
+
+/// treetrain's static cache against transformers' on the same checkpoint and prompts, in
+/// `--pairs` interleaved pairs (skipped with a message without a Python that has both).
+fn against_transformers(
+    cli: &Cli,
+    g: &mut Generator,
+    lm: &CausalLm,
+    (ps, cfg): (&[Vec<i64>], &GenerationConfig),
+    dir: &Path,
+    results: &mut serde_json::Value,
+) {
+    let Some(py) = common::python(cli.common.python.clone(), "transformers, torch") else {
+        println!("transformers: skipped (no Python with torch + transformers; see scripts/fixtures/venv.sh)");
+        return;
+    };
+    let (device, kind, new, repeats) = (cli.common.device(), cli.common.kind(), cfg.max_new_tokens, 3);
+    let tmp = std::env::temp_dir().join(format!("treetrain-bench-prompts-{}.json", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_string(&ps).expect("json")).expect("write prompts");
+    let ours = g.generate(lm, ps, cfg).expect("generate");
+    let (mut ratios, mut decode_ratios, mut theirs, mut mine, mut same) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
+    for _ in 0..cli.pairs {
+        let r = rates(g, lm, ps, cfg, repeats);
+        let Some((tf, outputs)) = transformers_static(&py, dir, &tmp, new, device, kind) else {
+            break;
+        };
+        same &= outputs
+            .iter()
+            .zip(&ours)
+            .all(|(r, c)| serde_json::json!(c.output_ids) == *r);
+        ratios.push(r.end_to_end / tf.end_to_end);
+        decode_ratios.push(r.decode / tf.decode);
+        mine.push(r);
+        theirs.push(tf);
+    }
+    if ratios.is_empty() {
+        return;
+    }
+    let median_of = |v: &[Rates], f: fn(&Rates) -> f64| common::median(&v.iter().map(f).collect::<Vec<_>>());
+    let (tf, ratio) = (median_of(&theirs, |r| r.end_to_end), common::median(&ratios));
+    let (tf_decode, decode_ratio) = (median_of(&theirs, |r| r.decode), common::median(&decode_ratios));
+    println!(
+        "{:<36}{tf:>12.1}   treetrain static is {ratio:.2}x end to end, {decode_ratio:.2}x in decode steps ({tf_decode:.1} tokens/s there); median of {} interleaved pairs (treetrain {:.1}, decode {:.1}); same tokens: {same}",
+        "transformers static cache",
+        ratios.len(),
+        median_of(&mine, |r| r.end_to_end),
+        median_of(&mine, |r| r.decode),
+    );
+    results["transformers_static_tokens_per_s"] = tf.into();
+    results["transformers_decode_tokens_per_s"] = tf_decode.into();
+    results["speedup_vs_transformers"] = ratio.into();
+    results["decode_speedup_vs_transformers"] = decode_ratio.into();
+    results["pairwise_ratios"] = serde_json::json!(ratios);
+    results["pairwise_decode_ratios"] = serde_json::json!(decode_ratios);
+    results["same_tokens_as_transformers"] = same.into();
 }
 
 /// The decode steps replayed as a CUDA graph (`--cuda-graph`, CUDA only) against the same
@@ -254,20 +292,15 @@ fn graph_comparison(
         "speedup": ratio, "pairwise": ratios, "same_tokens": same})
 }
 
-/// Where a decode step's time goes (`--split`): the model's decode step for `batch` rows over a
-/// static cache of 160 slots (forward and LM head, medians of 20 steps) against the weight
-/// products it runs, each timed alone on the same shapes (every weight read once, as the step
-/// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention. The
-/// same products at one input row read the same bytes with an eighth of the multiply-adds: the
-/// kernel's own read rate over these tensors, which the `batch`-row products are held against.
-fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
+/// One decode step of `batch` rows at a time over a static cache of `slots` slots, kept between
+/// `start` and `slots` filled (rolled back when full): the forward and the LM head.
+fn decode_step(lm: &CausalLm, batch: i64, slots: i64, start: i64) -> impl FnMut() + '_ {
     use treetrain::model::{KvCache, StaticCache};
     let device = lm.device();
-    let (slots, start) = (160, 96);
     let mut cache = StaticCache::new(&lm.config, batch, slots, lm.kind(), device).expect("cache");
     let ids = device.zeros(&[batch, 1], tch::Kind::Int64).expect("ids");
     let mask = device.ones(&[batch, 1, 1, slots], tch::Kind::Bool).expect("mask");
-    let step = || {
+    move || {
         if cache.len() + 1 >= slots || cache.len() < start {
             cache.rollback(0).expect("rollback");
             for _ in 0..start {
@@ -280,8 +313,18 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
             .decode_logits(&h.select(1, 0))
             .to_kind(tch::Kind::Float)
             .double_value(&[0, 0]);
-    };
-    let mut step = step;
+    }
+}
+
+/// Where a decode step's time goes (`--split`): the model's decode step for `batch` rows over a
+/// static cache of 160 slots (forward and LM head, medians of 20 steps) against the weight
+/// products it runs, each timed alone on the same shapes (every weight read once, as the step
+/// reads it), so the rest is the step's other ops: norms, RoPE, cache writes, attention. The
+/// same products at one input row read the same bytes with an eighth of the multiply-adds: the
+/// kernel's own read rate over these tensors, which the `batch`-row products are held against.
+fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
+    let slots = 160;
+    let mut step = decode_step(lm, batch, slots, 96);
     let maps = products_at(lm, batch);
     let one_row = products_at(lm, 1);
     // The products' own bound, measured next to them: libtorch's sum of the same weight tensors

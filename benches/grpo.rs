@@ -11,6 +11,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
 use treetrain::pack::Packing;
 use treetrain::train::TrainConfig;
@@ -19,13 +21,32 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-fn main() {
-    let args = common::Args::from_env();
-    let steps = args.steps(20, 2);
+/// The GRPO step bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Prompts per step.
+    #[arg(long, default_value_t = 16)]
+    prompts: usize,
+}
+
+/// Tree and flat updates of every step's rollouts: seconds and tokens forwarded per step,
+/// and the forward FLOPs each packing computes, summed.
+#[derive(Default)]
+struct Updates {
+    tree_s: Vec<f64>,
+    flat_s: Vec<f64>,
+    tree_tokens: usize,
+    flat_tokens: usize,
+    tree_flops: f64,
+    flat_flops: f64,
+}
+
+/// The shipped recipe at bench size: `prompts` prompts x 8 completions of at most 16 tokens.
+fn recipe(model_dir: &std::path::Path, prompts: usize, steps: u64) -> GrpoConfig {
     let root = &common::root();
-    let model_dir = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
-    let prompts: usize = args.get("--prompts").map_or(16, |v| v.parse().expect("--prompts N"));
-    let cfg = GrpoConfig {
+    let mut c = GrpoConfig {
         train: TrainConfig {
             model: model_dir.display().to_string(),
             dataset: root.join("datasets/grpo/train.parquet"),
@@ -38,20 +59,23 @@ fn main() {
             .zip([1.0, 0.5])
             .map(|(name, weight)| RewardSpec { name, weight })
             .collect(),
-        prompts_per_step: prompts,
-        num_generations: 8,
-        max_completion_length: 16,
-        token_budget: 2048,
-        max_steps: steps,
         ..Default::default()
     };
-    let mut t = GrpoTrainer::new(cfg.clone()).expect("trainer");
-    let (mut tree_s, mut flat_s, mut tree_tokens, mut flat_tokens) = (Vec::new(), Vec::new(), 0usize, 0usize);
-    let (mut tree_flops, mut flat_flops) = (0.0, 0.0);
+    c.rollouts.prompts_per_step = prompts;
+    c.rollouts.num_generations = 8;
+    c.rollouts.max_completion_length = 16;
+    c.update.token_budget = 2048;
+    c.max_steps = steps;
+    c
+}
+
+/// `steps` trainer steps, each followed by a tree and a flat update of its rollouts on the
+/// trainer's own policy (gradients cleared after), alternating which goes first.
+fn run(t: &mut GrpoTrainer, cfg: &GrpoConfig, steps: u64) -> Updates {
+    let mut u = Updates::default();
     for step in 0..steps {
         t.step().expect("step");
         let batch = t.last_batch.clone().expect("batch");
-        // The trainer's own policy (after this step's update); gradients are cleared after.
         let time = |packing: Packing| {
             let (secs, stats) = t.measure_update(&batch, packing, 1).expect("update");
             (secs, stats.forwarded_tokens)
@@ -65,17 +89,29 @@ fn main() {
         };
         // The work each packing does on these rollouts, counted from the config.
         let flops = |packing: Packing| -> f64 {
-            let rollouts = batch.rollouts_for_update(cfg.mask_truncated_completions);
-            let rows = treetrain::grpo::pack_rollouts(rollouts, packing, cfg.token_budget).expect("pack");
+            let rollouts = batch.rollouts_for_update(cfg.loss.mask_truncated_completions);
+            let rows = treetrain::grpo::pack_rollouts(rollouts, packing, cfg.update.token_budget).expect("pack");
             rows.iter().map(|r| r.forward_flops(&t.model().lm.config)).sum()
         };
-        tree_flops += flops(Packing::Tree);
-        flat_flops += flops(Packing::Flat);
-        tree_s.push(ts);
-        flat_s.push(fs);
-        tree_tokens += tt;
-        flat_tokens += ft;
+        u.tree_flops += flops(Packing::Tree);
+        u.flat_flops += flops(Packing::Flat);
+        u.tree_s.push(ts);
+        u.flat_s.push(fs);
+        u.tree_tokens += tt;
+        u.flat_tokens += ft;
     }
+    u
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let args = &cli.common;
+    let steps = args.steps(20, 2);
+    let model_dir = args.model_dir(common::root().join("datasets/tiny-qwen3-sft"));
+    let prompts = cli.prompts;
+    let cfg = recipe(&model_dir, prompts, steps);
+    let mut t = GrpoTrainer::new(cfg.clone()).expect("trainer");
+    let u = run(&mut t, &cfg, steps);
     let h = &t.state.history;
     let col = |f: fn(&treetrain::grpo::GrpoStepMetrics) -> f64| mean(&h.iter().map(f).collect::<Vec<_>>());
     let split = [
@@ -97,15 +133,17 @@ fn main() {
         println!("{name:<22}{s:>10.3}{:>7.0}%", 100.0 * s / step_s);
     }
     println!("{:<22}{step_s:>10.3}", "whole step");
-    let ratio = flat_tokens as f64 / tree_tokens.max(1) as f64;
-    let work_ratio = flat_flops / tree_flops.max(1.0);
-    let speedup = mean(&flat_s) / mean(&tree_s);
+    let ratio = u.flat_tokens as f64 / u.tree_tokens.max(1) as f64;
+    let work_ratio = u.flat_flops / u.tree_flops.max(1.0);
+    let speedup = mean(&u.flat_s) / mean(&u.tree_s);
     println!(
-        "update on the same rollouts: tree {:.3} s, flat {:.3} s per step: {speedup:.2}x faster; packing ratio {ratio:.2} ({tree_tokens} vs {flat_tokens} tokens forwarded), work ratio {work_ratio:.2} ({:.2} vs {:.2} GFLOP forward): {:.2} of it",
-        mean(&tree_s),
-        mean(&flat_s),
-        tree_flops / 1e9,
-        flat_flops / 1e9,
+        "update on the same rollouts: tree {:.3} s, flat {:.3} s per step: {speedup:.2}x faster; packing ratio {ratio:.2} ({} vs {} tokens forwarded), work ratio {work_ratio:.2} ({:.2} vs {:.2} GFLOP forward): {:.2} of it",
+        mean(&u.tree_s),
+        mean(&u.flat_s),
+        u.tree_tokens,
+        u.flat_tokens,
+        u.tree_flops / 1e9,
+        u.flat_flops / 1e9,
         speedup / work_ratio
     );
     let result = serde_json::json!({
@@ -115,14 +153,14 @@ fn main() {
         "threads": tch::get_num_threads(),
         "split_s": split.iter().map(|(n, s)| (n.to_string(), serde_json::json!(s))).collect::<serde_json::Map<_, _>>(),
         "step_s": step_s,
-        "tree_update_s": mean(&tree_s),
-        "flat_update_s": mean(&flat_s),
+        "tree_update_s": mean(&u.tree_s),
+        "flat_update_s": mean(&u.flat_s),
         "tree_speedup": speedup,
         "packing_ratio": ratio,
         "work_ratio": work_ratio,
         "speedup_over_work_ratio": speedup / work_ratio,
-        "tree_forward_gflop": tree_flops / 1e9,
-        "flat_forward_gflop": flat_flops / 1e9,
+        "tree_forward_gflop": u.tree_flops / 1e9,
+        "flat_forward_gflop": u.flat_flops / 1e9,
         "reward_first": h.first().map(|m| m.reward_mean),
         "reward_last": h.last().map(|m| m.reward_mean),
     });

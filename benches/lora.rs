@@ -14,6 +14,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -23,18 +25,35 @@ use treetrain::model::{AttentionLayout, HfConfig, LoadOptions, LogprobChunks, Mo
 use treetrain::train::{AdamW, AdamWConfig};
 use treetrain::util::SplitMix64;
 
+/// The LoRA bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Tokens of the packed row (a full run).
+    #[arg(long, default_value_t = 1024)]
+    tokens: i64,
+    /// Interleaved full / LoRA pairs (a full run).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// The adapter's rank.
+    #[arg(long = "r", default_value_t = 16)]
+    r: i64,
+}
+
 fn main() {
-    let args = common::Args::from_env();
+    let cli = Cli::parse();
+    let args = &cli.common;
     let root = &common::root();
     let (config, tokens, repeats) = match args.full {
         true => (
             args.config_file(root.join("benches/configs/smollm2-135m.json")),
-            args.get("--tokens").map_or(1024, |s| s.parse().expect("--tokens N")),
-            args.get("--repeats").map_or(5, |s| s.parse().expect("--repeats N")),
+            cli.tokens,
+            cli.repeats,
         ),
         false => (root.join("datasets/tiny-qwen3/config.json"), 64, 1),
     };
-    let r: i64 = args.get("--r").map_or(16, |s| s.parse().expect("--r N"));
+    let r = cli.r;
     let hf = HfConfig::from_file(&config).expect("config.json");
     let make = || {
         let opts = LoadOptions {
@@ -77,12 +96,18 @@ fn main() {
         let b = sides[1].timed_step(&ids);
         ratios.push(a / b);
     }
+    let mut result = serde_json::json!({"config": config.display().to_string(), "tokens": tokens, "r": r});
+    report(&sides, &ratios, &mut result);
+    args.write_result("lora", &result);
+}
+
+/// Prints each side's state sizes, peak and step time, and the ratios, into `result` too.
+fn report(sides: &[Side<'_>], ratios: &[f64], result: &mut serde_json::Value) {
     println!(
         "{:<26}{:>14}{:>14}{:>14}{:>16}{:>12}",
         "", "trainable", "grads", "AdamW state", "first-step peak", "step ms"
     );
-    let mut result = serde_json::json!({"config": config.display().to_string(), "tokens": tokens, "r": r});
-    for s in &sides {
+    for s in sides {
         let (p, g, o) = s.state_bytes();
         println!(
             "{:<26}{:>11.1} MB{:>11.1} MB{:>11.1} MB{:>13.1} MiB{:>12.1}",
@@ -98,12 +123,12 @@ fn main() {
     }
     let ratio = common::median(&ratios);
     println!(
-        "first-step peak: LoRA {:.2}x lower; step time full / LoRA (median of {repeats} interleaved pairs): {ratio:.2}",
-        sides[0].peak_mib / sides[1].peak_mib
+        "first-step peak: LoRA {:.2}x lower; step time full / LoRA (median of {} interleaved pairs): {ratio:.2}",
+        sides[0].peak_mib / sides[1].peak_mib,
+        ratios.len()
     );
     result["peak_ratio_full_over_lora"] = (sides[0].peak_mib / sides[1].peak_mib).into();
     result["time_ratio_full_over_lora"] = ratio.into();
-    args.write_result("lora", &result);
 }
 
 struct Side<'a> {

@@ -12,6 +12,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -48,13 +50,24 @@ const VARIANTS: [Variant; 3] = [
     },
 ];
 
+/// The memory bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Tokens of the step (a full run).
+    #[arg(long, default_value_t = 4096)]
+    tokens: i64,
+}
+
 fn main() {
-    let args = common::Args::from_env();
+    let cli = Cli::parse();
+    let args = &cli.common;
     let root = &common::root();
     let (config, tokens) = match args.full {
         true => (
             args.config_file(root.join("benches/configs/smollm2-135m.json")),
-            args.get("--tokens").map_or(4096, |s| s.parse().expect("--tokens N")),
+            cli.tokens,
         ),
         false => (root.join("datasets/tiny-qwen3/config.json"), 64),
     };
@@ -67,7 +80,7 @@ fn main() {
     let mut rng = SplitMix64::new(9);
     let vocab = model.lm.config.vocab_size as u64;
     let ids: Vec<i64> = (0..tokens).map(|_| rng.below(vocab) as i64).collect();
-    let lengths = vec![tokens as i64 / 4; 4];
+    let lengths = vec![tokens / 4; 4];
     println!(
         "one SFT step, {} ({:.1} M parameters, vocab {}), fp32 CPU, {tokens} tokens packed as {lengths:?}",
         config

@@ -15,6 +15,8 @@
 
 mod common;
 
+use clap::Parser;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -22,17 +24,31 @@ use treetrain::model::ModelConfig;
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
 use treetrain::train::{TrainConfig, Trainer};
 
+/// The SFT bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Interleaved treetrain / TRL pairs.
+    #[arg(long, default_value_t = 2)]
+    pairs: usize,
+    /// Gradient checkpointing on both sides.
+    #[arg(long)]
+    checkpointing: bool,
+}
+
 fn main() {
-    let args = common::Args::from_env();
+    let cli = Cli::parse();
+    let args = &cli.common;
     let (full, steps) = (args.full, args.steps(20, 2));
     let root = &common::root();
     let model_dir = args.model_dir(root.join("datasets/tiny-qwen3-sft"));
     let data = root.join("datasets/sft/train.parquet");
-    let pairs: usize = args.get("--pairs").map_or(2, |v| v.parse().expect("--pairs N"));
+    let pairs = cli.pairs;
     let python = full
-        .then(|| common::python(args.get("--python"), "trl, datasets"))
+        .then(|| common::python(args.python.clone(), "trl, datasets"))
         .flatten();
-    let checkpointing = full && args.flag("--checkpointing");
+    let checkpointing = full && cli.checkpointing;
     let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut config = None;
     for _ in 0..if python.is_some() { pairs } else { 1 } {

@@ -22,7 +22,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use clap::Parser;
+
+use std::path::PathBuf;
 use std::time::Instant;
 
 use tch::Kind;
@@ -48,66 +50,77 @@ struct Args {
 }
 
 /// One packing of the same rollouts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Side {
     Flat,
     Tree,
 }
 
+/// The tree-vs-flat bench's flags.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: common::Common,
+    /// Tokens per rollout (L).
+    #[arg(long, default_value_t = 2048)]
+    len: usize,
+    /// Timed pairs per scenario.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Untimed pairs first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Where the JSON goes (default `target/bench/tree_vs_flat.json`).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Only the scenarios whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Recompute layer activations in backward, in both packings.
+    #[arg(long)]
+    checkpointing: bool,
+    /// No timing: one step of this packing per scenario, for its peak memory.
+    #[arg(long, value_enum)]
+    peak_only: Option<Side>,
+    /// The packer's throughput alone.
+    #[arg(long)]
+    packer_only: bool,
+}
+
+/// The run's settings: the flags of a full run (`cargo bench`); under `cargo test`, which
+/// passes no `--bench`, a seconds-long smoke run.
 fn parse_args() -> Args {
     let root = &common::root();
-    let mut a = Args {
-        config: root.join("datasets/tiny-qwen3/config.json"),
-        len: 2048,
-        repeats: 5,
-        warmup: 2,
-        device: Device::Cpu,
-        dtype: Kind::Float,
-        json: root.join("target/bench/tree_vs_flat.json"),
-        only: None,
-        smoke: false,
-        activations: Activations::Kept,
-        peak_only: None,
-        packer_only: false,
+    let cli = Cli::parse();
+    let c = &cli.common;
+    let smoke = !c.full;
+    let json_name = if smoke {
+        "tree_vs_flat_smoke.json"
+    } else {
+        "tree_vs_flat.json"
     };
-    // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it (and
-    // with test-harness flags): then a seconds-long smoke run checks the bench still works.
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    if !raw.iter().any(|a| a == "--bench") {
-        a.len = 64;
-        a.repeats = 1;
-        a.warmup = 0;
-        a.smoke = true;
-        a.json = root.join("target/bench/tree_vs_flat_smoke.json");
-        return a;
+    Args {
+        config: c.config_file(root.join("datasets/tiny-qwen3/config.json")),
+        len: if smoke { 64 } else { cli.len },
+        repeats: if smoke { 1 } else { cli.repeats },
+        warmup: if smoke { 0 } else { cli.warmup },
+        device: if smoke { Device::Cpu } else { c.device() },
+        dtype: if smoke { Kind::Float } else { c.kind() },
+        json: cli
+            .json
+            .clone()
+            .filter(|_| !smoke)
+            .unwrap_or_else(|| root.join("target/bench").join(json_name)),
+        only: cli.only.clone().filter(|_| !smoke),
+        smoke,
+        activations: if cli.checkpointing && !smoke {
+            Activations::Recomputed
+        } else {
+            Activations::Kept
+        },
+        peak_only: cli.peak_only.filter(|_| !smoke),
+        packer_only: cli.packer_only && !smoke,
     }
-    let mut it = raw.into_iter();
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
-        match flag.as_str() {
-            "--config" => a.config = PathBuf::from(val()),
-            "--model" => a.config = Path::new(&val()).join("config.json"),
-            "--peak-only" => {
-                a.peak_only = Some(match val().as_str() {
-                    "flat" => Side::Flat,
-                    "tree" => Side::Tree,
-                    other => panic!("--peak-only flat|tree, not {other}"),
-                })
-            }
-            "--len" => a.len = val().parse().expect("--len N"),
-            "--repeats" => a.repeats = val().parse().expect("--repeats N"),
-            "--warmup" => a.warmup = val().parse().expect("--warmup N"),
-            "--device" => a.device = treetrain::device::parse_device(&val()).expect("--device cpu|cuda|cuda:N"),
-            "--dtype" => a.dtype = treetrain::model::parse_kind(&val()).expect("--dtype fp32|bf16"),
-            "--json" => a.json = PathBuf::from(val()),
-            "--only" => a.only = Some(val()),
-            "--checkpointing" => a.activations = Activations::Recomputed,
-            "--packer-only" => a.packer_only = true,
-            "--bench" => {}
-            other => panic!("unknown argument {other}"),
-        }
-    }
-    a
 }
 
 /// A rollout whose whole completion (everything after `prompt_len`) is trained.
@@ -377,41 +390,7 @@ fn main() {
         "flat MiB",
         "tree MiB"
     );
-    let mut results = Vec::new();
-    for (name, f, rs) in scenarios(args.len, cfg.vocab_size) {
-        if args.packer_only || args.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
-            continue;
-        }
-        let flat = pack_flat(&rs).expect("valid");
-        let tree = tree_row(&rs);
-        if let Some(side) = args.peak_only {
-            let row = if side == Side::Flat { &flat } else { &tree };
-            let mib = peak_mib(&model, row, &args);
-            println!("{name:<24}{side:?} only: one step's peak {mib:.0} MiB above the loaded model");
-            results.push(
-                serde_json::json!({"scenario": name, "side": format!("{side:?}"), "peak_mib": mib,
-                "tokens": row.len()}),
-            );
-            continue;
-        }
-        let (flat_ms, tree_ms, speedup) = time_pairs(&model, &flat, &tree, &args);
-        let (flat_mib, tree_mib) = (peak_mib(&model, &flat, &args), peak_mib(&model, &tree, &args));
-        let ideal = flat.forward_flops(&cfg) / tree.forward_flops(&cfg);
-        let ratio = tree.packing_ratio();
-        let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;
-        println!(
-            "{name:<24}{flat_ms:>10.1}{tree_ms:>10.1}{speedup:>9.2}{ratio:>8.2}{pair_ratio:>8.2}{ideal:>8.2}{:>10.2}{:>10.2}{flat_mib:>11.0}{tree_mib:>11.0}",
-            speedup / ideal,
-            speedup / ratio
-        );
-        results.push(serde_json::json!({
-            "scenario": name, "shared_fraction": f, "flat_ms": flat_ms, "tree_ms": tree_ms, "speedup": speedup,
-            "packing_ratio": ratio, "pair_ratio": pair_ratio, "ideal_speedup": ideal, "speedup_over_ideal": speedup / ideal,
-            "speedup_over_ratio": speedup / ratio, "flat_peak_mib": flat_mib, "tree_peak_mib": tree_mib,
-            "flat_tokens": flat.len(), "tree_tokens": tree.len(),
-            "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
-        }));
-    }
+    let results = run_scenarios(&model, &args);
     let packer = match args.peak_only {
         Some(_) => serde_json::Value::Null,
         None => {
@@ -431,4 +410,46 @@ fn main() {
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&out).expect("json")).expect("write json");
     println!("wrote {}", args.json.display());
+}
+
+/// Every scenario of the run (all, `--only` ones, none with `--packer-only`): timed pairs and
+/// peaks, or one side's peak alone (`--peak-only`); one JSON object each.
+fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
+    let cfg = &model.lm.config;
+    let mut results = Vec::new();
+    for (name, f, rs) in scenarios(args.len, cfg.vocab_size) {
+        if args.packer_only || args.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
+        let flat = pack_flat(&rs).expect("valid");
+        let tree = tree_row(&rs);
+        if let Some(side) = args.peak_only {
+            let row = if side == Side::Flat { &flat } else { &tree };
+            let mib = peak_mib(model, row, args);
+            println!("{name:<24}{side:?} only: one step's peak {mib:.0} MiB above the loaded model");
+            results.push(
+                serde_json::json!({"scenario": name, "side": format!("{side:?}"), "peak_mib": mib,
+                "tokens": row.len()}),
+            );
+            continue;
+        }
+        let (flat_ms, tree_ms, speedup) = time_pairs(model, &flat, &tree, args);
+        let (flat_mib, tree_mib) = (peak_mib(model, &flat, args), peak_mib(model, &tree, args));
+        let ideal = flat.forward_flops(cfg) / tree.forward_flops(cfg);
+        let ratio = tree.packing_ratio();
+        let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;
+        println!(
+            "{name:<24}{flat_ms:>10.1}{tree_ms:>10.1}{speedup:>9.2}{ratio:>8.2}{pair_ratio:>8.2}{ideal:>8.2}{:>10.2}{:>10.2}{flat_mib:>11.0}{tree_mib:>11.0}",
+            speedup / ideal,
+            speedup / ratio
+        );
+        results.push(serde_json::json!({
+            "scenario": name, "shared_fraction": f, "flat_ms": flat_ms, "tree_ms": tree_ms, "speedup": speedup,
+            "packing_ratio": ratio, "pair_ratio": pair_ratio, "ideal_speedup": ideal, "speedup_over_ideal": speedup / ideal,
+            "speedup_over_ratio": speedup / ratio, "flat_peak_mib": flat_mib, "tree_peak_mib": tree_mib,
+            "flat_tokens": flat.len(), "tree_tokens": tree.len(),
+            "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
+        }));
+    }
+    results
 }

@@ -32,32 +32,70 @@ pub fn root() -> std::path::PathBuf {
     std::env::var_os("TREETRAIN_BENCH_ROOT").map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
 
-/// The bench binary's arguments: `--bench` (what `cargo bench` passes) means a full run; without
-/// it (`cargo test --all-targets`) a seconds-long smoke run.
-pub struct Args {
-    raw: Vec<String>,
-    /// Full run (`--bench` given).
+/// The flags every bench binary takes (each adds its own beside them with
+/// `#[command(flatten)]`). `cargo bench` passes `--bench`: a full run; without it (`cargo test
+/// --all-targets`) a seconds-long smoke run. The test harness's own flags, which `cargo test --
+/// ...` passes to every target, are accepted and ignored.
+#[derive(clap::Args, Debug)]
+pub struct Common {
+    /// A full run (what `cargo bench` passes); without it, a seconds-long smoke run.
+    #[arg(long = "bench")]
     pub full: bool,
+    /// The checkpoint folder a full run benches.
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// A published `config.json`: a full run benches a random model of it, made once under
+    /// `target/bench/models/`.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Where the model runs: cpu, cuda or cuda:N.
+    #[arg(long, value_parser = device_arg)]
+    device: Option<treetrain::device::Device>,
+    /// The parameters' dtype.
+    #[arg(long, value_enum)]
+    dtype: Option<treetrain::device::Dtype>,
+    /// Steps of a full run.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// A Python with the packages the comparison needs (else `$TREETRAIN_BENCH_PYTHON`, else
+    /// the fixture venv).
+    #[arg(long)]
+    pub python: Option<String>,
+    #[command(flatten)]
+    harness: Harness,
+}
+
+/// The test harness's flags and filters (`cargo test -- --include-ignored`), ignored.
+#[derive(clap::Args, Debug)]
+struct Harness {
+    #[arg(long, hide = true)]
+    include_ignored: bool,
+    #[arg(long, hide = true)]
+    ignored: bool,
+    #[arg(long, hide = true)]
+    nocapture: bool,
+    #[arg(long, hide = true)]
+    show_output: bool,
+    #[arg(long, hide = true)]
+    quiet: bool,
+    #[arg(long, hide = true)]
+    exact: bool,
+    #[arg(long, hide = true)]
+    test_threads: Option<String>,
+    #[arg(long, hide = true)]
+    color: Option<String>,
+    #[arg(long, hide = true)]
+    format: Option<String>,
+    #[arg(hide = true)]
+    filters: Vec<String>,
+}
+
+fn device_arg(s: &str) -> Result<treetrain::device::Device, String> {
+    treetrain::device::parse_device(s).map_err(|e| e.to_string())
 }
 
 #[allow(dead_code)] // each bench binary compiles this module and uses part of it
-impl Args {
-    /// From the process's arguments.
-    pub fn from_env() -> Self {
-        let raw: Vec<String> = std::env::args().skip(1).collect();
-        let full = raw.iter().any(|a| a == "--bench");
-        Args { raw, full }
-    }
-
-    /// The value after `flag`.
-    pub fn get(&self, flag: &str) -> Option<String> {
-        self.raw
-            .iter()
-            .position(|a| a == flag)
-            .and_then(|i| self.raw.get(i + 1))
-            .cloned()
-    }
-
+impl Common {
     /// Writes `target/bench/<name>.json` (`<name>_smoke.json` for a smoke run) and says where.
     pub fn write_result(&self, name: &str, result: &serde_json::Value) {
         let file = if self.full {
@@ -71,18 +109,13 @@ impl Args {
         println!("wrote {}", path.display());
     }
 
-    /// Whether `flag` was given.
-    pub fn flag(&self, flag: &str) -> bool {
-        self.raw.iter().any(|a| a == flag)
-    }
-
     /// The checkpoint a full run uses: `--model DIR` as it is, `--config config.json` as a
     /// random model of that published config ([`random_model_dir`]); else `default` (and always
     /// `default` in a smoke run).
     pub fn model_dir(&self, default: std::path::PathBuf) -> std::path::PathBuf {
-        match (self.full, self.get("--model"), self.get("--config")) {
-            (true, Some(dir), _) => dir.into(),
-            (true, None, Some(config)) => random_model_dir(Path::new(&config)),
+        match (self.full, &self.model, &self.config) {
+            (true, Some(dir), _) => dir.clone(),
+            (true, None, Some(config)) => random_model_dir(config),
             _ => default,
         }
     }
@@ -90,35 +123,26 @@ impl Args {
     /// The `config.json` a full run builds its random model from: `--config FILE`, or the
     /// `config.json` of `--model DIR`; else `default` (always in a smoke run).
     pub fn config_file(&self, default: std::path::PathBuf) -> std::path::PathBuf {
-        match (self.full, self.get("--config"), self.get("--model")) {
-            (true, Some(config), _) => config.into(),
-            (true, None, Some(dir)) => Path::new(&dir).join("config.json"),
+        match (self.full, &self.config, &self.model) {
+            (true, Some(config), _) => config.clone(),
+            (true, None, Some(dir)) => dir.join("config.json"),
             _ => default,
         }
     }
 
-    /// `--device cpu|cuda|cuda:N` (default CPU).
+    /// `--device` (default CPU).
     pub fn device(&self) -> treetrain::device::Device {
-        match self.get("--device").as_deref().map(treetrain::device::parse_device) {
-            None => treetrain::device::Device::Cpu,
-            Some(d) => d.expect("--device cpu|cuda|cuda:N"),
-        }
+        self.device.unwrap_or(treetrain::device::Device::Cpu)
     }
 
-    /// `--dtype fp32|bf16|fp16` (default fp32).
+    /// `--dtype` as a tch kind (default fp32).
     pub fn kind(&self) -> tch::Kind {
-        self.get("--dtype").map_or(tch::Kind::Float, |d| {
-            treetrain::model::parse_kind(&d).expect("--dtype fp32|bf16|fp16")
-        })
+        self.dtype.unwrap_or_default().kind()
     }
 
     /// `--steps N` in a full run (default `full`), `smoke` otherwise.
     pub fn steps(&self, full: u64, smoke: u64) -> u64 {
-        if self.full {
-            self.get("--steps").map_or(full, |s| s.parse().expect("--steps N"))
-        } else {
-            smoke
-        }
+        if self.full { self.steps.unwrap_or(full) } else { smoke }
     }
 }
 
