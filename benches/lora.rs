@@ -121,7 +121,7 @@ fn report(sides: &[Side<'_>], ratios: &[f64], result: &mut serde_json::Value) {
         result[&s.name] = serde_json::json!({"trainable_bytes": p, "grad_bytes": g, "optimizer_bytes": o,
             "first_step_peak_mib": s.peak_mib, "step_ms_median": common::median(&s.times)});
     }
-    let ratio = common::median(&ratios);
+    let ratio = common::median(ratios);
     println!(
         "first-step peak: LoRA {:.2}x lower; step time full / LoRA (median of {} interleaved pairs): {ratio:.2}",
         sides[0].peak_mib / sides[1].peak_mib,
