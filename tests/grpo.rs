@@ -338,6 +338,29 @@ fn bad_configs_are_refused_with_reasons() {
     );
 }
 
+/// `dir/log.jsonl` holds one JSON line per step (`steps`), with the metrics the issue lists.
+fn assert_logs_every_metric(dir: &std::path::Path, steps: usize) {
+    let log = std::fs::read_to_string(dir.join("log.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), steps);
+    for key in [
+        "reward_mean",
+        "rewards",
+        "completion_length",
+        "clip_ratio",
+        "approx_kl",
+        "entropy",
+        "packing_ratio",
+        "forwarded_tokens",
+        "raw_tokens",
+        "generation_tokens_per_s",
+        "training_tokens_per_s",
+        "staleness",
+    ] {
+        assert!(lines[steps - 1].get(key).is_some(), "log lacks {key}");
+    }
+}
+
 #[test]
 fn state_display_shows_curves_samples_and_the_tree() {
     let dir = std::env::temp_dir().join(format!("treetrain-grpo-display-{}", std::process::id()));
@@ -403,26 +426,7 @@ fn state_display_shows_curves_samples_and_the_tree() {
     assert!(
         stats.text().contains(&format!("{} terms in 1 rows", stats.terms)) && stats.html().contains("Policy update")
     );
-    // One JSON line per step, with the metrics the issue lists.
-    let log = std::fs::read_to_string(dir.join("log.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 2);
-    for key in [
-        "reward_mean",
-        "rewards",
-        "completion_length",
-        "clip_ratio",
-        "approx_kl",
-        "entropy",
-        "packing_ratio",
-        "forwarded_tokens",
-        "raw_tokens",
-        "generation_tokens_per_s",
-        "training_tokens_per_s",
-        "staleness",
-    ] {
-        assert!(lines[1].get(key).is_some(), "log lacks {key}");
-    }
+    assert_logs_every_metric(&dir, 2);
     let ckpt = t.save_checkpoint().unwrap();
     let saved = Model::load(&ckpt, LoadOptions::default()).unwrap();
     let a = t.model().vs.variables();

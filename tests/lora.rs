@@ -417,6 +417,46 @@ fn treetrain(args: &[&str]) -> String {
     run_ok(std::process::Command::new(env!("CARGO_BIN_EXE_treetrain")).args(args))
 }
 
+/// Greedy `generate --adapter` (which merges) gives the tokens the unmerged adapter gives.
+fn assert_merged_generation_equals_the_adapters(
+    base_s: &str,
+    adapter_s: &str,
+    input_s: &str,
+    adapter: &std::path::Path,
+    rows: &[Vec<i64>],
+) {
+    let generated = treetrain(&[
+        "generate",
+        "--model",
+        base_s,
+        "--adapter",
+        adapter_s,
+        "--input",
+        input_s,
+        "--greedy",
+        "--max-new-tokens",
+        "12",
+    ]);
+    let got: Vec<Vec<i64>> = generated
+        .lines()
+        .map(|l| {
+            serde_json::from_value(serde_json::from_str::<serde_json::Value>(l).unwrap()["output_ids"].clone()).unwrap()
+        })
+        .collect();
+    let mut model = load_base("qwen3");
+    model.load_adapter(adapter).unwrap();
+    let cfg = treetrain::generate::GenerationConfig {
+        max_new_tokens: 12,
+        ..Default::default()
+    };
+    let unmerged = treetrain::generate::Generator::new()
+        .generate(&model.lm, rows, &cfg)
+        .unwrap();
+    for (g, u) in got.iter().zip(&unmerged) {
+        assert_eq!(g, &u.output_ids, "merged generation differs from the adapter's");
+    }
+}
+
 /// `score --adapter` gives PEFT's log-probs, `convert --adapter` writes a merged checkpoint that
 /// scores the same without it, and greedy `generate --adapter` (merged) gives the tokens the
 /// unmerged adapter gives.
@@ -477,35 +517,6 @@ fn the_cli_applies_and_merges_adapters() {
     for (a, b) in scored.iter().flatten().zip(plain.iter().flatten()) {
         assert!((a - b).abs() <= 1e-4, "merged {b} vs adapter {a}");
     }
-    let generated = treetrain(&[
-        "generate",
-        "--model",
-        base_s,
-        "--adapter",
-        adapter_s,
-        "--input",
-        input_s,
-        "--greedy",
-        "--max-new-tokens",
-        "12",
-    ]);
-    let got: Vec<Vec<i64>> = generated
-        .lines()
-        .map(|l| {
-            serde_json::from_value(serde_json::from_str::<serde_json::Value>(l).unwrap()["output_ids"].clone()).unwrap()
-        })
-        .collect();
-    let mut model = load_base("qwen3");
-    model.load_adapter(&adapter).unwrap();
-    let cfg = treetrain::generate::GenerationConfig {
-        max_new_tokens: 12,
-        ..Default::default()
-    };
-    let unmerged = treetrain::generate::Generator::new()
-        .generate(&model.lm, &exp.rows, &cfg)
-        .unwrap();
-    for (g, u) in got.iter().zip(&unmerged) {
-        assert_eq!(g, &u.output_ids, "merged generation differs from the adapter's");
-    }
+    assert_merged_generation_equals_the_adapters(base_s, adapter_s, input_s, &adapter, &exp.rows);
     let _ = std::fs::remove_dir_all(&dir);
 }
