@@ -197,18 +197,21 @@ fn tree_and_flat_packing_give_the_same_update() {
     }
 }
 
+/// Async rollouts of 2 prompts a step that allow no staleness, with a queue of `queue_size`
+/// steps' worth and weights synced every `weight_sync_steps`.
+fn async_without_staleness(queue_size: usize, weight_sync_steps: u64) -> GrpoConfig {
+    let mut c = config();
+    c.rollouts.mode = RolloutMode::Async;
+    c.rollouts.prompts_per_step = 2;
+    c.rollouts.queue_size = queue_size;
+    c.rollouts.max_staleness = 0;
+    c.rollouts.weight_sync_steps = weight_sync_steps;
+    c
+}
+
 #[test]
 fn stale_groups_are_dropped_and_counted() {
-    let mut t = GrpoTrainer::new({
-        let mut c = config();
-        c.rollouts.mode = RolloutMode::Async;
-        c.rollouts.prompts_per_step = 2;
-        c.rollouts.queue_size = 3;
-        c.rollouts.max_staleness = 0;
-        c.rollouts.weight_sync_steps = 1;
-        c
-    })
-    .unwrap();
+    let mut t = GrpoTrainer::new(async_without_staleness(3, 1)).unwrap();
     // 3 steps' worth: 6 groups of version 0 waiting.
     t.async_rollouts().unwrap().wait_for(6);
     assert_eq!(t.async_rollouts().unwrap().queued(), 6);
@@ -224,16 +227,7 @@ fn stale_groups_are_dropped_and_counted() {
 
     // Weights synced too rarely for max_staleness: the trainer forces a sync instead of
     // dropping forever.
-    let mut t = GrpoTrainer::new({
-        let mut c = config();
-        c.rollouts.mode = RolloutMode::Async;
-        c.rollouts.prompts_per_step = 2;
-        c.rollouts.queue_size = 2;
-        c.rollouts.max_staleness = 0;
-        c.rollouts.weight_sync_steps = 1000;
-        c
-    })
-    .unwrap();
+    let mut t = GrpoTrainer::new(async_without_staleness(2, 1000)).unwrap();
     t.train_for(3).unwrap();
     assert!(t.state.forced_syncs >= 1 && t.state.dropped_stale >= 1);
     assert!(t.state.history.iter().all(|m| m.staleness == 0));
