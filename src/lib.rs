@@ -65,16 +65,16 @@
 //! fails on one that runs up):
 //!
 //! ```text
-//! demo, guide                              the main job as a function; the guides
-//! shipped, validation, env_report          shipped tasks and environments, the rules, `treetrain env`
-//! sft, grpo                                the trainers
-//! train                                    what both trainers share: config, core, optimizer, c10d
-//! pack, generate                           packed rows and tree attention's layouts; the generator
-//! model                                    Qwen3 / Qwen2 / Llama decoders, LoRA, loading and saving
-//! data, tokenizer                          TRL's dataset formats; tokenizers and chat templates
-//! shapes, hub                              the shape ledger; the Hugging Face cache
-//! device                                   devices, policies, dtypes, PrivateUse1
-//! util, display                            helpers; pure HTML / text renderers
+//! demo, guide                       the main job as a function; the guides
+//! shipped, validation, env_report   shipped tasks, the rules, `treetrain env`
+//! sft, grpo                         the trainers
+//! train                             config, core, optimizer, checkpoints, c10d
+//! pack, generate                    packed rows and layouts; the generator
+//! model                             decoders, LoRA, loading and saving
+//! data, tokenizer                   dataset formats; tokenizers, chat templates
+//! shapes, hub                       the shape ledger; the Hugging Face cache
+//! device                            devices, policies, dtypes, PrivateUse1
+//! util, display                     helpers; pure HTML / text renderers
 //! ```
 //!
 //! - [`device`]: treetrain's [`device::Device`] (tch's devices plus PyTorch's PrivateUse1 slot,
