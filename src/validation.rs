@@ -200,7 +200,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "output folders",
-        "`convert --out` and every model save refuse a file or a non-empty folder (`convert --overwrite` replaces a folder)",
+        "`convert --out` and every model save refuse a file or a non-empty folder (`convert --overwrite` replaces a folder); `convert --out` never equals, contains or lies inside the model, its tokenizer or the adapter it reads",
         None,
     ),
 ];

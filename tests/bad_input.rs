@@ -135,6 +135,35 @@ fn convert_never_destroys_or_moves_the_users_files() {
     );
 }
 
+/// `convert --out P --overwrite` where the model lives in `P/model` (or `P` is the model, or
+/// lies inside it) is refused before anything is written: it would delete the model it reads.
+#[test]
+fn convert_never_writes_over_the_model_it_reads() {
+    let dir = scratch("convert-overlap");
+    let model = dir.join("model");
+    let converted = run(&["convert", "--model", &tiny(), "--out", model.to_str().unwrap()]);
+    assert!(
+        converted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&converted.stderr)
+    );
+    std::fs::create_dir_all(dir.join("other")).unwrap();
+    std::fs::write(dir.join("other/notes.txt"), "keep me").unwrap();
+    let m = model.display().to_string();
+    let inside = model.join("sub").display().to_string();
+    let dotted = model.join("../model").display().to_string();
+    for out in [dir.display().to_string(), m.clone(), inside, dotted] {
+        fails_with(
+            &["convert", "--model", &m, "--out", &out, "--overwrite"],
+            &["which this save reads from"],
+        );
+    }
+    assert!(model.join("model.safetensors").exists() && model.join("config.json").exists());
+    assert_eq!(std::fs::read_to_string(dir.join("other/notes.txt")).unwrap(), "keep me");
+    assert!(!model.join("sub").exists(), "nothing written inside the source");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A TOML config of the shipped SFT run with `extra` lines.
 fn sft_config(dir: &Path, extra: &str) -> String {
     let path = dir.join("sft.toml");

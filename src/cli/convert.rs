@@ -37,6 +37,12 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         adapter_use: super::AdapterUse::Attached,
     })?;
     m.merge_and_unload()?;
+    // Never an output over what convert reads: the model folder, its tokenizer, the adapter.
+    let sources: Vec<&std::path::Path> = [Some(dir.as_path()), args.adapter.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    treetrain::model::refuse_overlap(&args.out, &sources)?;
     match args.overwrite {
         true => m.save_over(&args.out, Some(&dir))?,
         false => m.save(&args.out, Some(&dir))?,

@@ -65,7 +65,7 @@ pub use loaded::{LoadOptions, Model, TrainingMode};
 pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
 pub use projection::{Projected, Projections};
 pub use recompute::Activations;
-pub use save::kind_name;
+pub use save::{kind_name, refuse_overlap};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
 pub use weights::{all_finite, weight_files, write_safetensors};

@@ -37,6 +37,46 @@ fn check_target(dir: &Path, replace: bool) -> Result<(), ModelError> {
     }
 }
 
+/// Refuses an output folder `dir` that equals, contains or lies inside one of `sources` (the
+/// folders a save reads from: the model, its tokenizer, an adapter): replacing it would delete
+/// them, writing into them would mix the output into the input. Paths are compared after
+/// resolving links and `..`, the part of `dir` that does not exist yet taken as written.
+pub fn refuse_overlap(dir: &Path, sources: &[&Path]) -> Result<(), ModelError> {
+    let out = resolved(dir);
+    for source in sources {
+        let src = resolved(source);
+        if out.starts_with(&src) || src.starts_with(&out) {
+            return Err(ModelError::WouldOverwrite {
+                path: dir.into(),
+                reason: format!(
+                    "equals, contains or lies inside {}, which this save reads from; choose an output path outside it",
+                    source.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `path` with links and `..` resolved as far as it exists, the rest appended as written.
+fn resolved(path: &Path) -> std::path::PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut rest = Vec::new();
+    let mut existing = absolute.as_path();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |p, c| p.join(c));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
 /// Writes a folder through `write` into a temporary sibling renamed into place, so a crash never
 /// leaves a half-written folder under the real name. `dir` must not exist or be an empty folder
 /// unless `replace` (then an existing folder is replaced whole; a file is always refused).
@@ -87,7 +127,9 @@ impl Model {
     }
 
     /// [`Model::save`] that replaces an existing folder `dir` whole (`convert --overwrite`).
-    /// A file at `dir` is still refused: only folders are replaced, never renamed away.
+    /// A file at `dir` is still refused: only folders are replaced, never renamed away; so is a
+    /// `dir` that equals, contains or lies inside the folder the model was loaded from or
+    /// `tokenizer_from` ([`refuse_overlap`]).
     pub fn save_over(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
         self.save_as(dir, tokenizer_from, true)
     }
@@ -100,6 +142,11 @@ impl Model {
                           save_adapter writes the adapter, merge_and_unload then save writes the merged model"
                     .into(),
             });
+        }
+        if replace {
+            // Replacing a folder that holds the model it is written from would delete it.
+            let sources: Vec<&Path> = self.source.as_deref().into_iter().chain(tokenizer_from).collect();
+            refuse_overlap(dir, &sources)?;
         }
         save_folder(dir, replace, |tmp| self.write_files(tmp, tokenizer_from))
     }
