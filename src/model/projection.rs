@@ -39,14 +39,14 @@ struct Fused {
 /// What [`Projections::forward`] computed: the maps' outputs side by side as one product, or
 /// one output per map.
 #[derive(Debug)]
-pub enum Projected<const N: usize> {
+pub enum Projected<'a, const N: usize> {
     /// `[..., sum of out_features]`, the maps' outputs side by side, with each map's width.
-    Fused(Tensor, Vec<i64>),
+    Fused(Tensor, &'a [i64]),
     /// One output per map.
     Separate([Tensor; N]),
 }
 
-impl<const N: usize> Projected<N> {
+impl<const N: usize> Projected<'_, N> {
     /// The one product, when the maps ran as one (a kernel may take it whole).
     pub fn fused(&self) -> Option<&Tensor> {
         match self {
@@ -60,7 +60,7 @@ impl<const N: usize> Projected<N> {
         match self {
             Projected::Separate(outputs) => outputs,
             Projected::Fused(y, sizes) => {
-                let mut parts = y.split_with_sizes(sizes.as_slice(), -1).into_iter();
+                let mut parts = y.split_with_sizes(sizes, -1).into_iter();
                 std::array::from_fn(|_| parts.next().expect("one part per map"))
             }
         }
@@ -142,10 +142,10 @@ impl<const N: usize> Projections<N> {
     /// The maps' outputs for `x` `[..., in]`: one product (with `ops`, see
     /// `super::layers::linear_with`) where that gives the maps' own values, i.e. they are tied,
     /// none has an adapter and no graph is recorded; else one product per map.
-    pub fn forward(&self, x: &Tensor, ops: CpuOps) -> Projected<N> {
+    pub fn forward(&self, x: &Tensor, ops: CpuOps) -> Projected<'_, N> {
         match &self.fused {
             Some(f) if !self.maps.iter().any(|l| l.adapter.is_some()) && !self.builds_graph(x) => {
-                Projected::Fused(linear_with(x, &f.weight, f.bias.as_ref(), ops), f.sizes.clone())
+                Projected::Fused(linear_with(x, &f.weight, f.bias.as_ref(), ops), &f.sizes)
             }
             _ => Projected::Separate(std::array::from_fn(|i| self.maps[i].forward(x))),
         }
