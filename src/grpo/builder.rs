@@ -81,6 +81,34 @@ impl GrpoTrainerBuilder {
         self
     }
 
+    /// The config the trainer will run.
+    pub fn config(&self) -> &GrpoConfig {
+        &self.config
+    }
+
+    /// What is set beside the config: the rewards (given, or the config's built-ins), the
+    /// environment and the checkpoint to continue.
+    pub(crate) fn summary(&self) -> [(&'static str, String); 3] {
+        let rewards = match &self.rewards {
+            Some(r) => r.iter().map(|f| f.name.clone()).collect::<Vec<_>>().join(", "),
+            None if self.environment.is_some() => "the environment's alone".into(),
+            None => "the config's built-ins".into(),
+        };
+        let environment = self
+            .environment
+            .as_ref()
+            .map_or("none (single-turn)".into(), |e| e.name().to_string());
+        let resume = self
+            .resume
+            .as_ref()
+            .map_or("no (a fresh run)".into(), |p| p.display().to_string());
+        [
+            ("rewards", rewards),
+            ("environment", environment),
+            ("resume from", resume),
+        ]
+    }
+
     /// Validates the config and the rewards, loads the policy (and the KL reference when
     /// `beta > 0`), the prompts and the held-out prompts, and starts the generation thread
     /// in async mode.

@@ -111,7 +111,10 @@ mod worker;
 pub use advantage::{ScaleRewards, group_advantages};
 pub use answer::extract_answer;
 pub use builder::GrpoTrainerBuilder;
-pub use config::{GrpoConfig, ImportanceSampling, LossType, RewardSpec, RolloutMode, SamplingCorrectionMode};
+pub use config::{
+    Eval, GrpoConfig, ImportanceSampling, Loss, LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling,
+    SamplingCorrectionMode, Update,
+};
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
 pub use eval::{EvalBreakdown, EvalResult};
 pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};

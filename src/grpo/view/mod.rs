@@ -340,6 +340,53 @@ impl Rich for super::GrpoConfig {
 
 crate::rich_display!(super::GrpoConfig);
 
+/// Each group of a [`super::GrpoConfig`] renders as the settings it holds, under TRL's names
+/// (a notebook cell may end with `config.loss`).
+macro_rules! config_group_display {
+    ($($group:ident => $title:literal),* $(,)?) => {$(
+        impl Rich for super::$group {
+            fn html(&self) -> String {
+                display::config_html($title, self)
+            }
+
+            fn text(&self) -> String {
+                display::config_text(self)
+            }
+        }
+
+        crate::rich_display!(super::$group);
+    )*};
+}
+
+config_group_display!(
+    Rollouts => "GRPO rollouts",
+    Sampling => "GRPO sampling",
+    Loss => "GRPO loss",
+    Update => "GRPO update packing",
+    MultiTurnLimits => "GRPO multi-turn limits",
+    Eval => "GRPO evaluation",
+);
+
+impl Rich for super::GrpoTrainerBuilder {
+    /// What `build()` will be given: the rewards, environment and checkpoint set so far, then
+    /// the config.
+    fn html(&self) -> String {
+        let rows: Vec<(&str, String)> = self.summary().into_iter().map(|(k, v)| (k, escape(&v))).collect();
+        display::style::container(&format!(
+            "{}{}",
+            display::section("GRPO trainer to build", &display::kv_table(&rows)),
+            display::config_html("config", self.config())
+        ))
+    }
+
+    fn text(&self) -> String {
+        let head: String = self.summary().iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+        head + &display::config_text(self.config())
+    }
+}
+
+crate::rich_display!(super::GrpoTrainerBuilder);
+
 /// Rows of a rollout-batch table shown open; the rest sit in a closed block.
 const BATCH_ROWS_OPEN: usize = 8;
 
@@ -413,6 +460,33 @@ crate::rich_display!(super::RolloutBatch);
 #[cfg(test)]
 mod settings_tests {
     use super::*;
+
+    #[test]
+    fn config_groups_and_the_builder_render_their_settings() {
+        let mut config = super::super::GrpoConfig::default();
+        config.loss.beta = 0.04;
+        let loss = &config.loss;
+        assert!(
+            loss.html().contains("GRPO loss") && loss.html().contains("<th>beta</th>"),
+            "{}",
+            loss.html()
+        );
+        assert!(loss.text().contains("beta = 0.04\n") && !loss.text().contains("num_generations"));
+        assert!(config.rollouts.text().contains("num_generations = 8\n"));
+        let builder = super::super::GrpoTrainer::builder(config)
+            .rewards(vec![super::super::RewardFn::exact_answer()])
+            .resume("out/checkpoint-4");
+        let (html, text) = (builder.html(), builder.text());
+        assert!(
+            html.contains("GRPO trainer to build") && html.contains("out/checkpoint-4"),
+            "{html}"
+        );
+        assert!(
+            text.starts_with("rewards: exact_answer\nenvironment: none (single-turn)\n"),
+            "{text}"
+        );
+        assert!(text.contains("resume from: out/checkpoint-4\n") && text.contains("beta = 0.04\n"));
+    }
 
     #[test]
     fn settings_show_what_was_set_and_fold_the_defaults() {
