@@ -11,6 +11,9 @@ export TREETRAIN_TORCHRUN
 # PEFT beside that torch, for the adapter cross-checks (tests/lora.rs).
 TREETRAIN_PEFT_PYTHON=$(bash scripts/setup-peft.sh)
 export TREETRAIN_PEFT_PYTHON
+# TensorBoard's and pandas' readers for the run-log checks (tests/run_logs.rs).
+TREETRAIN_LOG_READERS_PYTHON=$(bash scripts/setup-run-log-readers.sh)
+export TREETRAIN_LOG_READERS_PYTHON
 echo "== cargo test (unit, integration, doc; slow tests included)"
 cargo test --all-targets -- --include-ignored
 cargo test --doc

@@ -79,6 +79,18 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Train, "adamw.eps", "finite and > 0", Some("0.0")),
     rule(Scope::Train, "adamw.weight_decay", "finite and >= 0", Some("-0.1")),
     rule(Scope::Train, "save_steps", "at least 1 (or unset)", Some("0")),
+    rule(
+        Scope::Train,
+        "save_total_limit",
+        "at least 1 (or unset: every checkpoint kept)",
+        Some("0"),
+    ),
+    rule(
+        Scope::Train,
+        "report_to",
+        "`jsonl`, `tensorboard`, `csv`, or a list of them; `none` alone",
+        Some("\"wandb\""),
+    ),
     rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
     rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
     rule(Scope::Train, "distributed_timeout_s", "finite and > 0", Some("inf")),
@@ -175,8 +187,14 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         Scope::Start,
+        "logging_dir",
+        "writable (created and probed before step 1, by rank 0); with `report_to` naming tensorboard, it or `output_dir` set",
+        None,
+    ),
+    rule(
+        Scope::Start,
         "--resume-from",
-        "a checkpoint at or before `max_steps`, written with the same number of processes",
+        "(and `resume_from_checkpoint`) a checkpoint at or before `max_steps`, written with the same number of processes and with optimizer state (not `save_only_model`); `latest`: `output_dir` holds one",
         None,
     ),
     rule(

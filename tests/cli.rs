@@ -361,7 +361,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
         "--packing",
         "flat",
         "--resume-from",
-        ckpt.to_str().unwrap(),
+        "latest",
     ]);
     assert!(ok, "{err}");
     assert!(
@@ -370,6 +370,7 @@ fn grpo_runs_from_a_toml_file_and_resumes() {
     );
     let log = std::fs::read_to_string(dir.join("out/log.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 3);
+    assert_eq!(out.matches("saved ").count(), 1, "the end's checkpoint, once: {out}");
     let (ok, _, err) = treetrain(&["grpo", "--config", cfg, "--mode", "sometimes"]);
     assert!(!ok && err.contains("--mode sometimes"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -9,7 +9,7 @@ use treetrain::grpo::{GrpoConfig, GrpoTrainer, RolloutMode};
 use treetrain::pack::Packing;
 use treetrain::sft::{SftConfig, SftTrainer};
 use treetrain::shipped::ShippedEnvironment;
-use treetrain::train::{Trainer, every};
+use treetrain::train::{ResumeFrom, Trainer, every};
 
 /// Arguments of `sft`.
 #[derive(clap::Args)]
@@ -20,9 +20,10 @@ pub struct SftArgs {
     /// Override `device` (cpu, cuda[:N], mps, neuron[:N], auto).
     #[arg(long)]
     device: Option<treetrain::device::DeviceSpec>,
-    /// Resume from this checkpoint folder.
-    #[arg(long)]
-    resume_from: Option<PathBuf>,
+    /// Resume from this checkpoint folder, or `latest`: the newest resumable one in
+    /// `output_dir` (overrides `resume_from_checkpoint`).
+    #[arg(long, value_name = "DIR|latest")]
+    resume_from: Option<ResumeFrom>,
 }
 
 /// Arguments of `grpo`.
@@ -43,9 +44,10 @@ pub struct GrpoArgs {
     /// Override `packing`.
     #[arg(long, value_parser = super::choice::<Packing>("--packing"))]
     packing: Option<Packing>,
-    /// Resume from this checkpoint folder.
-    #[arg(long)]
-    resume_from: Option<PathBuf>,
+    /// Resume from this checkpoint folder, or `latest`: the newest resumable one in
+    /// `output_dir` (overrides `resume_from_checkpoint`).
+    #[arg(long, value_name = "DIR|latest")]
+    resume_from: Option<ResumeFrom>,
     /// Multi-turn rollouts with a shipped environment (its reward replaces `rewards`).
     #[arg(long, value_parser = super::choice::<ShippedEnvironment>("--environment"))]
     environment: Option<ShippedEnvironment>,
@@ -55,7 +57,10 @@ pub struct GrpoArgs {
 pub fn sft(args: &SftArgs) -> Result<()> {
     let mut cfg = SftConfig::from_toml_file(&args.config)?;
     cfg.train.device = args.device.unwrap_or(cfg.train.device);
-    run(SftTrainer::from_config(cfg, args.resume_from.as_deref())?)
+    if let Some(r) = &args.resume_from {
+        cfg.train.resume_from_checkpoint = Some(r.clone());
+    }
+    run(SftTrainer::from_config(cfg, None)?)
 }
 
 /// Runs `grpo`.
@@ -65,16 +70,18 @@ pub fn grpo(args: &GrpoArgs) -> Result<()> {
     cfg.max_steps = args.max_steps.unwrap_or(cfg.max_steps);
     cfg.rollouts.mode = args.mode.unwrap_or(cfg.rollouts.mode);
     cfg.update.packing = args.packing.unwrap_or(cfg.update.packing);
-    let resume = args.resume_from.as_deref();
+    if let Some(r) = &args.resume_from {
+        cfg.train.resume_from_checkpoint = Some(r.clone());
+    }
     match args.environment {
-        Some(env) => run(env.trainer(cfg, resume)?),
-        None => run(GrpoTrainer::from_config(cfg, resume)?),
+        Some(env) => run(env.trainer(cfg, None)?),
+        None => run(GrpoTrainer::from_config(cfg, None)?),
     }
 }
 
 /// Trains to the last step: an evaluation first (when `eval_steps` is set), a line every
 /// `logging_steps`, evaluations every `eval_steps`, checkpoints every `save_steps` and at the
-/// end (when `output_dir` is set), then the state.
+/// end (when `output_dir` is set and the last step was not just saved), then the state.
 ///
 /// In a multi-process run every rank steps, evaluates and saves (collectives need them all);
 /// only rank 0 prints.
@@ -94,6 +101,10 @@ fn run<T: Trainer>(mut t: T) -> Result<()> {
     {
         say(&e.text());
     }
+    if let Some(dir) = t.core().logging_dir() {
+        say(&format!("TensorBoard logs: tensorboard --logdir {}\n", dir.display()));
+    }
+    let mut saved_at = None;
     t.train_with(u64::MAX, |t, m, bar| {
         let step = t.progress().done;
         t.log_step(m, bar);
@@ -104,11 +115,12 @@ fn run<T: Trainer>(mut t: T) -> Result<()> {
         }
         if every(cfg.save_steps, step) && cfg.output_dir.is_some() {
             let dir = t.save_checkpoint()?;
+            saved_at = Some(step);
             bar.suspend(|| say(&format!("saved {}\n", dir.display())));
         }
         Ok(())
     })?;
-    if cfg.output_dir.is_some() {
+    if cfg.output_dir.is_some() && saved_at != Some(t.progress().done) {
         let dir = t.save_checkpoint()?;
         say(&format!("saved {}\n", dir.display()));
     }

@@ -120,10 +120,12 @@ impl GrpoTrainerBuilder {
             resume,
         } = self;
         config.validate()?;
+        let resume = config.train.checkpoint_to_resume(resume.as_deref())?;
         let rewards = run_rewards(&config, rewards, environment.as_deref());
         check_rewards(&rewards)?;
         let mut core = TrainCore::load(&config.train, resume.as_deref())?;
         core.set_schedule(&config.train, config.max_steps);
+        core.logs.set_settings(&config);
         let tools = environment.as_ref().and_then(|e| e.tools());
         let multi_turn = environment.map(|environment| MultiTurn {
             environment,

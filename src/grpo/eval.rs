@@ -111,6 +111,15 @@ pub struct EvalResult {
     pub per_function: Vec<RewardStat>,
 }
 
+/// `eval/reward`, `eval/reward_std`, `eval/rewards/<name>/mean`, `eval/completions`.
+impl crate::train::Scalars for EvalResult {
+    const SECTION: &'static str = "eval";
+    const RENAMES: &'static [(&'static str, &'static str)] = &[("reward_mean", "reward"), ("per_function", "rewards")];
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
 impl EvalResult {
     fn from_batch(batch: &RolloutBatch, rewards: &[RewardFn], step: u64) -> Self {
         let totals: Vec<f64> = batch.totals().flatten().map(f64::from).collect();

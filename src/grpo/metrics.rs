@@ -113,6 +113,28 @@ pub struct GrpoStepMetrics {
     pub skipped: bool,
 }
 
+/// TensorBoard and CSV tags: TRL's `GRPOTrainer` metric names where it logs the same quantity
+/// (`train/reward`, `train/completions/mean_length`, `train/clip_ratio/region_mean`, ...),
+/// treetrain's own elsewhere.
+impl crate::train::Scalars for GrpoStepMetrics {
+    const SECTION: &'static str = "train";
+    const RENAMES: &'static [(&'static str, &'static str)] = &[
+        ("reward_mean", "reward"),
+        ("lr", "learning_rate"),
+        ("completion_length", "completions/mean_length"),
+        ("completion_length_max", "completions/max_length"),
+        ("completion_length_min", "completions/min_length"),
+        ("truncated_ratio", "completions/clipped_ratio"),
+        ("clip_ratio", "clip_ratio/region_mean"),
+        ("clip_ratio_low", "clip_ratio/low_mean"),
+        ("clip_ratio_high", "clip_ratio/high_mean"),
+        ("sampling_correction", "sampling/importance_sampling_ratio/mean"),
+    ];
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
 /// One completion kept for the display.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SampleCompletion {

@@ -325,9 +325,13 @@ impl GrpoTrainer {
                 }
             }
         }
+        if crate::train::every(self.config.train.logging_steps, m.step) && !samples.is_empty() {
+            let table = completions_markdown(&samples, &self.rewards);
+            self.core.log_text("completions", m.step, &table);
+        }
         self.state.samples = samples;
         self.state.history.push(m.clone());
-        self.core.log(&self.config.train, m);
+        self.core.log(m);
     }
 
     /// Reward functions of the run.
@@ -364,12 +368,12 @@ impl Trainer for GrpoTrainer {
     /// `eval_samples` completions per prompt of `eval_dataset`, seeded so that evaluations
     /// differ only by the weights.
     fn evaluate_held_out(&mut self) -> Result<Option<EvalResult>, TrainError> {
-        match &self.held_out {
-            Some(prompts) => self
-                .evaluate(prompts, self.config.eval.eval_samples, self.config.train.seed ^ 0xe7a1)
-                .map(Some),
-            None => Ok(None),
-        }
+        let Some(prompts) = &self.held_out else {
+            return Ok(None);
+        };
+        let eval = self.evaluate(prompts, self.config.eval.eval_samples, self.config.train.seed ^ 0xe7a1)?;
+        self.core.log_eval(&eval);
+        Ok(Some(eval))
     }
     /// Aligned step numbers and every reward function, for a terminal scrolling through a run.
     fn log_line(&self, m: &GrpoStepMetrics) -> String {
@@ -404,6 +408,31 @@ impl Trainer for GrpoTrainer {
             crate::display::serde_name(&c.update.packing)
         )
     }
+}
+
+/// The sampled completions as a markdown table (TRL's completions table: prompt, completion,
+/// each reward, advantage), for TensorBoard's text tab.
+fn completions_markdown(samples: &[SampleCompletion], rewards: &[RewardFn]) -> String {
+    let cell = |s: &str| s.replace('|', "\\|").replace(['\r', '\n'], "<br>");
+    let names: Vec<String> = rewards.iter().map(|r| cell(&r.name)).collect();
+    let mut md = format!("| prompt | completion | {} | advantage |\n", names.join(" | "));
+    md.push_str(&"|---".repeat(names.len() + 3));
+    md.push_str("|\n");
+    for s in samples {
+        let scores: Vec<String> = s
+            .rewards
+            .iter()
+            .map(|r| r.map_or("failed".into(), |r| format!("{r:.3}")))
+            .collect();
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.3} |\n",
+            cell(&s.prompt),
+            cell(&s.completion),
+            scores.join(" | "),
+            s.advantage
+        ));
+    }
+    md
 }
 
 /// What a person asked: the last message's content of a conversational prompt, else the text.

@@ -12,7 +12,7 @@ use super::{SftConfig, TrainExample, tokenize};
 use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, nll_backward_chunked, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
-use crate::train::{LrSchedule, NanPolicy, TrainConfig, TrainCore, TrainError, Trainer};
+use crate::train::{LrSchedule, NanPolicy, Scalars, TrainConfig, TrainCore, TrainError, Trainer};
 
 /// Metrics of one optimizer step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -67,6 +67,23 @@ pub struct SftEval {
     pub tokens: usize,
 }
 
+/// TensorBoard and CSV tags: transformers' names (`train/learning_rate`).
+impl Scalars for StepMetrics {
+    const SECTION: &'static str = "train";
+    const RENAMES: &'static [(&'static str, &'static str)] = &[("lr", "learning_rate")];
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+/// `eval/loss`, `eval/tokens`.
+impl Scalars for SftEval {
+    const SECTION: &'static str = "eval";
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
 /// Supervised fine-tuning of a causal LM on conversations or prompt/completion pairs.
 ///
 /// The configuration is fixed once built ([`SftTrainer::config`] reads it); build a new trainer
@@ -106,7 +123,10 @@ impl SftTrainer {
 
     fn build(config: SftConfig, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
         config.validate()?;
+        let checkpoint = config.train.checkpoint_to_resume(checkpoint)?;
+        let checkpoint = checkpoint.as_deref();
         let mut core = TrainCore::load(&config.train, checkpoint)?;
+        core.logs.set_settings(&config);
         let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer)?;
         let (train, eval) = split_held_out(rows, &config);
         if train.is_empty() {
@@ -259,7 +279,7 @@ impl SftTrainer {
                 padding_fraction: 1.0 - real / total.max(1.0),
                 skipped: outcome.skipped,
             };
-            self.core.log(&self.config.train, &m);
+            self.core.log(&m);
             self.state.history.push(m.clone());
             Ok(m)
         })
@@ -285,11 +305,13 @@ impl SftTrainer {
         self.core.world.sum(&mut sums)?;
         let (loss, tokens) = (sums[0] / sums[1].max(1.0), sums[1] as usize);
         self.state.eval_history.push((self.state.global_step, loss));
-        Ok(SftEval {
+        let eval = SftEval {
             step: self.state.global_step,
             loss,
             tokens,
-        })
+        };
+        self.core.log_eval(&eval);
+        Ok(eval)
     }
 
     /// The input shapes one epoch of training would feed the model, priced as Neuron compiles:

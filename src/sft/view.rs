@@ -60,11 +60,23 @@ crate::rich_display!(TrainerState);
 impl Rich for SftTrainer {
     fn html(&self) -> String {
         let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::html);
-        self.state.html() + &adapter
+        let logs =
+            crate::train::report::logs_html(&self.config().train, crate::train::Trainer::core(self).logging_dir());
+        let logs = if logs.is_empty() {
+            logs
+        } else {
+            display::style::container(&logs)
+        };
+        self.state.html() + &adapter + &logs
     }
     fn text(&self) -> String {
         let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::text);
-        self.state.text() + &adapter
+        let logs: String =
+            crate::train::report::logs_rows(&self.config().train, crate::train::Trainer::core(self).logging_dir())
+                .into_iter()
+                .map(|(k, v)| format!("{k}: {v}\n"))
+                .collect();
+        self.state.text() + &adapter + &logs
     }
 }
 

@@ -48,24 +48,8 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// `strftime_now(format)` over the current UTC date (Llama 3.x templates print today's date).
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
+    use crate::util::clock::{MONTHS, civil_from_days, unix_seconds};
+    let (y, m, d) = civil_from_days(unix_seconds().div_euclid(86_400));
     let month = MONTHS[(m - 1) as usize];
     format
         .replace("%Y", &y.to_string())
@@ -73,19 +57,6 @@ fn strftime_now(format: String) -> String {
         .replace("%d", &format!("{d:02}"))
         .replace("%B", month)
         .replace("%b", &month[..3])
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// Replaces `{% generation %}` / `{% endgeneration %}` tags by expressions printing marker
@@ -242,11 +213,5 @@ mod tests {
                 .contains("roles must alternate")
         );
         assert!(ChatTemplate::new("{% if %}").is_err());
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_423), (2025, 12, 1));
     }
 }

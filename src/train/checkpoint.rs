@@ -6,14 +6,15 @@ use super::{AdamW, TrainError};
 use crate::model::Model;
 
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
-/// place, so a crash never leaves a half-written checkpoint under the real name.
+/// place, so a crash never leaves a half-written checkpoint under the real name. The temporary
+/// name is this process's own: another process saving into `out` never shares it.
 pub fn save_atomically(
     out: &Path,
     step: u64,
     write: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<PathBuf, TrainError> {
     let dir = out.join(format!("checkpoint-{step}"));
-    let tmp = out.join(format!(".checkpoint-{step}.tmp"));
+    let tmp = out.join(format!(".checkpoint-{step}.{}.tmp", std::process::id()));
     let fail = |message: String| TrainError::Checkpoint {
         path: dir.clone(),
         message,
@@ -31,13 +32,13 @@ pub fn save_atomically(
 
 /// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder, or its LoRA
 /// adapter as PEFT's folder (with the tokenizer files of `tokenizer_dir`), the optimizer state
-/// and `trainer_state.json`.
+/// (unless `optimizer` is `None`: `save_only_model`) and `trainer_state.json`.
 pub fn save_checkpoint(
     out: &Path,
     step: u64,
     model: &Model,
     tokenizer_dir: &Path,
-    optimizer: &AdamW,
+    optimizer: Option<&AdamW>,
     state: &impl serde::Serialize,
 ) -> Result<PathBuf, TrainError> {
     save_atomically(out, step, |tmp| {
@@ -50,7 +51,9 @@ pub fn save_checkpoint(
             None => model.save(tmp, Some(tokenizer_dir)),
         }
         .map_err(|e| e.to_string())?;
-        optimizer.save(tmp).map_err(|e| e.to_string())?;
+        if let Some(optimizer) = optimizer {
+            optimizer.save(tmp).map_err(|e| e.to_string())?;
+        }
         let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
         std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())
     })
@@ -72,21 +75,7 @@ pub fn load_checkpoint<T: serde::de::DeserializeOwned>(
     serde_json::from_str(&text).map_err(|e| fail(format!("{}: {e}", path.display())))
 }
 
-const STATE_FILE: &str = "trainer_state.json";
-
-/// Appends `value` as one JSON line to `dir/log.jsonl` (best effort: a log that cannot be
-/// written never stops training).
-pub fn append_log(dir: &Path, value: &impl serde::Serialize) {
-    use std::io::Write;
-    let _ = std::fs::create_dir_all(dir);
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("log.jsonl"))
-    {
-        let _ = writeln!(f, "{}", serde_json::to_string(value).unwrap_or_default());
-    }
-}
+pub(crate) const STATE_FILE: &str = "trainer_state.json";
 
 #[cfg(test)]
 mod tests {
@@ -98,7 +87,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&out);
         let err = save_atomically(&out, 3, |_| Err("disk full".into())).unwrap_err();
         assert!(err.to_string().ends_with("checkpoint-3: disk full"), "{err}");
-        assert!(!out.join(".checkpoint-3.tmp").exists());
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "no temporary folder left");
         assert!(!out.join("checkpoint-3").exists());
         for text in ["old", "new"] {
             let dir = save_atomically(&out, 3, |tmp| {
@@ -107,12 +96,6 @@ mod tests {
             .unwrap();
             assert_eq!(std::fs::read_to_string(dir.join("x")).unwrap(), text);
         }
-        append_log(&out, &serde_json::json!({"step": 1}));
-        append_log(&out, &serde_json::json!({"step": 2}));
-        assert_eq!(
-            std::fs::read_to_string(out.join("log.jsonl")).unwrap(),
-            "{\"step\":1}\n{\"step\":2}\n"
-        );
         let _ = std::fs::remove_dir_all(&out);
     }
 }

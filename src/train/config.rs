@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AdamWConfig, ScheduleKind, TrainError};
+use super::{AdamWConfig, ReportTo, ResumeFrom, ScheduleKind, TrainError};
 use crate::device::DeviceSpec;
 use crate::model::DtypeSetting;
 use crate::model::lora::LoraConfig;
@@ -32,8 +32,16 @@ pub struct TrainConfig {
     pub dataset: PathBuf,
     /// Split of a hub dataset (`train`).
     pub dataset_split: Option<String>,
-    /// Where checkpoints and `log.jsonl` go (none: nothing written).
+    /// Where checkpoints, `log.jsonl` and `metrics.csv` go (none: nothing written).
     pub output_dir: Option<PathBuf>,
+    /// Where the metrics go (transformers' `report_to`): a list of `"jsonl"` (`log.jsonl`, the
+    /// default), `"tensorboard"` (event files in `logging_dir`), `"csv"` (`metrics.csv`), or
+    /// `"none"`; a single name is taken as a list of one.
+    #[serde(with = "super::report::one_or_many")]
+    pub report_to: Vec<ReportTo>,
+    /// TensorBoard's folder (default `<output_dir>/runs/<Mon><DD>_<HH>-<MM>-<SS>_<host>`, as
+    /// transformers places it; a resumed run continues in its checkpoint's folder).
+    pub logging_dir: Option<PathBuf>,
     /// Peak learning rate (SFT's default is TRL's 2e-5; GRPO's is 1e-6).
     pub learning_rate: f64,
     /// Schedule after warmup.
@@ -67,6 +75,17 @@ pub struct TrainConfig {
     pub skip_invalid_rows: bool,
     /// Write a checkpoint every this many steps (the CLI's run loop).
     pub save_steps: Option<u64>,
+    /// Keep only the newest this many checkpoints in `output_dir`, deleting older ones after
+    /// each save (never the one just written or the one the run resumed from). Unset: keep all.
+    pub save_total_limit: Option<u64>,
+    /// Checkpoints hold the model (or adapter), tokenizer and state but no optimizer state:
+    /// smaller, loadable as a model, not resumable.
+    pub save_only_model: bool,
+    /// Continue from a checkpoint: `true` (or `"latest"`) picks the newest resumable one in
+    /// `output_dir`, a path names one (transformers' `resume_from_checkpoint`; the CLI's
+    /// `--resume-from` overrides it).
+    #[serde(with = "super::resume::setting")]
+    pub resume_from_checkpoint: Option<ResumeFrom>,
     /// Evaluate every this many steps, and once before the first (the CLI's run loop).
     pub eval_steps: Option<u64>,
     /// Print a step's metrics every this many steps (the CLI's run loop; `"off"` in a file:
@@ -92,6 +111,8 @@ impl Default for TrainConfig {
             dataset: PathBuf::new(),
             dataset_split: None,
             output_dir: None,
+            report_to: vec![ReportTo::Jsonl],
+            logging_dir: None,
             learning_rate: 2e-5,
             lr_scheduler: ScheduleKind::Linear,
             warmup_ratio: 0.0,
@@ -105,6 +126,9 @@ impl Default for TrainConfig {
             on_nan: NanPolicy::Skip,
             skip_invalid_rows: false,
             save_steps: None,
+            save_total_limit: None,
+            save_only_model: false,
+            resume_from_checkpoint: None,
             eval_steps: None,
             logging_steps: Some(1),
             distributed_timeout_s: 1800.0,
@@ -157,16 +181,24 @@ impl TrainConfig {
                 format!("is {}; must be finite and > 0", self.distributed_timeout_s),
             ));
         }
-        for (field, v) in [
-            ("save_steps", self.save_steps),
-            ("eval_steps", self.eval_steps),
-            ("logging_steps", self.logging_steps),
+        if self.report_to.contains(&ReportTo::None) && self.report_to.len() > 1 {
+            return Err(TrainError::config(
+                "report_to",
+                "names \"none\" beside other targets: \"none\" stands alone",
+            ));
+        }
+        for (field, v, or) in [
+            (
+                "save_total_limit",
+                self.save_total_limit,
+                "unset keeps every checkpoint",
+            ),
+            ("save_steps", self.save_steps, "unset"),
+            ("eval_steps", self.eval_steps, "unset"),
+            ("logging_steps", self.logging_steps, "\"off\""),
         ] {
             if v == Some(0) {
-                return Err(TrainError::config(
-                    field,
-                    "must be at least 1 (or unset; logging_steps: \"off\")",
-                ));
+                return Err(TrainError::config(field, format!("is 0: must be at least 1 (or {or})")));
             }
         }
         Ok(())
@@ -181,8 +213,14 @@ impl TrainConfig {
     /// model and the dataset only when they exist there (otherwise they may be hub repo ids).
     pub(crate) fn anchor_paths(&mut self, base: &Path) {
         use super::config_file::{anchor, anchor_if_exists};
-        if let Some(out) = self.output_dir.as_mut() {
-            anchor(base, out);
+        for dir in [self.output_dir.as_mut(), self.logging_dir.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            anchor(base, dir);
+        }
+        if let Some(ResumeFrom::Checkpoint(dir)) = self.resume_from_checkpoint.as_mut() {
+            anchor(base, dir);
         }
         // An unset (empty) model or dataset stays unset, for validation to name, rather than
         // becoming the config file's own folder.

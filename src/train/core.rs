@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::distributed::World;
-use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint};
+use super::report::{RunLogs, Scalars};
+use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, resume};
 use crate::data::Dataset;
 use crate::device::DeviceSpec;
 use crate::hub::HubCache;
@@ -33,6 +34,10 @@ pub struct TrainCore {
     pub special: SpecialTokens,
     /// The processes of the run (one outside a multi-process launch).
     pub world: World,
+    /// Where metrics go (`report_to`; written by the main rank).
+    pub(crate) logs: RunLogs,
+    /// The checkpoint this run continued from (spared by `save_total_limit`).
+    resumed_from: Option<PathBuf>,
 }
 
 impl TrainCore {
@@ -53,8 +58,9 @@ impl TrainCore {
     pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
         if let Some(out) = config.output_dir.as_deref().filter(|_| world.is_main()) {
-            check_writable(out)?;
+            check_writable("output_dir", out)?;
         }
+        let logs = RunLogs::new(config, world.is_main())?;
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
         let device = rank_device(config.device, &world).resolve()?;
         let load_options = LoadOptions {
@@ -78,6 +84,8 @@ impl TrainCore {
             optim: Optimization { adamw, schedule },
             special,
             world,
+            logs,
+            resumed_from: None,
         })
     }
 
@@ -119,8 +127,10 @@ impl TrainCore {
     }
 
     /// Writes `output_dir/checkpoint-<step>/` atomically: the model as a Hugging Face folder
-    /// (with the tokenizer files), the optimizer state and `state` with the run's world size.
-    /// Rank 0 writes (every rank holds the same weights); the others wait until it is written.
+    /// (with the tokenizer files), the optimizer state (not with `save_only_model`) and `state`
+    /// with the run's world size and log folder; then deletes checkpoints beyond
+    /// `save_total_limit`. Rank 0 writes (every rank holds the same weights); the others wait
+    /// until it is written.
     pub fn save_checkpoint(
         &self,
         config: &TrainConfig,
@@ -132,23 +142,44 @@ impl TrainCore {
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
         let written = match self.world.is_main() {
-            true => {
-                let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
-                    path: out.into(),
-                    message: e.to_string(),
-                })?;
-                value[WORLD_SIZE_KEY] = self.world.size.into();
-                if let Some(adapter) = &self.model.adapter {
-                    value[DROPOUT_DRAWS_KEY] = adapter.dropout_draws().into();
-                }
-                checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, &self.optim.adamw, &value)
-            }
+            true => self.write_checkpoint(config, out, step, state),
             false => Ok(out.join(format!("checkpoint-{step}"))),
         };
         // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
         // as the peer gone, within the timeout.
         let dir = written?;
         self.world.barrier()?;
+        Ok(dir)
+    }
+
+    /// Rank 0's part of [`TrainCore::save_checkpoint`].
+    fn write_checkpoint(
+        &self,
+        config: &TrainConfig,
+        out: &Path,
+        step: u64,
+        state: &impl serde::Serialize,
+    ) -> Result<PathBuf, TrainError> {
+        let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
+            path: out.into(),
+            message: e.to_string(),
+        })?;
+        value[WORLD_SIZE_KEY] = self.world.size.into();
+        if let Some(adapter) = &self.model.adapter {
+            value[DROPOUT_DRAWS_KEY] = adapter.dropout_draws().into();
+        }
+        if let Some(dir) = self.logs.logging_dir() {
+            value[LOGGING_DIR_KEY] = dir.to_string_lossy().into();
+        }
+        let optimizer = (!config.save_only_model).then_some(&self.optim.adamw);
+        let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value)?;
+        if let Some(limit) = config.save_total_limit {
+            let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            resume::rotate(out, limit, &keep)?;
+        }
         Ok(dir)
     }
 
@@ -161,6 +192,7 @@ impl TrainCore {
     {
         let state: S = self.restore(checkpoint)?;
         let done = state.progress().done;
+        self.logs.resume(done);
         if done > total_steps {
             return Err(TrainError::config(
                 "max_steps",
@@ -177,11 +209,17 @@ impl TrainCore {
     /// A checkpoint of a run with another world size is an error: its step counts and data
     /// position mean other global batches.
     pub fn restore<S: serde::de::DeserializeOwned>(&mut self, checkpoint: &Path) -> Result<S, TrainError> {
-        let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
         let fail = |message: String| TrainError::Checkpoint {
             path: checkpoint.into(),
             message,
         };
+        if checkpoint.join(checkpoint::STATE_FILE).is_file() && !resume::resumable(checkpoint) {
+            return Err(fail(
+                "holds no optimizer state (saved with save_only_model): load it as a model, but no run can resume from it"
+                    .into(),
+            ));
+        }
+        let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
         let saved = value
             .get(WORLD_SIZE_KEY)
             .and_then(serde_json::Value::as_u64)
@@ -195,23 +233,36 @@ impl TrainCore {
         if let (Some(adapter), Some(draws)) = (&self.model.adapter, value.get(DROPOUT_DRAWS_KEY)) {
             adapter.set_dropout_draws(draws.as_u64().unwrap_or(0));
         }
+        let saved_logs = value.get(LOGGING_DIR_KEY).and_then(|d| d.as_str()).map(PathBuf::from);
+        self.logs.continue_in(saved_logs);
+        self.resumed_from = Some(checkpoint.into());
         serde_json::from_value(value).map_err(|e| fail(e.to_string()))
     }
 
-    /// Appends a step's metrics to `output_dir/log.jsonl` (when set; rank 0 only).
-    pub fn log(&self, config: &TrainConfig, metrics: &impl serde::Serialize) {
-        if let Some(dir) = &config.output_dir
-            && self.world.is_main()
-        {
-            checkpoint::append_log(dir, metrics);
-        }
+    /// Logs a training step's metrics where `report_to` says (main rank only).
+    pub fn log(&mut self, metrics: &impl Scalars) {
+        self.logs.step(metrics);
+    }
+
+    /// Logs an evaluation's metrics (TensorBoard and CSV; main rank only).
+    pub fn log_eval(&mut self, metrics: &impl Scalars) {
+        self.logs.eval(metrics);
+    }
+
+    /// Logs markdown text under `tag` (TensorBoard's text tab; main rank only).
+    pub fn log_text(&mut self, tag: &str, step: u64, markdown: &str) {
+        self.logs.text(tag, step, markdown);
+    }
+
+    /// The TensorBoard folder of the run, when `report_to` names tensorboard (main rank).
+    pub fn logging_dir(&self) -> Option<&Path> {
+        self.logs.logging_dir()
     }
 }
 
 /// Creates `out` and checks a file can be written there, before any training time is spent.
-fn check_writable(out: &Path) -> Result<(), TrainError> {
-    let fail =
-        |e: std::io::Error| TrainError::config("output_dir", format!("{}: cannot be written: {e}", out.display()));
+pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), TrainError> {
+    let fail = |e: std::io::Error| TrainError::config(field, format!("{}: cannot be written: {e}", out.display()));
     std::fs::create_dir_all(out).map_err(fail)?;
     let probe = out.join(format!(".treetrain-write-check-{}", std::process::id()));
     std::fs::write(&probe, b"").map_err(fail)?;
@@ -221,6 +272,8 @@ fn check_writable(out: &Path) -> Result<(), TrainError> {
 
 /// Where the world size is kept in `trainer_state.json`.
 const WORLD_SIZE_KEY: &str = "world_size";
+/// Where the run's TensorBoard folder is kept (a resume continues in it).
+const LOGGING_DIR_KEY: &str = "logging_dir";
 /// Where a LoRA run keeps its dropout stream's position (exact resume).
 const DROPOUT_DRAWS_KEY: &str = "lora_dropout_draws";
 

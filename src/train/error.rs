@@ -79,6 +79,14 @@ pub enum TrainError {
         /// What failed.
         message: String,
     },
+    /// A run log (TensorBoard events, `metrics.csv`) could not be read.
+    #[error("run log {path}: {message}")]
+    Log {
+        /// The file or folder.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl TrainError {

@@ -1,7 +1,8 @@
 //! The training core both trainers (SFT, GRPO) are built on: the shared settings
 //! ([`TrainConfig`]), model/tokenizer/optimizer loading ([`TrainCore`]), the end of every step
 //! ([`Optimization`]: clipping, the non-finite policy, the update), checkpoints that resume
-//! exactly, the step log, the typed [`TrainError`] and the [`Trainer`] trait whose
+//! exactly (rotated by `save_total_limit`, found by `resume_from_checkpoint = true`), the run
+//! logs ([`report`]: `log.jsonl`, TensorBoard, CSV), the typed [`TrainError`] and the [`Trainer`] trait whose
 //! [`Trainer::train_for`] every caller drives. Plus AdamW with savable state and transformers'
 //! learning-rate schedules.
 
@@ -13,16 +14,20 @@ mod core;
 pub mod distributed;
 mod error;
 mod optimization;
+pub mod report;
+mod resume;
 mod schedule;
 pub(crate) mod snapshot;
 mod trainer;
 
 pub use crate::run_state;
 pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
-pub use checkpoint::{append_log, load_checkpoint, save_atomically, save_checkpoint};
+pub use checkpoint::{load_checkpoint, save_atomically, save_checkpoint};
 pub use config::{NanPolicy, TrainConfig};
 pub use core::TrainCore;
 pub use error::TrainError;
 pub use optimization::{Optimization, StepOutcome};
+pub use report::{EventScalars, ReportTo, Scalars};
+pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{Progress, RunState, Trainer, every};

@@ -1,10 +1,12 @@
 //! Small helpers with no better home.
 
+pub(crate) mod clock;
 mod ffi;
 pub(crate) mod off_or;
 mod rng;
 mod text_value;
 
+pub(crate) use clock::host_name;
 pub(crate) use ffi::ErrBuf;
 pub use rng::SplitMix64;
 pub(crate) use text_value::{TextValue, serde_via_str};

@@ -202,7 +202,13 @@ impl Rich for GrpoTrainer {
                 ))
             })
             .unwrap_or_default();
-        format!("{}{}{}", self.state.html(), self.lora_card(), tree)
+        let logs = crate::train::report::logs_html(&self.config().train, self.core.logging_dir());
+        let logs = if logs.is_empty() {
+            logs
+        } else {
+            display::style::container(&logs)
+        };
+        format!("{}{}{}{}", self.state.html(), self.lora_card(), logs, tree)
     }
 
     fn text(&self) -> String {
@@ -211,7 +217,11 @@ impl Rich for GrpoTrainer {
             .iter()
             .map(|(k, v)| format!("{k}: {v}\n"))
             .collect::<String>();
-        self.state.text() + &lora
+        let logs: String = crate::train::report::logs_rows(&self.config().train, self.core.logging_dir())
+            .into_iter()
+            .map(|(k, v)| format!("{k}: {v}\n"))
+            .collect();
+        self.state.text() + &lora + &logs
     }
 }
 

@@ -1,0 +1,401 @@
+//! Runs people watch and manage: TensorBoard and CSV logs read back by their own readers,
+//! checkpoint rotation, resuming from the latest checkpoint, and the settings' bad values.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use treetrain::grpo::{GrpoConfig, GrpoTrainer};
+use treetrain::sft::{SftConfig, SftTrainer};
+use treetrain::train::{EventScalars, ReportTo, ResumeFrom, TrainConfig, TrainError, Trainer, checkpoints};
+
+mod common;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("treetrain-runlogs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Every report target on, evaluations and a held-out split.
+fn all_reports(train: &mut TrainConfig, out: &Path) {
+    train.output_dir = Some(out.into());
+    train.report_to = vec![ReportTo::Jsonl, ReportTo::Tensorboard, ReportTo::Csv];
+}
+
+fn sft(out: &Path, steps: u64) -> SftConfig {
+    let mut c = common::shipped_sft(None, steps);
+    all_reports(&mut c.train, out);
+    c.eval_fraction = 0.1;
+    c
+}
+
+fn grpo(out: &Path, steps: u64) -> GrpoConfig {
+    let mut c = common::shipped_grpo();
+    all_reports(&mut c.train, out);
+    c.max_steps = steps;
+    c.rollouts.prompts_per_step = 4;
+    c.rollouts.num_generations = 4;
+    c.rollouts.max_completion_length = 8;
+    c.eval.eval_dataset = Some(common::root().join("datasets/grpo/test.parquet"));
+    c.eval.eval_samples = 0;
+    c
+}
+
+/// `log.jsonl`'s steps, in file order.
+fn logged_steps(out: &Path) -> Vec<u64> {
+    std::fs::read_to_string(out.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Trains 2 steps, evaluates, checkpoints, trains 2 more that no checkpoint keeps (a run
+/// killed there), then resumes from the latest checkpoint to the end and evaluates: the logs
+/// must hold every step once, the lost steps replaced.
+fn run_killed_and_resumed<T: Trainer>(make: impl Fn(bool) -> Result<T, TrainError>) -> (T, PathBuf) {
+    let mut first = make(false).unwrap();
+    first.train_for(2).unwrap();
+    first.evaluate_held_out().unwrap().expect("held-out data");
+    first.save_checkpoint().unwrap();
+    first.train_for(2).unwrap();
+    let dir = first.core().logging_dir().unwrap().to_path_buf();
+    drop(first);
+    let mut resumed = make(true).unwrap();
+    assert_eq!(resumed.progress().done, 2);
+    assert_eq!(
+        resumed.core().logging_dir(),
+        Some(dir.as_path()),
+        "a resume continues the folder"
+    );
+    resumed.train_for(u64::MAX).unwrap();
+    resumed.evaluate_held_out().unwrap();
+    (resumed, dir)
+}
+
+/// The same numbers in TensorBoard as in `log.jsonl`, read back by treetrain's reader.
+fn assert_events_match_the_jsonl(out: &Path, dir: &Path, loss_tag: &str, loss_key: &str) {
+    let events = EventScalars::read(dir).unwrap();
+    let log: Vec<serde_json::Value> = std::fs::read_to_string(out.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want: Vec<(u64, f64)> = log
+        .iter()
+        .map(|l| (l["step"].as_u64().unwrap(), l[loss_key].as_f64().unwrap()))
+        .collect();
+    let got = events.series(loss_tag);
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            g.0 == w.0 && (g.1 - w.1).abs() <= 1e-6 * w.1.abs().max(1e-12),
+            "{g:?} vs {w:?}"
+        );
+    }
+}
+
+/// TensorBoard's own reader and pandas, when the test run provides them.
+fn check_with_python_readers(out: &Path, dir: &Path, kind: &str) {
+    let python = std::env::var("TREETRAIN_LOG_READERS_PYTHON")
+        .expect("set TREETRAIN_LOG_READERS_PYTHON (scripts/setup-run-log-readers.sh prints it)");
+    let script = common::root().join("scripts/check_run_logs.py");
+    let run = Command::new(python)
+        .arg(script)
+        .arg(out)
+        .arg(dir)
+        .arg(kind)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{stdout}{stderr}");
+    eprintln!("{kind}: {stdout}");
+}
+
+#[test]
+fn an_sft_run_killed_and_resumed_logs_each_step_once_everywhere() {
+    let out = scratch("sft");
+    let (t, dir) = run_killed_and_resumed(|resume| {
+        let mut c = sft(&out, 6);
+        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        SftTrainer::from_config(c, None)
+    });
+    assert_eq!(logged_steps(&out), [1, 2, 3, 4, 5, 6]);
+    assert_events_match_the_jsonl(&out, &dir, "train/loss", "loss");
+    let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    assert!(
+        csv.starts_with("step,train/epoch,train/loss,train/learning_rate,"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 1 + 6 + 2, "header, six steps, two evaluations");
+    assert!(dir.starts_with(out.join("runs")) && std::fs::read_dir(&dir).unwrap().count() == 2);
+    let html = treetrain::display::Rich::html(&t);
+    assert!(html.contains("Run logs") && html.contains(&format!("tensorboard --logdir {}", dir.display())));
+}
+
+#[test]
+#[ignore = "slow: TensorBoard's and pandas' readers (scripts/setup-run-log-readers.sh; test.sh sets TREETRAIN_LOG_READERS_PYTHON)"]
+fn tensorboard_and_pandas_read_what_sft_and_grpo_runs_log() {
+    let out = scratch("sft-readers");
+    let (_, dir) = run_killed_and_resumed(|resume| {
+        let mut c = sft(&out, 6);
+        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        SftTrainer::from_config(c, None)
+    });
+    check_with_python_readers(&out, &dir, "sft");
+    let out = scratch("grpo-readers");
+    let (_, dir) = run_killed_and_resumed(|resume| {
+        let mut c = grpo(&out, 5);
+        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        GrpoTrainer::from_config(c, None)
+    });
+    assert_eq!(logged_steps(&out), [1, 2, 3, 4, 5]);
+    assert_events_match_the_jsonl(&out, &dir, "train/reward", "reward_mean");
+    check_with_python_readers(&out, &dir, "grpo");
+}
+
+/// Every trained weight of `t`, by name.
+fn weights<T: Trainer>(t: &T) -> Vec<(String, tch::Tensor)> {
+    let mut w = t.core().model.vs.variables().into_iter().collect::<Vec<_>>();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+#[test]
+fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
+    let reference = {
+        let mut t = SftTrainer::new(common::shipped_sft(None, 8)).unwrap();
+        t.train_for(8).unwrap();
+        weights(&t)
+    };
+    let out = scratch("rotate");
+    let config = |resume| {
+        let mut c = common::shipped_sft(Some(out.clone()), 8);
+        c.train.save_total_limit = Some(2);
+        c.train.resume_from_checkpoint = resume;
+        c
+    };
+    let mut t = SftTrainer::new(config(None)).unwrap();
+    for _ in 0..6 {
+        t.train_for(1).unwrap();
+        t.save_checkpoint().unwrap();
+    }
+    drop(t);
+    let kept: Vec<u64> = checkpoints(&out).into_iter().map(|c| c.0).collect();
+    assert_eq!(kept, [5, 6], "the last two of six saves");
+    for step in kept {
+        let dir = out.join(format!("checkpoint-{step}"));
+        for f in [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "optimizer.json",
+            "trainer_state.json",
+        ] {
+            assert!(dir.join(f).is_file(), "{}/{f}", dir.display());
+        }
+    }
+    let mut resumed = SftTrainer::new(config(Some(ResumeFrom::Latest))).unwrap();
+    assert_eq!(resumed.progress().done, 6);
+    resumed.train_for(2).unwrap();
+    for ((name, a), (_, b)) in weights(&resumed).iter().zip(&reference) {
+        assert!(a.equal(b), "{name} differs from the uninterrupted run");
+    }
+    resumed.save_checkpoint().unwrap();
+    let kept: Vec<u64> = checkpoints(&out).into_iter().map(|c| c.0).collect();
+    assert_eq!(kept, [6, 8], "the newest two, the resumed-from one among them");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn save_only_model_checkpoints_load_as_models_but_never_resume() {
+    let out = scratch("model-only");
+    let mut c = common::shipped_sft(Some(out.clone()), 4);
+    c.train.save_only_model = true;
+    let mut t = SftTrainer::new(c.clone()).unwrap();
+    t.train_for(2).unwrap();
+    let ckpt = t.save_checkpoint().unwrap();
+    assert!(ckpt.join("model.safetensors").is_file() && !ckpt.join("optimizer.safetensors").exists());
+    let options = treetrain::model::LoadOptions::default();
+    assert!(treetrain::model::Model::load(&ckpt, options).is_ok());
+    let err = SftTrainer::from_config(c.clone(), Some(&ckpt)).unwrap_err().to_string();
+    assert!(err.contains("save_only_model") && err.contains("checkpoint-2"), "{err}");
+    c.train.resume_from_checkpoint = Some(ResumeFrom::Latest);
+    let err = SftTrainer::new(c).unwrap_err().to_string();
+    assert!(err.contains("save_only_model"), "{err}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
+    let out = scratch("bad");
+    std::fs::create_dir_all(&out).unwrap();
+    let file = out.join("taken");
+    std::fs::write(&file, "a file, not a folder").unwrap();
+    type Change<'a> = Box<dyn Fn(&mut TrainConfig) + 'a>;
+    let cases: [(&str, Change); 5] = [
+        (
+            "`report_to`",
+            Box::new(|t| t.report_to = vec![ReportTo::None, ReportTo::Csv]),
+        ),
+        ("`save_total_limit`", Box::new(|t| t.save_total_limit = Some(0))),
+        (
+            "`logging_dir`",
+            Box::new(|t| {
+                t.report_to = vec![ReportTo::Tensorboard];
+                t.logging_dir = Some(file.join("runs"));
+            }),
+        ),
+        (
+            "`logging_dir`",
+            Box::new(|t| {
+                t.report_to = vec![ReportTo::Tensorboard];
+                t.output_dir = None;
+            }),
+        ),
+        (
+            "`resume_from_checkpoint`",
+            Box::new(|t| t.resume_from_checkpoint = Some(ResumeFrom::Latest)),
+        ),
+    ];
+    for (field, change) in cases {
+        let mut c = common::shipped_sft(Some(out.join("run")), 2);
+        change(&mut c.train);
+        let err = SftTrainer::new(c).unwrap_err().to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    for (toml, want) in [
+        ("report_to = \"wandb\"", "`report_to` = \"wandb\": expected"),
+        (
+            "report_to = [\"csv\", \"mlflow\"]",
+            "`report_to` = [\"csv\",\"mlflow\"]",
+        ),
+    ] {
+        let path = out.join("bad.toml");
+        std::fs::write(&path, format!("model = \"m\"\ndataset = \"d\"\n{toml}\n")).unwrap();
+        let err = SftConfig::from_toml_file(&path).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    let path = out.join("good.toml");
+    std::fs::write(
+        &path,
+        "model = \"m\"\ndataset = \"d\"\nreport_to = \"csv\"\nresume_from_checkpoint = true\n",
+    )
+    .unwrap();
+    let good = SftConfig::from_toml_file(&path).unwrap();
+    assert_eq!(good.train.report_to, [ReportTo::Csv]);
+    assert_eq!(good.train.resume_from_checkpoint, Some(ResumeFrom::Latest));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The newest `checkpoint-N` of `out` holds everything a resume reads.
+fn assert_newest_checkpoint_complete(out: &Path) -> u64 {
+    let (step, dir) = checkpoints(out).pop().expect("a checkpoint survives every kill");
+    for f in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "optimizer.json",
+        "trainer_state.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{}/{f} missing after a kill", dir.display());
+    }
+    step
+}
+
+#[test]
+#[ignore = "slow: five CLI runs, four killed"]
+fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
+    let dir = scratch("kill");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    let config = dir.join("sft.toml");
+    let model = treetrain::shipped::tiny_model_dir().unwrap();
+    let data = common::root().join("datasets/sft/train.parquet");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {model:?}\ndataset = {data:?}\noutput_dir = {out:?}\npacking = \"bfd\"\nbatch_size = 4\n\
+             max_steps = 24\nsave_steps = 1\nsave_total_limit = 1\nreport_to = [\"jsonl\", \"tensorboard\"]\n\
+             [tokenize]\nmax_length = 128\n"
+        ),
+    )
+    .unwrap();
+    let sft = |resume: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_treetrain"));
+        cmd.args(["sft", "--config", config.to_str().unwrap()]);
+        if resume {
+            cmd.args(["--resume-from", "latest"]);
+        }
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd
+    };
+    // Kill at moments after a new checkpoint appears, and twice the moment a save's temporary
+    // folder appears (inside a save).
+    let saving = || {
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+    };
+    for (i, delay_ms) in [Some(120u64), None, Some(570), None].into_iter().enumerate() {
+        let seen = checkpoints(&out).last().map_or(0, |c| c.0);
+        let mut child = sft(i > 0).spawn().unwrap();
+        let started = std::time::Instant::now();
+        let leftovers = std::fs::read_dir(&out).map_or(0, |d| d.count());
+        loop {
+            let newer = checkpoints(&out).last().map_or(0, |c| c.0) > seen;
+            match delay_ms {
+                Some(ms) if newer => break std::thread::sleep(std::time::Duration::from_millis(ms)),
+                None if newer && saving() && std::fs::read_dir(&out).unwrap().count() > leftovers => break,
+                _ => {}
+            }
+            assert!(started.elapsed().as_secs() < 120, "no new checkpoint");
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the run ended before it was killed"
+            );
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_newest_checkpoint_complete(&out);
+    }
+    let last = sft(true).stdout(std::process::Stdio::piped()).output().unwrap();
+    let printed = String::from_utf8_lossy(&last.stdout);
+    assert!(last.status.success(), "{printed}");
+    // save_steps divides max_steps: the last step's checkpoint is written once, not again at
+    // the end.
+    assert_eq!(printed.matches("checkpoint-24\n").count(), 1, "{printed}");
+    assert_eq!(assert_newest_checkpoint_complete(&out), 24);
+    let kept: Vec<u64> = checkpoints(&out).into_iter().map(|c| c.0).collect();
+    assert_eq!(
+        kept.len(),
+        2,
+        "save_total_limit = 1, and the one this run resumed from: {kept:?}"
+    );
+    let interrupted = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+        .count();
+    assert!(interrupted >= 1, "no kill landed inside a save");
+    assert_eq!(logged_steps(&out), (1..=24).collect::<Vec<u64>>());
+    let runs: Vec<PathBuf> = std::fs::read_dir(out.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        runs.len(),
+        1,
+        "every resume continues the first run's TensorBoard folder"
+    );
+    let events = EventScalars::read(&runs[0]).unwrap();
+    let steps: Vec<u64> = events.series("train/loss").iter().map(|p| p.0).collect();
+    assert_eq!(steps, (1..=24).collect::<Vec<u64>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
