@@ -241,7 +241,8 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
     config.train.output_dir = Some(out.join("grpo"));
-    let _ = std::fs::remove_file(out.join("grpo/log.jsonl"));
+    // Every demo run starts afresh.
+    config.train.overwrite_output_dir = true;
     let mut grpo = GrpoTrainer::new(config)?;
     let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
     // Held-out exact accuracy every `eval_steps` (8 samples of each test prompt, one seed): the

@@ -182,7 +182,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "output_dir",
-        "writable (created and probed before step 1, by rank 0)",
+        "writable (created and probed before step 1, by rank 0); not in use by another live run (`.treetrain.lock`: pid, host, start); no earlier run's checkpoints unless resuming or `overwrite_output_dir`",
         None,
     ),
     rule(

@@ -294,6 +294,80 @@ fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// `dir/sft.toml`: the shipped SFT at test size into `dir/out`, logging to `log.jsonl` and
+/// TensorBoard, with `extra` settings.
+fn sft_toml(dir: &Path, extra: &str) -> PathBuf {
+    let out = dir.join("out");
+    let config = dir.join("sft.toml");
+    let model = treetrain::shipped::tiny_model_dir().unwrap();
+    let data = common::root().join("datasets/sft/train.parquet");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {model:?}\ndataset = {data:?}\noutput_dir = {out:?}\npacking = \"bfd\"\nbatch_size = 4\n\
+             report_to = [\"jsonl\", \"tensorboard\"]\n{extra}[tokenize]\nmax_length = 128\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn a_second_run_into_a_used_output_dir_is_refused_at_once() {
+    let dir = scratch("two-runs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = sft_toml(&dir, "max_steps = 200\n");
+    let sft = || {
+        Command::new(env!("CARGO_BIN_EXE_treetrain"))
+            .args(["sft", "--config", config.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Started together: one holds the folder, the other is refused before any work.
+    let (mut a, mut b) = (sft(), sft());
+    let started = std::time::Instant::now();
+    let (mut winner, loser) = loop {
+        if a.try_wait().unwrap().is_some() {
+            break (b, a);
+        }
+        if b.try_wait().unwrap().is_some() {
+            break (a, b);
+        }
+        assert!(started.elapsed().as_secs() < 30, "neither run was refused");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let out = loser.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is in use by another run (process"),
+        "{err}"
+    );
+    // Beside the live run, a trainer built here is refused before it loads anything.
+    let cfg = SftConfig::from_toml_file(&config).unwrap();
+    let started = std::time::Instant::now();
+    let err = SftTrainer::new(cfg).unwrap_err().to_string();
+    let refused_after = started.elapsed();
+    assert!(err.contains(&format!("process {}", winner.id())), "{err}");
+    assert!(refused_after.as_millis() < 1000, "refused after {refused_after:?}");
+    winner.kill().unwrap();
+    winner.wait().unwrap();
+    // The killed run's lock is stale (its process is gone), but its checkpoint-less folder
+    // may be reused; one with checkpoints needs a resume or overwrite_output_dir.
+    std::fs::create_dir_all(dir.join("out/checkpoint-3")).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_treetrain"))
+        .args(["sft", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && err.contains("holds an earlier run's checkpoints (checkpoint-3)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The newest `checkpoint-N` of `out` holds everything a resume reads.
 fn assert_newest_checkpoint_complete(out: &Path) -> u64 {
     let (step, dir) = checkpoints(out).pop().expect("a checkpoint survives every kill");
@@ -314,18 +388,7 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
     let dir = scratch("kill");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("out");
-    let config = dir.join("sft.toml");
-    let model = treetrain::shipped::tiny_model_dir().unwrap();
-    let data = common::root().join("datasets/sft/train.parquet");
-    std::fs::write(
-        &config,
-        format!(
-            "model = {model:?}\ndataset = {data:?}\noutput_dir = {out:?}\npacking = \"bfd\"\nbatch_size = 4\n\
-             max_steps = 24\nsave_steps = 1\nsave_total_limit = 1\nreport_to = [\"jsonl\", \"tensorboard\"]\n\
-             [tokenize]\nmax_length = 128\n"
-        ),
-    )
-    .unwrap();
+    let config = sft_toml(&dir, "max_steps = 24\nsave_steps = 1\nsave_total_limit = 1\n");
     let sft = |resume: bool| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_treetrain"));
         cmd.args(["sft", "--config", config.to_str().unwrap()]);

@@ -34,6 +34,9 @@ pub struct TrainConfig {
     pub dataset_split: Option<String>,
     /// Where checkpoints, `log.jsonl` and `metrics.csv` go (none: nothing written).
     pub output_dir: Option<PathBuf>,
+    /// A fresh run into an `output_dir` that holds checkpoints deletes them (transformers'
+    /// setting); otherwise such a run is refused (resume it, or choose another folder).
+    pub overwrite_output_dir: bool,
     /// Where the metrics go (transformers' `report_to`): a list of `"jsonl"` (`log.jsonl`, the
     /// default), `"tensorboard"` (event files in `logging_dir`), `"csv"` (`metrics.csv`), or
     /// `"none"`; a single name is taken as a list of one.
@@ -111,6 +114,7 @@ impl Default for TrainConfig {
             dataset: PathBuf::new(),
             dataset_split: None,
             output_dir: None,
+            overwrite_output_dir: false,
             report_to: vec![ReportTo::Jsonl],
             logging_dir: None,
             learning_rate: 2e-5,

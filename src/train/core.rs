@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::distributed::World;
+use super::output_lock::OutputLock;
 use super::report::{RunLogs, Scalars};
 use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, resume};
 use crate::data::Dataset;
@@ -38,6 +39,11 @@ pub struct TrainCore {
     pub(crate) logs: RunLogs,
     /// The checkpoint this run continued from (spared by `save_total_limit`).
     resumed_from: Option<PathBuf>,
+    /// This run's hold on `output_dir` (main rank), released when the core is dropped.
+    _output_lock: Option<OutputLock>,
+    /// With LoRA: a fingerprint of the frozen base's weights, which the checkpoint does not
+    /// hold; a resume onto another base is refused.
+    base_fingerprint: Option<String>,
 }
 
 impl TrainCore {
@@ -57,9 +63,10 @@ impl TrainCore {
     /// the local rank (`cuda` is each rank's own GPU) and rank 0's weights are broadcast.
     pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
-        if let Some(out) = config.output_dir.as_deref().filter(|_| world.is_main()) {
-            check_writable("output_dir", out)?;
-        }
+        let output_lock = match config.output_dir.as_deref().filter(|_| world.is_main()) {
+            Some(out) => Some(claim_output_dir(config, out, checkpoint)?),
+            None => None,
+        };
         let logs = RunLogs::new(config, world.is_main())?;
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
         let device = rank_device(config.device, &world).resolve()?;
@@ -68,6 +75,10 @@ impl TrainCore {
             device,
         };
         let model = load_policy(config, &model_dir, checkpoint, load_options)?;
+        let base_fingerprint = match &model.adapter {
+            Some(_) => Some(crate::model::weights_fingerprint(&model.vs)?),
+            None => None,
+        };
         // Every trained variable, by name (the same order on every rank).
         let variables: std::collections::BTreeMap<String, tch::Tensor> =
             model.trainable().variables().into_iter().collect();
@@ -86,6 +97,8 @@ impl TrainCore {
             world,
             logs,
             resumed_from: None,
+            _output_lock: output_lock,
+            base_fingerprint,
         })
     }
 
@@ -171,6 +184,9 @@ impl TrainCore {
         if let Some(dir) = self.logs.logging_dir() {
             value[LOGGING_DIR_KEY] = dir.to_string_lossy().into();
         }
+        if let Some(base) = &self.base_fingerprint {
+            value[BASE_MODEL_KEY] = serde_json::json!({"model": config.model, "fingerprint": base});
+        }
         let optimizer = (!config.save_only_model).then_some(&self.optim.adamw);
         let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value)?;
         if let Some(limit) = config.save_total_limit {
@@ -220,10 +236,19 @@ impl TrainCore {
             ));
         }
         let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
-        let saved = value
-            .get(WORLD_SIZE_KEY)
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(1) as usize;
+        let saved = match value.get(WORLD_SIZE_KEY) {
+            None => 1,
+            Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
+                fail(format!(
+                    "{}: `{WORLD_SIZE_KEY}` is {v}; must be a whole number of processes, at least 1",
+                    checkpoint::STATE_FILE
+                ))
+            })? as usize,
+        };
+        check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
+        if let Some(base) = &self.base_fingerprint {
+            check_base(&value, base).map_err(fail)?;
+        }
         if saved != self.world.size {
             return Err(fail(format!(
                 "written by a run of {saved} process(es), resumed with {}: the global batch (per-process batch x processes) and the data position would change; resume with {saved} process(es)",
@@ -260,6 +285,73 @@ impl TrainCore {
     }
 }
 
+/// The optimizer's update count must be the steps the state says were taken and not skipped:
+/// a hand-edited or mismatched `global_step` or `optimizer.json` would change the schedule and
+/// AdamW's bias correction.
+fn check_update_count(state: &serde_json::Value, updates: u64) -> Result<(), String> {
+    let field = |k: &str| match state.get(k) {
+        None => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| format!("{}: `{k}` is {v}; must be a whole number", checkpoint::STATE_FILE)),
+    };
+    let (steps, skipped) = (field("global_step")?, field("skipped_steps")?);
+    if steps.checked_sub(skipped) != Some(updates) {
+        return Err(format!(
+            "{} says {steps} steps ({skipped} skipped), but optimizer.json counts {updates} updates: the files do not belong together",
+            checkpoint::STATE_FILE
+        ));
+    }
+    Ok(())
+}
+
+/// A LoRA checkpoint holds the adapter alone: it resumes only onto the base it was trained on.
+fn check_base(state: &serde_json::Value, fingerprint: &str) -> Result<(), String> {
+    let Some(saved) = state.get(BASE_MODEL_KEY) else {
+        return Ok(());
+    };
+    match saved.get("fingerprint").and_then(|f| f.as_str()) {
+        Some(f) if f == fingerprint => Ok(()),
+        _ => Err(format!(
+            "its adapter was trained on base model {} (weights fingerprint {}), but this run's `model` has other weights (fingerprint {fingerprint}): resume with the run's base model",
+            saved.get("model").unwrap_or(&serde_json::Value::Null),
+            saved.get("fingerprint").unwrap_or(&serde_json::Value::Null),
+        )),
+    }
+}
+
+/// Makes `out` this run's: writable, held against other runs, and (unless the run resumes)
+/// holding no earlier run's checkpoints, or with `overwrite_output_dir` emptied of them, so a
+/// new run's checkpoints never mix with an old one's.
+fn claim_output_dir(config: &TrainConfig, out: &Path, resuming: Option<&Path>) -> Result<OutputLock, TrainError> {
+    check_writable("output_dir", out)?;
+    let lock = OutputLock::acquire(out)?;
+    let earlier = resume::checkpoints(out);
+    if resuming.is_some() || earlier.is_empty() {
+        return Ok(lock);
+    }
+    if !config.overwrite_output_dir {
+        let names: Vec<String> = earlier.iter().map(|(s, _)| format!("checkpoint-{s}")).collect();
+        return Err(TrainError::config(
+            "output_dir",
+            format!(
+                "{} holds an earlier run's checkpoints ({}): resume it (resume_from_checkpoint = true, --resume-from latest), set overwrite_output_dir = true to delete them, or choose another output_dir",
+                out.display(),
+                names.join(", ")
+            ),
+        ));
+    }
+    for (_, dir) in earlier {
+        std::fs::remove_dir_all(&dir).map_err(|e| {
+            TrainError::config(
+                "overwrite_output_dir",
+                format!("{}: could not be deleted: {e}", dir.display()),
+            )
+        })?;
+    }
+    Ok(lock)
+}
+
 /// Creates `out` and checks a file can be written there, before any training time is spent.
 pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), TrainError> {
     let fail = |e: std::io::Error| TrainError::config(field, format!("{}: cannot be written: {e}", out.display()));
@@ -274,6 +366,8 @@ pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), Trai
 const WORLD_SIZE_KEY: &str = "world_size";
 /// Where the run's TensorBoard folder is kept (a resume continues in it).
 const LOGGING_DIR_KEY: &str = "logging_dir";
+/// Where a LoRA run records its base model (`model` and a weight fingerprint).
+const BASE_MODEL_KEY: &str = "base_model";
 /// Where a LoRA run keeps its dropout stream's position (exact resume).
 const DROPOUT_DRAWS_KEY: &str = "lora_dropout_draws";
 

@@ -14,6 +14,7 @@ mod core;
 pub mod distributed;
 mod error;
 mod optimization;
+mod output_lock;
 pub mod report;
 mod resume;
 mod schedule;
