@@ -221,6 +221,17 @@ fn starting_state(
         });
     };
     let mut state: GrpoState = core.resume(ckpt, config.max_steps)?;
+    // One batch a step at most (fewer with num_iterations): the prompt order is replayed up to
+    // it, so a larger count is a corrupt file, not a position.
+    if state.batches_consumed > state.global_step {
+        return Err(TrainError::Checkpoint {
+            path: ckpt.into(),
+            message: format!(
+                "trainer_state.json: `batches_consumed` is {}, more than the {} steps taken",
+                state.batches_consumed, state.global_step
+            ),
+        });
+    }
     state.total_steps = config.max_steps;
     Ok(state)
 }

@@ -68,4 +68,4 @@ pub use recompute::Activations;
 pub use save::{kind_name, refuse_overlap};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
-pub use weights::{all_finite, weight_files, write_safetensors};
+pub use weights::{all_finite, weight_files, weights_fingerprint, write_safetensors};

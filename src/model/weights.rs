@@ -144,6 +144,34 @@ pub fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
     Ok(t.f_isfinite()?.f_all()?.int64_value(&[]) != 0)
 }
 
+/// A short fingerprint of the weights in `vs`: every tensor's name, shape and up to 64 of its
+/// values at evenly spaced places, hashed (FNV-1a). Reading 64 values a tensor keeps it cheap at
+/// any model size; two different checkpoints of one architecture differ in it.
+pub fn weights_fingerprint(vs: &tch::nn::VarStore) -> Result<String, ModelError> {
+    let sorted: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for (name, t) in sorted {
+        eat(name.as_bytes());
+        t.size().iter().for_each(|d| eat(&d.to_le_bytes()));
+        let flat = t.f_reshape([-1])?;
+        let n = flat.numel() as i64;
+        let picks = Tensor::f_linspace(0.0, (n - 1).max(0) as f64, n.min(64), (Kind::Int64, t.device()))?
+            .f_to_kind(Kind::Int64)?;
+        let values = flat
+            .f_index_select(0, &picks)?
+            .f_to_kind(Kind::Float)?
+            .f_to_device(tch::Device::Cpu)?;
+        let values: Vec<f32> = Vec::try_from(&values)?;
+        values.iter().for_each(|v| eat(&v.to_bits().to_le_bytes()));
+    }
+    Ok(format!("{hash:016x}"))
+}
+
 /// An error naming the first tensor of `vars` (by name) that holds NaN or infinite values:
 /// nothing is written with them.
 pub(crate) fn check_finite_to_write(vars: &HashMap<String, Tensor>) -> Result<(), ModelError> {

@@ -259,24 +259,28 @@ impl AdamW {
         std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
     }
 
-    /// Restores a state written by [`AdamW::save`]; every moment must be present.
+    /// Restores a state written by [`AdamW::save`]. Every moment must be present, fp32, in its
+    /// parameter's shape and finite, and the file must hold no tensor of another parameter:
+    /// errors name the file and the tensor.
     pub fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
         let path = dir.join("optimizer.json");
         let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-        let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        let json = |message: String| ModelError::Json {
             path: path.clone(),
-            message: e.to_string(),
-        })?;
-        self.step = meta["step"].as_u64().ok_or_else(|| ModelError::Json {
-            path: path.clone(),
-            message: "missing step".into(),
-        })?;
+            message,
+        };
+        let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| json(e.to_string()))?;
+        self.step = meta["step"]
+            .as_u64()
+            .ok_or_else(|| json(format!("`step` is {}; must be a whole number of updates", meta["step"])))?;
         let file = dir.join("optimizer.safetensors");
         let bytes = std::fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
+        let bad = |message: String| ModelError::Safetensors {
             file: file.clone(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+        let mut expected = std::collections::HashSet::new();
         for (prefix, map) in [
             ("exp_avg", &self.exp_avg),
             ("exp_avg_sq", &self.exp_avg_sq),
@@ -289,9 +293,15 @@ impl AdamW {
                     dir: dir.into(),
                     files: "optimizer.safetensors".into(),
                 })?;
-                let src = Tensor::f_from_data_size(view.data(), &t.size(), Kind::Float)?;
+                let src = moment_from(&view, &key, &t.size()).map_err(bad)?;
                 tch::no_grad(|| t.shallow_clone().f_copy_(&src))?;
+                expected.insert(key);
             }
+        }
+        if let Some(extra) = st.names().into_iter().find(|n| !expected.contains(*n)) {
+            return Err(bad(format!(
+                "holds `{extra}`, a state of no parameter this run trains (a checkpoint of another model or adapter?)"
+            )));
         }
         // The parameters are the master weights rounded (as the checkpoint's weights already
         // are; this keeps them consistent whatever wrote the weights).
@@ -302,5 +312,24 @@ impl AdamW {
             Ok(())
         })?;
         Ok(())
+    }
+}
+
+/// A stored optimizer tensor as fp32 in `shape`, refusing another dtype or shape and
+/// non-finite values (what a corrupt or foreign file holds).
+fn moment_from(view: &safetensors::tensor::TensorView<'_>, key: &str, shape: &[i64]) -> Result<Tensor, String> {
+    if view.dtype() != safetensors::Dtype::F32 {
+        return Err(format!("`{key}` is {:?}; optimizer state is F32", view.dtype()));
+    }
+    let stored: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    if stored != shape {
+        return Err(format!("`{key}` has shape {stored:?}; its parameter has {shape:?}"));
+    }
+    let t = Tensor::f_from_data_size(view.data(), shape, Kind::Float).map_err(|e| format!("`{key}`: {e}"))?;
+    match crate::model::all_finite(&t) {
+        Ok(true) if !key.starts_with("exp_avg_sq.") || t.numel() == 0 || t.min().double_value(&[]) >= 0.0 => Ok(t),
+        Ok(true) => Err(format!("`{key}` holds negative values (second moments are squares)")),
+        Ok(false) => Err(format!("`{key}` holds NaN or infinite values")),
+        Err(e) => Err(format!("`{key}`: {e}")),
     }
 }
