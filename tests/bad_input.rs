@@ -432,3 +432,58 @@ fn an_update_that_makes_weights_non_finite_stops_the_run() {
     assert!(err.contains("NaN or infinite"), "{err}");
     assert!(!dir.join("out/checkpoint-1").exists());
 }
+
+/// `generate` of one chat prompt with the shipped SFT model, greedy, with `extra` flags: the
+/// output line.
+fn generate_answer(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let input = dir.join("question.jsonl");
+    let messages = r#"{"messages": [{"role": "user", "content": "What is 17 + 11?"}]}"#;
+    std::fs::write(&input, format!("{messages}\n")).unwrap();
+    let model = datasets().join("tiny-qwen3-sft").display().to_string();
+    let mut args = vec!["generate", "--model", &model, "--input", input.to_str().unwrap()];
+    args.extend_from_slice(&["--chat", "--greedy", "--max-new-tokens", "16"]);
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn stop_strings_match_the_text_across_tokens_and_inside_one() {
+    let dir = scratch("stop-strings");
+    let full = generate_answer(&dir, &[]);
+    let ids: Vec<u32> = serde_json::from_value(full["output_ids"].clone()).unwrap();
+    let tok = treetrain::tokenizer::Tokenizer::from_dir(&datasets().join("tiny-qwen3-sft")).unwrap();
+    let prefix = |n: usize| tok.decode(&ids[..n], true).unwrap();
+    let text = full["text"].as_str().unwrap().to_string();
+    // A string from two characters before a token boundary to one character into a token
+    // that adds at least two: it spans the boundary and ends inside the token.
+    let (k, stop) = (1..ids.len())
+        .find_map(|k| {
+            let (before, with) = (prefix(k), prefix(k + 1));
+            let b = before.len();
+            let candidate = with.get(b.checked_sub(2)?..b + 1)?.to_string();
+            let ok = with.len() >= b + 2 && before.is_ascii() && text.find(&candidate) == Some(b - 2);
+            ok.then_some((k, candidate))
+        })
+        .expect("a token boundary to stop across");
+    let stopped = generate_answer(&dir, &["--stop", &stop]);
+    assert_eq!(stopped["finish_reason"], "stop", "{stop:?}: {stopped}");
+    let got: Vec<u32> = serde_json::from_value(stopped["output_ids"].clone()).unwrap();
+    assert_eq!(got, ids[..k + 1], "ends with the token the string ends inside");
+    let cut = stopped["text"].as_str().unwrap();
+    assert!(cut.ends_with(&stop) && text.starts_with(cut), "{cut:?} vs {text:?}");
+    // The number the model answers, as a user would type it: it stops there too (its ids on
+    // their own are not the ids it has inside the answer).
+    let digits: String = text
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    if !digits.is_empty() {
+        let stopped = generate_answer(&dir, &["--stop", &digits]);
+        assert_eq!(stopped["finish_reason"], "stop", "{digits:?}: {stopped}");
+        assert!(stopped["text"].as_str().unwrap().ends_with(&digits));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use treetrain::generate::{GenerationConfig, Generator, SamplingConfig};
+use treetrain::generate::{FinishReason, GenerationConfig, Generator, SamplingConfig, StopStrings};
 use treetrain::model::{Dtype, SpecialTokens};
 use treetrain::tokenizer::{ChatOptions, Tokenizer};
 
@@ -54,7 +54,8 @@ pub struct GenerateArgs {
     /// Seed of the sampling draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Stop strings (each also ends a completion).
+    /// Stop strings, matched on the text (across tokens or inside one); the completion's text
+    /// ends with the string.
     #[arg(long)]
     stop: Vec<String>,
     /// Prefill chunk (prompts are left-padded to a multiple of it).
@@ -81,9 +82,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         adapter: args.adapter.as_deref(),
         adapter_use: super::AdapterUse::Merged,
     })?;
-    let tok = super::tokenizer_of(&dir)?;
-    let prompts = read_prompts(args, tok.as_ref(), &dir)?;
-    let cfg = generation_config(args, tok.as_ref(), &model.lm.config)?;
+    let tok = super::tokenizer_of(&dir)?.map(std::sync::Arc::new);
+    let prompts = read_prompts(args, tok.as_deref(), &dir)?;
+    let cfg = generation_config(args, tok.clone(), &model.lm.config)?;
     let mut generator = Generator::new();
     let completions = if args.num_generations > 1 {
         generator.generate_groups(&model.lm, &prompts, args.num_generations, &cfg)?
@@ -101,7 +102,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         if let Some(t) = &tok {
             let ids: Vec<u32> = c.output_ids.iter().map(|&i| i as u32).collect();
             match t.decode(&ids, true) {
-                Ok(text) => line["text"] = text.into(),
+                // A stop string may end inside the last token: the text ends with it.
+                Ok(text) => match (&cfg.stop_strings, c.finish_reason) {
+                    (Some(stops), FinishReason::Stop) => line["text"] = stops.cut(&text).into(),
+                    _ => line["text"] = text.into(),
+                },
                 Err(e) => line["decode_error"] = e.to_string().into(),
             }
         }
@@ -147,23 +152,20 @@ fn read_prompts(args: &GenerateArgs, tok: Option<&Tokenizer>, dir: &std::path::P
 
 fn generation_config(
     args: &GenerateArgs,
-    tok: Option<&Tokenizer>,
+    tok: Option<std::sync::Arc<Tokenizer>>,
     model: &treetrain::model::ModelConfig,
 ) -> Result<GenerationConfig> {
-    let special = SpecialTokens::resolve(tok, model);
-    let stop_sequences = match tok {
-        Some(t) => args
-            .stop
-            .iter()
-            .map(|s| Ok(t.encode(s, false)?.into_iter().map(i64::from).collect()))
-            .collect::<Result<Vec<Vec<i64>>>>()?,
-        None if args.stop.is_empty() => Vec::new(),
-        None => bail!("--stop needs the model's tokenizer"),
+    let special = SpecialTokens::resolve(tok.as_deref(), model);
+    let stop_strings = match tok {
+        _ if args.stop.is_empty() => None,
+        Some(t) => Some(StopStrings::new(args.stop.clone(), t)),
+        None => bail!("--stop needs the model's tokenizer (stop strings are matched on the text)"),
     };
     Ok(GenerationConfig {
         max_new_tokens: args.max_new_tokens,
         eos_token_ids: special.eos,
-        stop_sequences,
+        stop_sequences: Vec::new(),
+        stop_strings,
         pad_token_id: special.pad,
         prefill_chunk_size: args.prefill_chunk_size,
         max_cache_len: args.max_cache_len,

@@ -44,6 +44,9 @@ pub struct GenerationConfig {
     pub eos_token_ids: Vec<i64>,
     /// Token sequences that end a completion (included in its output).
     pub stop_sequences: Vec<Vec<i64>>,
+    /// Strings that end a completion when its text contains one, matched on the decoded text
+    /// (the token holding the string's end is the last one).
+    pub stop_strings: Option<super::StopStrings>,
     /// Id written in padding slots.
     pub pad_token_id: i64,
     /// Prompts are left-padded to a multiple of this and prefilled this many tokens at a time.
@@ -65,6 +68,7 @@ impl Default for GenerationConfig {
             max_new_tokens: 64,
             eos_token_ids: Vec::new(),
             stop_sequences: Vec::new(),
+            stop_strings: None,
             pad_token_id: 0,
             prefill_chunk_size: 128,
             max_cache_len: None,

@@ -441,8 +441,8 @@ fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize) -> Result<(), G
 }
 
 /// Chooses the next token of every unfinished row from `st.logits` (on their device: only the
-/// ids and log-probs come back) and records it in `out`; a row ends on an EOS id or a stop
-/// sequence. Finished rows get the pad id.
+/// ids and log-probs come back) and records it in `out`; a row ends on an EOS id, a stop
+/// sequence or a stop string. Finished rows get the pad id.
 fn choose_next<C: KvCache>(
     st: &mut Decoding<C>,
     out: &mut [Completion],
@@ -476,6 +476,10 @@ fn choose_next<C: KvCache>(
             .stop_sequences
             .iter()
             .any(|s| !s.is_empty() && o.output_ids.ends_with(s))
+            || cfg
+                .stop_strings
+                .as_ref()
+                .is_some_and(|s| s.ends_in_last_token(&o.output_ids))
         {
             done[r] = true;
             o.finish_reason = FinishReason::Stop;

@@ -40,6 +40,7 @@ pub mod cuda_graph;
 mod device_sampling;
 mod generator;
 mod sampling;
+mod stop;
 mod view;
 
 pub use completion::{Completion, FinishReason};
@@ -48,4 +49,5 @@ pub use conversation::Conversations;
 pub use device_sampling::{BatchChoice, choose_rows, choose_rows_with_tensors, seen_mask};
 pub use generator::Generator;
 pub use sampling::{Choice, SamplingConfig, choose};
+pub use stop::StopStrings;
 pub use view::Completions;
