@@ -30,8 +30,8 @@ enum Command {
     Convert(cli::convert::ConvertArgs),
     /// Supervised fine-tuning from a TOML config (fields of `treetrain::sft::SftConfig`).
     Sft(cli::train::SftArgs),
-    /// GRPO from a TOML config (see datasets/grpo.toml); one line per step, log.jsonl and a
-    /// final checkpoint in `output_dir`.
+    /// GRPO from a TOML config (see datasets/grpo.toml); one line per step, the logs of
+    /// `report_to` and a final checkpoint in `output_dir`.
     Grpo(cli::train::GrpoArgs),
     /// Generate completions with a static KV cache (one JSON line per completion).
     Generate(cli::generate::GenerateArgs),

@@ -86,8 +86,9 @@
 //!   [`GrpoTrainer::evaluate_by`] (each part of the prompts sharing a value of a string column,
 //!   evaluated alone) / `state` (HTML: reward curves per function, entropy and KL, the time split,
 //!   sample completions with rewards and advantages, the latest micro-batch's prefix tree), a
-//!   JSONL log per step ([`GrpoStepMetrics`]'s fields), and checkpoints that resume (sync runs
-//!   exactly, on CPU).
+//!   log per step ([`GrpoStepMetrics`]'s fields in `log.jsonl`; TensorBoard and `metrics.csv` under
+//!   TRL's tag names, with the completions table: `report_to`), and checkpoints that resume (sync
+//!   runs exactly, on CPU; `--resume-from latest`).
 //! - CLI: `treetrain grpo --config datasets/grpo.toml` (the recipe the demo runs).
 
 mod advantage;

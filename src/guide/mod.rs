@@ -8,6 +8,7 @@
 //! - [`lora`]: LoRA adapters in PEFT's format, in both trainers and on the command line.
 //! - [`data_parallelism`]: one run on several processes over c10d, under `treetrain launch` or
 //!   `torchrun`.
+//! - [`watching_runs`]: TensorBoard and CSV logs, checkpoint rotation, resuming from the latest.
 //! - [`notebooks`]: treetrain in evcxr Jupyter notebooks, and what the displays show.
 
 #[doc = include_str!("cuda.md")]
@@ -20,5 +21,7 @@ pub mod memory_and_precision {}
 pub mod lora {}
 #[doc = include_str!("data_parallelism.md")]
 pub mod data_parallelism {}
+#[doc = include_str!("watching_runs.md")]
+pub mod watching_runs {}
 #[doc = include_str!("notebooks.md")]
 pub mod notebooks {}

@@ -21,7 +21,8 @@
 //!   packing, .. }` in Rust; in TOML every field sits at the top level (`datasets/sft.toml`, the
 //!   run that made the shipped `tiny-qwen3-sft`). Unknown keys and values outside a field's set
 //!   are errors naming them.
-//! - CLI: `treetrain sft --config sft.toml [--resume-from DIR/checkpoint-N]`.
+//! - CLI: `treetrain sft --config sft.toml [--resume-from DIR/checkpoint-N|latest]`.
+//! - Logs: `log.jsonl`, TensorBoard, `metrics.csv` (`report_to`; [`crate::guide::watching_runs`]).
 //!
 //! Throughput against TRL's `SFTTrainer`: `cargo bench --bench sft` (`benches/README.md`).
 
