@@ -468,6 +468,45 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SIGTERM or SIGINT to the launcher alone (a scheduler's stop, `kill`): it passes the signal
+/// to its workers and waits for them, as torchrun does, instead of leaving them training.
+/// Subcommands that are not one run across processes are refused.
+#[test]
+fn launch_forwards_sigterm_and_sigint_to_its_workers() {
+    let dir = scratch("signals");
+    let out = dir.join("out");
+    let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
+        let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
+        let pid = launcher.0[0].id();
+        let started = Instant::now();
+        let ranks = loop {
+            let c = children(pid);
+            if c.len() == 2 && out.join("log.jsonl").exists() {
+                break c;
+            }
+            assert!(started.elapsed() < LIMIT, "launch started no workers");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // SAFETY: signalling the launcher this test started.
+        unsafe {
+            libc::kill(pid as i32, signal);
+        }
+        let (status, err) = exit_within(&mut launcher.0[0], "launch after a signal");
+        assert!(!status.success(), "{err}");
+        assert!(err.contains(&format!("launch: stopped by signal {signal}")), "{err}");
+        for rank in ranks {
+            assert!(!Path::new(&format!("/proc/{rank}")).exists(), "worker {rank} left running");
+        }
+    }
+    let score = launch(2, &["score", "--model", "m", "--input", "x"]).output().unwrap();
+    let err = String::from_utf8_lossy(&score.stderr);
+    assert!(!score.status.success() && err.contains("launch -- score: only training"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Two trainers alive at once in each process of a `launch`ed run: each joins its own group on
 /// the launcher's store (the groups' keys must not meet), and both train alike.
 #[test]

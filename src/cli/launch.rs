@@ -20,8 +20,17 @@ pub struct LaunchArgs {
     command: Vec<String>,
 }
 
+/// The subcommands that are one run across processes; any other would run once per worker
+/// (`score` would write every row N times).
+const DISTRIBUTED: [&str; 2] = ["sft", "grpo"];
+
 /// Runs `launch`.
 pub fn run(args: &LaunchArgs) -> Result<()> {
+    let sub = args.command.first().map(String::as_str).unwrap_or_default();
+    anyhow::ensure!(
+        DISTRIBUTED.contains(&sub),
+        "launch -- {sub}: only training runs across processes (sft, grpo); run `treetrain {sub}` without launch"
+    );
     anyhow::ensure!(
         args.timeout_s.is_finite() && args.timeout_s > 0.0,
         "--timeout-s {}: must be finite and > 0",

@@ -1,6 +1,7 @@
 //! `treetrain launch`: torchrun's job on one host without Python. The launcher hosts the
 //! rendezvous store on loopback (as torchrun's agent does), starts one worker per rank with
-//! torchrun's environment, and stops them all when one fails, naming it.
+//! torchrun's environment, and stops them all when one fails, naming it. SIGINT and SIGTERM
+//! sent to the launcher are passed to the workers, which it then waits for.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus};
@@ -41,6 +42,15 @@ pub enum LaunchError {
         /// The OS's reason.
         message: String,
     },
+    /// The launcher got SIGINT or SIGTERM: it passed the signal to its workers and waited
+    /// for them.
+    #[error("launch: stopped by signal {signal}; passed it to {workers} worker(s) and waited for them")]
+    Signalled {
+        /// The signal received.
+        signal: i32,
+        /// Workers that were running.
+        workers: usize,
+    },
     /// Workers failed; the rest were stopped. The ranks that were killed by a signal come
     /// first (the usual root cause: their peers then fail on the broken connection).
     #[error("launch: {}; stopped {stopped} other worker(s)", failures.join("; "))]
@@ -53,7 +63,12 @@ pub enum LaunchError {
 }
 
 /// Starts `plan.nproc` workers and waits for all of them; the first failure stops the rest.
+///
+/// SIGINT and SIGTERM are blocked in the calling thread for the call (threads it starts inherit
+/// that) and polled for between checks on the workers: call it from a process whose other
+/// threads block them too, as the CLI's single thread does.
 pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
+    let signals = BlockedSignals::block(&[libc::SIGINT, libc::SIGTERM]);
     let listener = TcpListener::bind(("127.0.0.1", plan.port))
         .map_err(|e| DistError::new(0, "store", format!("cannot listen on 127.0.0.1:{}: {e}", plan.port)))?;
     let port = listener
@@ -67,12 +82,56 @@ pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
         match spawn(plan, rank, port) {
             Ok(child) => workers.push(Some(child)),
             Err(e) => {
-                stop_all(&mut workers);
+                stop_all(&mut workers, libc::SIGTERM);
                 return Err(e);
             }
         }
     }
-    supervise(&mut workers)
+    supervise(&mut workers, &signals)
+}
+
+/// Signals taken as events: blocked while this lives (the previous mask restored after), and
+/// waited for with `sigtimedwait`, so no handler and no global state are needed.
+struct BlockedSignals {
+    set: libc::sigset_t,
+    previous: libc::sigset_t,
+}
+
+impl BlockedSignals {
+    fn block(signals: &[i32]) -> Self {
+        // SAFETY: both sets are plain values initialised by sigemptyset before use, and
+        // pthread_sigmask only reads `set` and writes `previous`.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &s in signals {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut previous);
+            BlockedSignals { set, previous }
+        }
+    }
+
+    /// One of the signals, if it arrives within `timeout`.
+    fn wait(&self, timeout: Duration) -> Option<i32> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: `set` is an initialised signal set; a null info pointer is allowed.
+        let got = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+        (got > 0).then_some(got)
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut());
+        }
+    }
 }
 
 fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError> {
@@ -103,8 +162,9 @@ fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError
 }
 
 /// Polls the workers until all exit. On the first failure the others get a moment to fail
-/// too (a dead peer breaks their collectives), then the rest are stopped.
-fn supervise(workers: &mut [Option<Child>]) -> Result<(), LaunchError> {
+/// too (a dead peer breaks their collectives), then the rest are stopped. A signal to the
+/// launcher goes to every worker, which are then waited for.
+fn supervise(workers: &mut [Option<Child>], signals: &BlockedSignals) -> Result<(), LaunchError> {
     let mut failures: Vec<(bool, String)> = Vec::new();
     let mut first_failure: Option<Instant> = None;
     loop {
@@ -132,7 +192,7 @@ fn supervise(workers: &mut [Option<Child>]) -> Result<(), LaunchError> {
         }
         let grace_over = first_failure.is_some_and(|t| t.elapsed() > Duration::from_secs(2));
         if running == 0 || grace_over {
-            let stopped = stop_all(workers);
+            let stopped = stop_all(workers, libc::SIGTERM);
             if failures.is_empty() {
                 return Ok(());
             }
@@ -143,13 +203,16 @@ fn supervise(workers: &mut [Option<Child>]) -> Result<(), LaunchError> {
                 stopped,
             });
         }
-        std::thread::sleep(Duration::from_millis(50));
+        if let Some(signal) = signals.wait(Duration::from_millis(50)) {
+            let workers = stop_all(workers, signal);
+            return Err(LaunchError::Signalled { signal, workers });
+        }
     }
 }
 
-/// Stops every running worker (SIGTERM, then SIGKILL after a grace period); returns how many
+/// Stops every running worker (`signal`, then SIGKILL after a grace period); returns how many
 /// were running.
-fn stop_all(workers: &mut [Option<Child>]) -> usize {
+fn stop_all(workers: &mut [Option<Child>], signal: i32) -> usize {
     let mut running: Vec<&mut Child> = Vec::new();
     for c in workers.iter_mut().flatten() {
         if matches!(c.try_wait(), Ok(None)) {
@@ -160,7 +223,7 @@ fn stop_all(workers: &mut [Option<Child>]) -> usize {
     for c in &running {
         // SAFETY: signalling a child we started and have not reaped.
         unsafe {
-            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            libc::kill(c.id() as libc::pid_t, signal);
         }
     }
     let deadline = Instant::now() + Duration::from_secs(5);
