@@ -199,6 +199,18 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         Scope::Start,
+        "config.json (the model)",
+        "`rope_theta` and RoPE scaling factors finite and > 0, `rms_norm_eps` finite and > 0; sizes whose parameters fit the host's memory (in fp32) before any allocation",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "log-probs and logits",
+        "finite: `score` and `generate` fail naming the row and the device instead of writing NaN or garbage tokens",
+        None,
+    ),
+    rule(
+        Scope::Start,
         "rows and prompts",
         "token ids in the vocabulary; prompt + `max_new_tokens` (or a scored row) within `max_position_embeddings`",
         None,

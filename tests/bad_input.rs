@@ -487,3 +487,60 @@ fn stop_strings_match_the_text_across_tokens_and_inside_one() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The shipped SFT model copied to `dir` with `edit` applied to its config.json.
+fn model_with_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let out = edited_model(dir, |_| {});
+    let path = out.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    out.display().to_string()
+}
+
+#[test]
+fn model_settings_that_compute_garbage_are_refused_at_load() {
+    let dir = scratch("model-settings");
+    let rows = prompts_file(&dir);
+    let cases: [(&str, serde_json::Value, &str); 4] = [
+        ("rope_theta", serde_json::json!(0.0), "`rope_theta` = 0"),
+        ("rope_theta", serde_json::json!(-10000.0), "`rope_theta` = -10000"),
+        ("rms_norm_eps", serde_json::json!(-1e-6), "`rms_norm_eps` = -0.000001"),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 0.0}),
+            "`rope_scaling.factor` = 0",
+        ),
+    ];
+    for (i, (key, value, want)) in cases.into_iter().enumerate() {
+        // transformers v5's `rope_parameters` wins over the v4 keys: the case uses those.
+        let model = model_with_config(&dir.join(format!("m{i}")), |c| {
+            c.as_object_mut().unwrap().remove("rope_parameters");
+            c[key] = value;
+        });
+        fails_with(
+            &["score", "--model", &model, "--input", &rows],
+            &[want, "must be finite and > 0"],
+        );
+        fails_with(&["generate", "--model", &model, "--input", &rows], &[want]);
+    }
+}
+
+#[test]
+fn model_sizes_beyond_memory_are_refused_before_allocating() {
+    let dir = scratch("model-sizes");
+    let rows = prompts_file(&dir);
+    for (i, (key, value)) in [("hidden_size", 1_000_000), ("num_hidden_layers", 100_000)]
+        .into_iter()
+        .enumerate()
+    {
+        let model = model_with_config(&dir.join(format!("m{i}")), |c| {
+            c[key] = value.into();
+            c["head_dim"] = 64.into();
+        });
+        fails_with(
+            &["score", "--model", &model, "--input", &rows],
+            &["parameters", "GB of host memory (fp32)", "GB is available"],
+        );
+    }
+}

@@ -288,6 +288,14 @@ fn stop_sequences_and_errors() {
     };
     let err = g.generate(&m.lm, &prompts()[..1], &small).unwrap_err();
     assert!(err.to_string().contains("max_cache_len 6"), "{err}");
+    // A model that computes NaN (a broken device, weights gone bad after loading): an error
+    // naming the row and the step, never token 0 at every step.
+    tch::no_grad(|| {
+        let _ = m.vs.variables()["model.norm.weight"].shallow_clone().fill_(f64::NAN);
+    });
+    let err = g.generate(&m.lm, &prompts()[..2], &cfg(8, vec![], 4)).unwrap_err();
+    assert!(matches!(err, GenerateError::NonFinite { row: 0, step: 0, .. }), "{err}");
+    assert!(err.to_string().contains("NaN or infinite on device"), "{err}");
 }
 
 #[test]

@@ -82,6 +82,21 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         ScorePacking::Flat => score_packed::<FlatRow>(&model, &rows, args.max_tokens)?,
         ScorePacking::Tree => score_packed::<PrefixTree>(&model, &rows, args.max_tokens)?,
     };
+    let scored: Vec<Vec<f32>> = scored;
+    // NaN or infinite log-probs are a broken model or device, never a result to write.
+    if let Some((row, at)) = scored
+        .iter()
+        .enumerate()
+        .find_map(|(r, lp)| lp.iter().position(|x| !x.is_finite()).map(|p| (r, p)))
+    {
+        bail!(
+            "{}: the log-prob of token {} is {} on device {:?}: the model or the device computes garbage",
+            ats[row],
+            at + 1,
+            scored[row][at],
+            model.device()
+        );
+    }
     super::jsonl::write(scored.into_iter().map(|lp| serde_json::json!({ "logprobs": lp })))
 }
 

@@ -24,6 +24,18 @@ pub enum GenerateError {
     /// libtorch failed.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// The model's logits were NaN or infinite (a broken model or device).
+    #[error(
+        "row {row}, generated token {step}: the logits are NaN or infinite on device {device}; the model or the device computes garbage"
+    )]
+    NonFinite {
+        /// Row of the call.
+        row: usize,
+        /// Tokens generated before.
+        step: usize,
+        /// Where the model ran.
+        device: String,
+    },
     /// A CUDA graph of the decode step could not be loaded, recorded or replayed.
     #[error("CUDA graph: {0}")]
     CudaGraph(String),

@@ -464,6 +464,15 @@ fn choose_next<C: KvCache>(
             continue;
         }
         let token = chosen.tokens[r];
+        // NaN or infinite logits (a broken model or device) pick garbage tokens: an error,
+        // never a completion.
+        if !chosen.logprobs[r].is_finite() {
+            return Err(GenerateError::NonFinite {
+                row: r,
+                step: out[r].output_ids.len(),
+                device: format!("{:?}", st.logits.device()),
+            });
+        }
         next[r] = token;
         let o = &mut out[r];
         o.output_ids.push(token);

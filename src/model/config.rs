@@ -236,6 +236,14 @@ impl HfConfig {
         let (num_heads, num_kv_heads, head_dim) = self.attention_shape()?;
         self.check_features()?;
         let (rope_theta, rope_scaling) = self.rope()?;
+        let rms_norm_eps = self.rms_norm_eps.unwrap_or(1e-6);
+        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+            return Err(ModelError::unsupported(
+                "rms_norm_eps",
+                rms_norm_eps,
+                "must be finite and > 0 (RMSNorm divides by sqrt(mean + eps))",
+            ));
+        }
         let attention_bias = self.attention_bias.unwrap_or(false);
         Ok(ModelConfig {
             arch,
@@ -246,7 +254,7 @@ impl HfConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rms_norm_eps,
             rope_theta,
             rope_scaling,
             qk_norm: arch == Architecture::Qwen3,
@@ -359,6 +367,13 @@ impl HfConfig {
             .and_then(Value::as_f64)
             .or(self.rope_theta)
             .unwrap_or(10_000.0);
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(ModelError::unsupported(
+                "rope_theta",
+                theta,
+                "must be finite and > 0 (the RoPE frequencies are its powers)",
+            ));
+        }
         let Some(p) = params else {
             return Ok((theta, RopeScaling::None));
         };
@@ -368,13 +383,21 @@ impl HfConfig {
             .and_then(Value::as_str)
             .unwrap_or("default");
         let num = |key: &str| -> Result<f64, ModelError> {
-            p.get(key).and_then(Value::as_f64).ok_or_else(|| {
+            let x = p.get(key).and_then(Value::as_f64).ok_or_else(|| {
                 ModelError::unsupported(
                     &format!("{field}.{key}"),
                     "missing",
                     &format!("rope type {kind:?} needs it"),
                 )
-            })
+            })?;
+            match x.is_finite() && x > 0.0 {
+                true => Ok(x),
+                false => Err(ModelError::unsupported(
+                    &format!("{field}.{key}"),
+                    x,
+                    "must be finite and > 0",
+                )),
+            }
         };
         let scaling = match kind {
             "default" => RopeScaling::None,
@@ -417,8 +440,13 @@ impl ModelConfig {
 
     /// Parameters in the model (tied embeddings counted once).
     pub fn num_parameters(&self) -> i64 {
-        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (q, kv) = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
+        // In i128: a config's sizes are user input, and their products must not overflow.
+        let w = |x: i64| i128::from(x);
+        let (h, i, v) = (w(self.hidden_size), w(self.intermediate_size), w(self.vocab_size));
+        let (q, kv) = (
+            w(self.num_heads) * w(self.head_dim),
+            w(self.num_kv_heads) * w(self.head_dim),
+        );
         let mut attn = h * q + 2 * h * kv + q * h;
         if self.qkv_bias {
             attn += q + 2 * kv;
@@ -427,11 +455,11 @@ impl ModelConfig {
             attn += h;
         }
         if self.qk_norm {
-            attn += 2 * self.head_dim;
+            attn += 2 * w(self.head_dim);
         }
         let mlp = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
         let layer = attn + mlp + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + self.num_layers * layer + h + head
+        i64::try_from(v * h + w(self.num_layers) * layer + h + head).unwrap_or(i64::MAX)
     }
 }

@@ -88,6 +88,7 @@ impl Model {
                 .transpose()?
                 .unwrap_or(Kind::Float),
         };
+        check_fits_in_memory(&config)?;
         let mut vs = nn::VarStore::new(opts.device.host());
         let lm = CausalLm::new(&vs, config);
         if kind != Kind::Float {
@@ -320,5 +321,24 @@ pub struct TrainingMode<'a>(&'a Model);
 impl Drop for TrainingMode<'_> {
     fn drop(&mut self) {
         self.0.set_training(false);
+    }
+}
+
+/// The model's parameters are made in fp32 on the host first: a config whose sizes need more
+/// than the host has is refused before any allocation (which would abort the process).
+fn check_fits_in_memory(config: &super::ModelConfig) -> Result<(), ModelError> {
+    let params = config.num_parameters();
+    let need = params as u128 * 4;
+    match crate::device::available_host_bytes() {
+        Some(available) if need > available => Err(ModelError::unsupported(
+            "hidden_size, intermediate_size, num_hidden_layers, vocab_size",
+            format!("{params} parameters"),
+            &format!(
+                "making the model needs {:.1} GB of host memory (fp32); {:.1} GB is available",
+                need as f64 / 1e9,
+                available as f64 / 1e9
+            ),
+        )),
+        _ => Ok(()),
     }
 }
