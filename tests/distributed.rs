@@ -498,12 +498,18 @@ fn launch_forwards_sigterm_and_sigint_to_its_workers() {
         assert!(!status.success(), "{err}");
         assert!(err.contains(&format!("launch: stopped by signal {signal}")), "{err}");
         for rank in ranks {
-            assert!(!Path::new(&format!("/proc/{rank}")).exists(), "worker {rank} left running");
+            assert!(
+                !Path::new(&format!("/proc/{rank}")).exists(),
+                "worker {rank} left running"
+            );
         }
     }
     let score = launch(2, &["score", "--model", "m", "--input", "x"]).output().unwrap();
     let err = String::from_utf8_lossy(&score.stderr);
-    assert!(!score.status.success() && err.contains("launch -- score: only training"), "{err}");
+    assert!(
+        !score.status.success() && err.contains("launch -- score: only training"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
