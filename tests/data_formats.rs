@@ -26,7 +26,7 @@ fn shipped_parquet_reads_back_what_the_generator_wrote() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     let sft = all(&Dataset::open(&root.join("sft/train.parquet")).unwrap());
     assert_eq!(sft.len(), 2000);
-    let calculator = all(&Dataset::open(&root.join("sft/calculator.parquet")).unwrap());
+    let calculator = all(&Dataset::open(&root.join("sft/train-calculator.parquet")).unwrap());
     assert_eq!(calculator.len(), 2 * treetrain::shipped::datasets::SFT_CALCULATOR);
     let schema = json!([treetrain::shipped::calculator::Calculator::schema()]);
     for (i, ex) in calculator.iter().enumerate() {
@@ -49,9 +49,67 @@ fn shipped_parquet_reads_back_what_the_generator_wrote() {
             tools: None
         }
     );
+    // A folder reads as `datasets.load_dataset` reads it: its train split by default.
     let grpo = all(&Dataset::open(&root.join("grpo")).unwrap());
-    assert_eq!(grpo.len(), 600, "test + train files of the folder");
+    assert_eq!(
+        grpo.len(),
+        500,
+        "train.parquet: the held-out test.parquet is another split"
+    );
     assert!(matches!(&grpo[0], Example::Prompt(p) if p.as_array().unwrap().len() == 2));
+    assert_eq!(
+        all(&Dataset::open_split(&root.join("grpo"), Some("test")).unwrap()).len(),
+        100
+    );
+    let both = all(&Dataset::open(&root.join("sft")).unwrap());
+    assert_eq!(
+        both.len(),
+        2000 + 2 * treetrain::shipped::datasets::SFT_CALCULATOR,
+        "both train files"
+    );
+}
+
+/// `dir/name` holding `rows` JSON lines of one prompt each.
+fn write_rows(dir: &Path, name: &str, rows: usize) {
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let lines: Vec<String> = (0..rows).map(|i| format!("{{\"prompt\": \"q{i}\"}}")).collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn local_folders_split_as_datasets_load_dataset_splits_them() {
+    let rows = |d: &Path, split: Option<&str>| Dataset::open_split(d, split).map(|ds| all(&ds).len());
+    // Split files by name; a notebook's checkpoint copies are hidden; extensions in any case.
+    let d = scratch("split-names");
+    write_rows(&d, "train.jsonl", 3);
+    write_rows(&d, "TEST.JSONL", 2);
+    write_rows(&d, ".ipynb_checkpoints/train-checkpoint.jsonl", 3);
+    write_rows(&d, "__pycache__/train.jsonl", 3);
+    assert_eq!(rows(&d, None).unwrap(), 3);
+    assert_eq!(rows(&d, Some("test")).unwrap(), 2);
+    let err = rows(&d, Some("validation")).unwrap_err().to_string();
+    assert!(err.contains("no `validation` split; its splits: test, train"), "{err}");
+    // No file names a split: all of them are the train split.
+    let d = scratch("no-split-names");
+    write_rows(&d, "a.jsonl", 1);
+    write_rows(&d, "b.JSONL", 2);
+    assert_eq!(rows(&d, None).unwrap(), 3);
+    // save_to_disk's DatasetDict: its own split names, metadata files skipped.
+    let d = scratch("saved-dict");
+    std::fs::write(d.join("dataset_dict.json"), r#"{"splits": ["train", "heldout"]}"#).unwrap();
+    write_rows(&d, "train/data-00000-of-00001.jsonl", 4);
+    write_rows(&d, "heldout/data-00000-of-00001.jsonl", 1);
+    for split in ["train", "heldout"] {
+        std::fs::write(d.join(split).join("dataset_info.json"), "{}").unwrap();
+        std::fs::write(d.join(split).join("state.json"), "{}").unwrap();
+    }
+    assert_eq!(rows(&d, None).unwrap(), 4);
+    assert_eq!(rows(&d, Some("heldout")).unwrap(), 1);
+    assert_eq!(all(&Dataset::open_held_out(&d.join("heldout")).unwrap()).len(), 1);
+    // One file is one train split.
+    let err = rows(&d.join("train/data-00000-of-00001.jsonl"), Some("test")).unwrap_err();
+    assert!(err.to_string().contains("no `test` split"), "{err}");
 }
 
 #[test]
@@ -253,11 +311,12 @@ fn dataset_repos_resolve_in_the_hub_cache_by_split() {
         all(&Dataset::from_hub(&cache, "acme/tasks", Some("test")).unwrap()).len(),
         100
     );
-    assert_eq!(all(&Dataset::from_hub(&cache, "acme/tasks", None).unwrap()).len(), 600);
+    // No split named: `load_dataset`'s training default, the train split.
+    assert_eq!(all(&Dataset::from_hub(&cache, "acme/tasks", None).unwrap()).len(), 500);
     let err = Dataset::from_hub(&cache, "acme/tasks", Some("validation"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("no file for split `validation`"), "{err}");
+    assert!(err.contains("no `validation` split; its splits: test, train"), "{err}");
     let err = Dataset::from_hub(&cache, "acme/other", None).unwrap_err().to_string();
     assert!(err.contains("`acme/other`") && err.contains("`main`"), "{err}");
 }

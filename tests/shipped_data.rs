@@ -14,7 +14,7 @@ fn committed_files_equal_a_fresh_generation() {
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     for f in [
         "sft/train.parquet",
-        "sft/calculator.parquet",
+        "sft/train-calculator.parquet",
         "grpo/train.parquet",
         "grpo/test.parquet",
         "calculator/train.parquet",

@@ -4,6 +4,7 @@
 
 mod example;
 mod reader;
+mod splits;
 mod value;
 
 use std::path::PathBuf;

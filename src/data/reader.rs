@@ -16,50 +16,58 @@ pub struct Dataset {
     pub files: Vec<PathBuf>,
 }
 
-const EXTENSIONS: [&str; 4] = ["parquet", "arrow", "jsonl", "json"];
-
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            collect(&p, out)?;
-        } else if p
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| EXTENSIONS.contains(&e))
-            && !p
-                .file_name()
-                .is_some_and(|n| n == "dataset_info.json" || n == "state.json" || n == "dataset_dict.json")
-        {
-            out.push(p);
-        }
-    }
-    Ok(())
-}
+use super::splits::{EXTENSIONS, splits_of};
 
 impl Dataset {
     /// A file (`.parquet`, `.arrow`, `.jsonl`, `.json` lines) or a folder holding such files
     /// (a `save_to_disk` split, a hub snapshot's `data/`).
     pub fn open(path: &Path) -> Result<Self, DataError> {
+        Self::open_split(path, None)
+    }
+
+    /// A file, or split `split` (default `train`) of a folder, split as
+    /// `datasets.load_dataset(folder)` splits it (see [`crate::data`]'s folder rules).
+    pub fn open_split(path: &Path, split: Option<&str>) -> Result<Self, DataError> {
         let err = |message: String| DataError::File {
             path: path.into(),
             message,
         };
-        let mut files = Vec::new();
-        if path.is_dir() {
-            collect(path, &mut files).map_err(|e| err(e.to_string()))?;
-        } else if path.exists() {
-            files.push(path.to_path_buf());
-        } else {
+        if !path.exists() {
             return Err(err("no such file or folder".into()));
         }
-        if files.is_empty() {
-            return Err(err(format!("holds no data file ({})", EXTENSIONS.join(", "))));
+        if !path.is_dir() {
+            return match split {
+                Some(s) if s != "train" => Err(err(format!("is one file, one train split: it has no `{s}` split"))),
+                _ => Ok(Dataset {
+                    files: vec![path.to_path_buf()],
+                }),
+            };
         }
-        Ok(Dataset { files })
+        let mut splits = splits_of(path).map_err(|e| err(e.to_string()))?;
+        if splits.is_empty() {
+            return Err(err(format!("holds no data file ({}, any case)", EXTENSIONS.join(", "))));
+        }
+        let wanted = split.unwrap_or("train");
+        let names: Vec<String> = splits.keys().cloned().collect();
+        match splits.remove(wanted) {
+            Some(files) if !files.is_empty() => Ok(Dataset { files }),
+            _ => Err(err(format!(
+                "has no `{wanted}` split; its splits: {} (dataset_split names one)",
+                names.join(", ")
+            ))),
+        }
+    }
+
+    /// Held-out data: a file, or a folder's `test` split, else its `validation` split, else
+    /// the folder's one split when it has no others.
+    pub fn open_held_out(path: &Path) -> Result<Self, DataError> {
+        if !path.is_dir() {
+            return Self::open(path);
+        }
+        ["test", "validation", "train"]
+            .iter()
+            .find_map(|s| Self::open_split(path, Some(s)).ok())
+            .map_or_else(|| Self::open(path), Ok)
     }
 
     /// A dataset repo in the Hugging Face cache (`datasets--org--name`, `org/name[@revision]`),
@@ -78,17 +86,7 @@ impl Dataset {
                     "dataset repo `{repo}` at revision `{revision}` is not in the cache"
                 ))
             })?;
-        let mut ds = Dataset::open(&snap)?;
-        if let Some(split) = split {
-            ds.files.retain(|f| {
-                f.strip_prefix(&snap)
-                    .is_ok_and(|rel| rel.iter().any(|c| c.to_string_lossy().starts_with(split)))
-            });
-            if ds.files.is_empty() {
-                return Err(err(format!("dataset repo `{repo}` has no file for split `{split}`")));
-            }
-        }
-        Ok(ds)
+        Dataset::open_split(&snap, split).map_err(|e| err(format!("dataset repo `{repo}`: {e}")))
     }
 
     /// Rows as JSON objects, file by file, batch by batch (never the whole dataset in memory).
@@ -164,7 +162,12 @@ pub fn read_rows(path: &Path) -> Result<Rows, DataError> {
         message,
     };
     let open = || File::open(path).map_err(|e| err(e.to_string()));
-    match path.extension().and_then(|e| e.to_str()) {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("parquet") => {
             let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(open()?)
                 .and_then(|b| b.with_batch_size(1024).build())

@@ -165,7 +165,12 @@ impl GrpoTrainerBuilder {
         let source = rollout_source(&config, &core, producer, &state)?;
         let reference = (config.loss.beta > 0.0).then(|| reference_of(&core)).transpose()?;
         let held_out = match &config.eval.eval_dataset {
-            Some(path) => Some(load_prompt_set(&config, &core.tokenizer, &Dataset::open(path)?, tools)?),
+            Some(path) => Some(load_prompt_set(
+                &config,
+                &core.tokenizer,
+                &Dataset::open_held_out(path)?,
+                tools,
+            )?),
             None => None,
         };
         if let Some(h) = &held_out {

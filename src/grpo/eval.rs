@@ -17,7 +17,12 @@ impl GrpoTrainer {
     /// Prompts of another file or folder (a held-out split), read like the training prompts.
     pub fn load_prompts(&self, path: &Path) -> Result<PromptSet, TrainError> {
         let tools = self.multi_turn.as_ref().and_then(|m| m.environment.tools());
-        load_prompt_set(&self.config, &self.core.tokenizer, &Dataset::open(path)?, tools)
+        load_prompt_set(
+            &self.config,
+            &self.core.tokenizer,
+            &Dataset::open_held_out(path)?,
+            tools,
+        )
     }
 
     /// Mean rewards of the current policy on `prompts`: `samples` completions per prompt at the

@@ -143,7 +143,7 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
 
 /// Sizes of the shipped splits: SFT conversations of the selection mix.
 pub const SFT_TRAIN: usize = 2000;
-/// Questions of the calculator task in the SFT data (each twice; `sft/calculator.parquet`).
+/// Questions of the calculator task in the SFT data (each twice; `sft/train-calculator.parquet`).
 pub const SFT_CALCULATOR: usize = 600;
 /// Calculator GRPO training prompts.
 pub const CALCULATOR_TRAIN: usize = 500;
@@ -157,9 +157,9 @@ pub const GRPO_TEST: usize = 100;
 /// tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
 const TOKENIZER_CORPUS_SIZES: [usize; 3] = [2000, 500, 100];
 
-/// Writes `sft/train.parquet` (the selection mix's conversations), `sft/calculator.parquet`
+/// Writes `sft/train.parquet` (the selection mix's conversations), `sft/train-calculator.parquet`
 /// (the calculator's, with a `tools` column), `grpo/{train,test}.parquet` and
-/// `calculator/{train,test}.parquet` under `root`. The SFT recipe reads the whole `sft/` folder.
+/// `calculator/{train,test}.parquet` under `root`. The SFT recipe reads `sft/`'s train split: both files (their names say `train`).
 pub fn write_all(root: &Path) -> Result<(), String> {
     for dir in ["sft", "grpo", "calculator"] {
         std::fs::create_dir_all(root.join(dir)).map_err(|e| e.to_string())?;
@@ -178,7 +178,7 @@ pub fn write_all(root: &Path) -> Result<(), String> {
     let msgs: Vec<&[ChatMessage]> = calculator.iter().map(Vec::as_slice).collect();
     let tools = serde_json::json!([Calculator::schema()]).to_string();
     write(
-        &root.join("sft/calculator.parquet"),
+        &root.join("sft/train-calculator.parquet"),
         vec![
             ("messages", messages_array(&msgs)),
             (

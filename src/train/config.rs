@@ -30,7 +30,8 @@ pub struct TrainConfig {
     /// Dataset file or folder (Parquet, Arrow, JSON lines), or a dataset repo id in the Hugging
     /// Face cache (`org/name[@revision]`).
     pub dataset: PathBuf,
-    /// Split of a hub dataset (`train`).
+    /// Split of a folder or hub dataset (default `train`), as `datasets.load_dataset` splits
+    /// it: `save_to_disk` split folders, or split names in folder and file names.
     pub dataset_split: Option<String>,
     /// Where checkpoints, `log.jsonl` and `metrics.csv` go (none: nothing written).
     pub output_dir: Option<PathBuf>,

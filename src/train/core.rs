@@ -126,10 +126,11 @@ impl TrainCore {
     }
 
     /// The training data: `config.dataset` as a file or folder when it exists, else as a dataset
-    /// repo id in the Hugging Face cache (split `dataset_split`).
+    /// repo id in the Hugging Face cache; split `dataset_split` (default `train`) of a folder
+    /// or repo, as `datasets.load_dataset` splits it.
     pub fn open_dataset(config: &TrainConfig) -> Result<Dataset, TrainError> {
         if config.dataset.exists() {
-            return Ok(Dataset::open(&config.dataset)?);
+            return Ok(Dataset::open_split(&config.dataset, config.dataset_split.as_deref())?);
         }
         let spec = config.dataset.to_string_lossy();
         Ok(Dataset::from_hub(
