@@ -63,7 +63,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Train,
         "dataset",
-        "set: a data file, folder or hub dataset id",
+        "set: a data file, folder or hub dataset id; of a folder or repo, split `dataset_split` (default `train`) as `datasets.load_dataset` splits it, which must exist",
         None,
     ),
     rule(Scope::Train, "learning_rate", "finite and > 0", Some("0.0")),
@@ -118,7 +118,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Train,
         "unknown keys",
-        "refused, with the nearest known key suggested",
+        "refused, with the nearest known key suggested, inside `[[rewards]]` tables too; a top-level key written below a table's header is named as such",
         None,
     ),
     rule(Scope::Sft, "batch_size", "at least 1 (per process)", Some("0")),
@@ -160,7 +160,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Grpo,
         "rewards",
-        "at least one, finite weights; a built-in reward's column (`exact_answer`: `answer`) in every prompt row",
+        "at least one, finite weights; a built-in reward's column (`exact_answer`: `answer`) in every prompt row, one value (not a list, object or null)",
         None,
     ),
     rule(Scope::Sampling, "temperature", "finite and > 0", Some("inf")),

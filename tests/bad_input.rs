@@ -544,3 +544,48 @@ fn model_sizes_beyond_memory_are_refused_before_allocating() {
         );
     }
 }
+
+#[test]
+fn reward_tables_and_reward_columns_are_read_as_the_user_meant() {
+    let dir = scratch("reward-tables");
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"2+2=\", \"answer\": \"4\"}\n{\"prompt\": \"3+3=\", \"answer\": [\"6\", \"six\"]}\n",
+    )
+    .unwrap();
+    let write = |rewards: &str| {
+        let path = dir.join("grpo.toml");
+        let text = format!(
+            "model = {:?}\ndataset = {:?}\nprompt_field = \"prompt\"\nmax_steps = 1\n\
+             [[rewards]]\nname = \"exact_answer\"\n[[rewards]]\nname = \"answer_format\"\n{rewards}",
+            datasets().join("tiny-qwen3-sft").display().to_string(),
+            prompts,
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    // A typo inside a [[rewards]] table is not a reward field silently ignored.
+    fails_with(
+        &["grpo", "--config", &write("wieght = 0.25\n")],
+        &["unknown key `rewards[1].wieght`", "did you mean `rewards[1].weight`"],
+    );
+    // A top-level key written after the last [[rewards]] header lands in that table.
+    fails_with(
+        &["grpo", "--config", &write("num_generations = 4\n")],
+        &[
+            "unknown key `rewards[1].num_generations`",
+            "top-level setting",
+            "above the first header",
+        ],
+    );
+    // A list in the answer column would be compared as JSON text: 0 on every rollout.
+    fails_with(
+        &["grpo", "--config", &write("")],
+        &[
+            "reads the `answer` column as one value",
+            "dataset row 1",
+            "[\"6\",\"six\"]",
+        ],
+    );
+}

@@ -319,6 +319,21 @@ pub(super) fn check_columns(rewards: &[RewardFn], prompts: &PromptSet, which: &s
                 ),
             ));
         }
+        // A list, an object or null would be compared as its JSON text: 0 on every rollout.
+        let not_scalar = |v: &serde_json::Value| v.is_array() || v.is_object() || v.is_null();
+        if let Some(p) = prompts
+            .prompts
+            .iter()
+            .find(|p| p.row.get(column).is_some_and(not_scalar))
+        {
+            return Err(TrainError::config(
+                "rewards",
+                format!(
+                    "reward `{}` reads the `{column}` column as one value, but {which} row {} (0-based) holds {}",
+                    r.name, p.dataset_row, p.row[column]
+                ),
+            ));
+        }
     }
     Ok(())
 }

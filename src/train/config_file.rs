@@ -25,8 +25,7 @@ where
         .try_into()
         .map_err(|e: toml::de::Error| fail(e.to_string()))?;
     let known = toml::Table::try_from(&cfg).map_err(|e| fail(e.to_string()))?;
-    if let Some((key, suggestion)) = unknown_key(&file, &known, "") {
-        let hint = suggestion.map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
+    if let Some((key, hint)) = unknown_key(&file, &known, &known, "") {
         return Err(fail(format!("unknown key `{key}`{hint}")));
     }
     Ok((cfg, path.parent().unwrap_or(Path::new("."))))
@@ -59,15 +58,31 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-/// The first key of `file` (dotted, under `prefix`) that the parsed config does not hold, with
-/// the closest known key at that level when one is near (a typo).
-fn unknown_key(file: &toml::Table, known: &toml::Table, prefix: &str) -> Option<(String, Option<String>)> {
+/// The first key of `file` (dotted, under `prefix`; `rewards[1].weight` inside an array of
+/// tables) that the parsed config does not hold, with a hint: the closest known key at that
+/// level (a typo), or, for a top-level setting TOML read into a table because it was written
+/// after the table's header, where to move it.
+fn unknown_key(file: &toml::Table, known: &toml::Table, root: &toml::Table, prefix: &str) -> Option<(String, String)> {
+    use toml::Value::{Array, Table};
     file.iter().find_map(|(k, v)| match (known.get(k), v) {
+        (None, _) if !prefix.is_empty() && root.contains_key(k) => Some((
+            format!("{prefix}{k}"),
+            format!(
+                " (`{k}` is a top-level setting: TOML puts every key after a `[table]` or `[[array]]` header into that table; move it above the first header)"
+            ),
+        )),
         (None, _) => {
             let near = closest(k, known.keys().map(String::as_str));
-            Some((format!("{prefix}{k}"), near.map(|n| format!("{prefix}{n}"))))
+            Some((
+                format!("{prefix}{k}"),
+                near.map_or(String::new(), |n| format!(" (did you mean `{prefix}{n}`?)")),
+            ))
         }
-        (Some(toml::Value::Table(kn)), toml::Value::Table(f)) => unknown_key(f, kn, &format!("{prefix}{k}.")),
+        (Some(Table(kn)), Table(f)) => unknown_key(f, kn, root, &format!("{prefix}{k}.")),
+        (Some(Array(kn)), Array(f)) => f.iter().zip(kn).enumerate().find_map(|(i, pair)| match pair {
+            (Table(f), Table(kn)) => unknown_key(f, kn, root, &format!("{prefix}{k}[{i}].")),
+            _ => None,
+        }),
         _ => None,
     })
 }
