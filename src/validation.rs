@@ -205,6 +205,18 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         Scope::Start,
+        "eval_steps",
+        "with held-out data to evaluate on: SFT's `eval_fraction` holds out at least one row; GRPO has an `eval_dataset`",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "`--model` / `model`",
+        "a model folder (a LoRA adapter's folder is named as one, with its base); `model.safetensors` wins over an index beside it, as in transformers",
+        None,
+    ),
+    rule(
+        Scope::Start,
         "log-probs and logits",
         "finite: `score` and `generate` fail naming the row and the device instead of writing NaN or garbage tokens",
         None,
@@ -212,7 +224,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "rows and prompts",
-        "token ids in the vocabulary; prompt + `max_new_tokens` (or a scored row) within `max_position_embeddings`",
+        "token ids in the vocabulary (SFT rows checked after tokenizing, before step 1); prompt + `max_new_tokens` (or a scored row) within `max_position_embeddings`",
         None,
     ),
     rule(

@@ -589,3 +589,50 @@ fn reward_tables_and_reward_columns_are_read_as_the_user_meant() {
         ],
     );
 }
+
+#[test]
+fn smaller_faults_are_refused_or_read_as_transformers_does() {
+    let dir = scratch("smaller");
+    let rows = prompts_file(&dir);
+    // An index beside model.safetensors (a sharded save over an unsharded one): transformers
+    // loads the single file, and so does treetrain.
+    let both = edited_model(&dir.join("both"), |_| {});
+    let index = serde_json::json!({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}});
+    std::fs::write(both.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = run(&["score", "--model", both.to_str().unwrap(), "--input", &rows]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A LoRA checkpoint named as the model says what it is and what to do.
+    let out_dir = dir.join("lora-run");
+    let cfg = sft_config(
+        &dir,
+        &format!("output_dir = {out_dir:?}\nsave_steps = 2\n[lora]\nr = 4\ntarget_modules = [\"q_proj\"]"),
+    );
+    assert!(run(&["sft", "--config", &cfg]).status.success());
+    let ckpt = out_dir.join("checkpoint-2").display().to_string();
+    fails_with(
+        &["score", "--model", &ckpt, "--input", &rows],
+        &["holds a LoRA adapter, not a model", "--adapter"],
+    );
+    // eval_steps with nothing to evaluate on is an error, not a silent skip.
+    let cfg = sft_config(&dir, "eval_steps = 1\neval_fraction = 0.0");
+    fails_with(&["sft", "--config", &cfg], &["config `eval_steps`", "holds out none"]);
+    // Rows whose ids the model's embedding lacks are named before step 1.
+    let small = edited_model(&dir.join("small-vocab"), |ts| {
+        let e = ts.iter_mut().find(|(n, _)| n == "model.embed_tokens.weight").unwrap();
+        e.1 = e.1.narrow(0, 0, 300);
+    });
+    let config = small.join("config.json");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"vocab_size\": 2048", "\"vocab_size\": 300");
+    std::fs::write(&config, text).unwrap();
+    let cfg = sft_config(&dir, "");
+    let cfg_text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(&format!("{:?}", tiny()), &format!("{small:?}"));
+    std::fs::write(&cfg, cfg_text).unwrap();
+    fails_with(
+        &["sft", "--config", &cfg],
+        &["row 0 (0-based) tokenizes to id", "outside the model's vocab_size 300"],
+    );
+}

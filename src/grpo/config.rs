@@ -387,6 +387,12 @@ impl GrpoConfig {
     /// Checks the numbers that would make a run meaningless or hang.
     pub fn validate(&self) -> Result<(), TrainError> {
         self.train.validate()?;
+        if self.train.eval_steps.is_some() && self.eval.eval_dataset.is_none() {
+            return Err(TrainError::config(
+                "eval_steps",
+                "is set, but eval_dataset is not: there is nothing to evaluate on",
+            ));
+        }
         if self.rollouts.num_generations < 2 {
             return Err(TrainError::config(
                 "num_generations",

@@ -62,6 +62,7 @@ impl Model {
     /// once (when the folder is writable), and loaded. The shipped tiny model works this way.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         privateuse1::checked(opts.device, || {
+            refuse_adapter_folder(dir)?;
             let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
             let files = match weight_files(dir) {
                 Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
@@ -341,4 +342,26 @@ fn check_fits_in_memory(config: &super::ModelConfig) -> Result<(), ModelError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// A LoRA adapter's folder (PEFT's files, no `config.json`) named where a model is expected:
+/// say so and name its base, instead of "config.json: no such file".
+fn refuse_adapter_folder(dir: &Path) -> Result<(), ModelError> {
+    let adapter = dir.join(super::lora::ADAPTER_CONFIG);
+    if dir.join("config.json").exists() || !adapter.exists() {
+        return Ok(());
+    }
+    let base = std::fs::read_to_string(&adapter)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("base_model_name_or_path")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
+    Err(ModelError::Json {
+        path: dir.join("config.json"),
+        message: format!(
+            "missing: {} holds a LoRA adapter, not a model; load its base model ({base}) and the adapter (CLI: --model BASE --adapter {}; a run: its `model` and `[lora]`)",
+            dir.display(),
+            dir.display()
+        ),
+    })
 }

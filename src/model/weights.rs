@@ -13,6 +13,12 @@ use crate::util::SplitMix64;
 /// The safetensors files of a checkpoint folder: the shards named by
 /// `model.safetensors.index.json`, else `model.safetensors`. Pickle-only folders are refused.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    // transformers loads the single file when both it and an index are there (a sharded save
+    // over an unsharded one leaves both).
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
@@ -31,10 +37,6 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
-    }
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok(vec![single]);
     }
     for pickle in [
         "pytorch_model.bin",

@@ -127,8 +127,18 @@ impl SftTrainer {
         let checkpoint = checkpoint.as_deref();
         let mut core = TrainCore::load(&config.train, checkpoint)?;
         core.logs.set_settings(&config);
-        let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer)?;
+        let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer, core.model.lm.config.vocab_size)?;
+        let total_rows = rows.len();
         let (train, eval) = split_held_out(rows, &config);
+        if config.train.eval_steps.is_some() && eval.is_empty() {
+            return Err(TrainError::config(
+                "eval_steps",
+                format!(
+                    "is set, but eval_fraction {} of {total_rows} rows holds out none: there is nothing to evaluate on",
+                    config.eval_fraction
+                ),
+            ));
+        }
         if train.is_empty() {
             return Err(TrainError::Data("no training rows".into()));
         }
@@ -374,13 +384,26 @@ impl Trainer for SftTrainer {
 
 /// Every row of the dataset tokenized; malformed rows are an error naming them, or counted and
 /// skipped under `skip_invalid_rows`.
-fn tokenized_rows(config: &SftConfig, tokenizer: &Tokenizer) -> Result<(Vec<TrainExample>, usize), TrainError> {
+/// Every row tokenized; a row whose ids the model's embedding lacks (a tokenizer larger than
+/// the model's `vocab_size`) is an error naming it before any step, or skipped.
+fn tokenized_rows(
+    config: &SftConfig,
+    tokenizer: &Tokenizer,
+    vocab_size: i64,
+) -> Result<(Vec<TrainExample>, usize), TrainError> {
     let ds = TrainCore::open_dataset(&config.train)?;
     let skip = config.train.skip_invalid_rows;
     let (mut rows, mut skipped, mut skipped_examples) = (Vec::new(), 0, 0);
     for (i, ex) in ds.examples(skip, &mut skipped_examples).enumerate() {
         let ex = ex?;
-        match tokenize(tokenizer, &ex, i, &config.tokenize) {
+        let in_vocab = |t: TrainExample| match t.input_ids.iter().find(|&&id| id < 0 || id >= vocab_size) {
+            Some(id) => Err(format!(
+                "{}: row {i} (0-based) tokenizes to id {id}, outside the model's vocab_size {vocab_size}",
+                config.train.dataset.display()
+            )),
+            None => Ok(t),
+        };
+        match tokenize(tokenizer, &ex, i, &config.tokenize).and_then(in_vocab) {
             Ok(t) => rows.push(t),
             Err(_) if skip => skipped += 1,
             Err(e) => return Err(TrainError::Data(e)),
