@@ -74,6 +74,12 @@ fn generation_requests_that_cannot_fit_are_refused_before_allocating() {
         &["KV cache", "GB of memory is available", "rows fit"],
     );
     generate_fails("gen-zero", &["--num-generations", "0"], &["--num-generations 0"]);
+    // A prefill chunk of a million tokens: its attention over the padded cache is terabytes.
+    generate_fails(
+        "gen-chunk",
+        &["--max-new-tokens", "2", "--prefill-chunk-size", "1000000"],
+        &["prefill_chunk_size 1000000", "GB of memory is available", "tokens fits"],
+    );
 }
 
 #[test]

@@ -112,15 +112,16 @@ impl Generator {
     /// Mask `[batch, 1, t, slots]`: query `i` (slot `start + i`) sees valid slots up to its own,
     /// and always itself (so padding rows stay finite).
     fn mask(valid: &Tensor, start: i64, t: i64, slots: i64, device: Device) -> Result<Tensor, tch::TchError> {
-        let slot = device.arange(slots, Kind::Int64)?.view([1, slots]);
-        let query = (device.arange(t, Kind::Int64)? + start).view([t, 1]);
-        let causal = slot.le_tensor(&query);
-        let own = slot.eq_tensor(&query);
-        let valid = valid.narrow(1, 0, slots).unsqueeze(1);
-        Ok(valid
-            .logical_and(&causal.unsqueeze(0))
-            .logical_or(&own.unsqueeze(0))
-            .unsqueeze(1))
+        // f_ ops: an allocation that fails is an error, not a panic.
+        let slot = device.arange(slots, Kind::Int64)?.f_view([1, slots])?;
+        let query = (device.arange(t, Kind::Int64)?.f_add_scalar(start)?).f_view([t, 1])?;
+        let causal = slot.f_le_tensor(&query)?;
+        let own = slot.f_eq_tensor(&query)?;
+        let valid = valid.f_narrow(1, 0, slots)?.f_unsqueeze(1)?;
+        valid
+            .f_logical_and(&causal.f_unsqueeze(0)?)?
+            .f_logical_or(&own.f_unsqueeze(0)?)?
+            .f_unsqueeze(1)
     }
 
     fn prefill<C: KvCache>(
@@ -310,7 +311,12 @@ impl Generator {
                 cfg.max_new_tokens
             )));
         }
-        check_cache_fits(model, total_rows, max_len as usize)?;
+        check_cache_fits(
+            model,
+            total_rows,
+            max_len as usize,
+            cfg.prefill_chunk_size.max(1) as usize,
+        )?;
         Ok(StaticCache::new(
             &model.config,
             rows,
@@ -418,23 +424,36 @@ impl crate::display::Rich for Generator {
 
 crate::rich_display!(Generator);
 
-/// Refuses a host KV cache of `rows` x `slots` larger than the memory available now (what would
-/// otherwise end in an allocation failure or the kernel's OOM killer), saying what would fit.
-fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize) -> Result<(), GenerateError> {
+/// Refuses a host KV cache of `rows` x `slots`, with the prefill's working set (a chunk's
+/// attention scores and mask against every slot), larger than the memory available now (what
+/// would otherwise end in an allocation failure or the kernel's OOM killer), saying what fits.
+fn check_cache_fits(model: &CausalLm, rows: usize, slots: usize, chunk: usize) -> Result<(), GenerateError> {
     if model.device() != Device::Cpu {
         return Ok(());
     }
     let Some(available) = crate::device::available_host_bytes() else {
         return Ok(());
     };
-    let need = model.config.kv_cache_bytes(rows, slots, model.kind());
-    if need <= available {
+    let cache = model.config.kv_cache_bytes(rows, slots, model.kind());
+    // Scores in fp32 per head, plus the boolean mask, of one chunk's queries against all slots.
+    let per_chunk_row = slots as u128 * (4 * model.config.num_heads as u128 + 1);
+    let prefill = rows as u128 * chunk as u128 * per_chunk_row;
+    if cache.saturating_add(prefill) <= available {
         return Ok(());
+    }
+    if prefill > cache {
+        let fits = available.saturating_sub(cache) / (rows as u128 * per_chunk_row).max(1);
+        return Err(GenerateError::Config(format!(
+            "prefill_chunk_size {chunk}: a chunk of {rows} rows attending over {slots} positions needs {:.1} GB beside the KV cache's {:.1} GB; {:.1} GB of memory is available: a chunk of at most {fits} tokens fits",
+            prefill as f64 / 1e9,
+            cache as f64 / 1e9,
+            available as f64 / 1e9
+        )));
     }
     let per_row = model.config.kv_cache_bytes(1, slots, model.kind()).max(1);
     Err(GenerateError::Config(format!(
         "the KV cache of {rows} rows x {slots} positions needs {:.1} GB; {:.1} GB of memory is available: at most {} rows fit at this length",
-        need as f64 / 1e9,
+        cache as f64 / 1e9,
         available as f64 / 1e9,
         available / per_row
     )))
