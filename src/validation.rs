@@ -217,6 +217,12 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         Scope::Start,
+        "packed rows (`max_length`, `batch_size`)",
+        "a micro-batch's dense attention mask fits the host's available memory: refused with its size, never an allocation abort",
+        None,
+    ),
+    rule(
+        Scope::Start,
         "log-probs and logits",
         "finite: `score` and `generate` fail naming the row and the device instead of writing NaN or garbage tokens",
         None,
@@ -230,7 +236,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "KV cache",
-        "fits the host's available memory (`generate`: rows x positions), else refused saying how many rows fit",
+        "fits the host's available memory (`generate`: rows x positions), else refused saying how many rows fit; so does a prefill chunk's attention (`prefill_chunk_size`), saying what chunk fits",
         None,
     ),
     rule(

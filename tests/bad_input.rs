@@ -642,3 +642,21 @@ fn smaller_faults_are_refused_or_read_as_transformers_does() {
         &["row 0 (0-based) tokenizes to id", "outside the model's vocab_size 300"],
     );
 }
+
+#[test]
+fn packed_rows_whose_attention_mask_cannot_fit_are_an_error_not_an_abort() {
+    let dir = scratch("long-rows");
+    let path = dir.join("sft.toml");
+    // bfd packs the shipped conversations into rows of 65,536 tokens: a dense mask of 8 such
+    // rows is tens of GB.
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 8\npacking = \"bfd\"\n[tokenize]\nmax_length = 65536\n",
+        tiny(),
+        datasets().join("sft"),
+    );
+    std::fs::write(&path, text).unwrap();
+    fails_with(
+        &["sft", "--config", path.to_str().unwrap()],
+        &["attention mask of", "tokens needs", "GB of memory is available"],
+    );
+}

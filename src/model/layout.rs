@@ -322,7 +322,11 @@ impl AttentionLayout {
 
     /// The boolean mask `[batch, 1, seq, seq]` SDPA takes, or `None` for plain causal.
     pub(crate) fn sdpa_mask(&self, batch: i64, seq: i64, device: Device) -> Result<Option<Tensor>, ModelError> {
-        let causal = || device.ones(&[seq, seq], Kind::Bool).map(|t| t.tril(0));
+        if !matches!(self, AttentionLayout::Causal | AttentionLayout::Segments(_)) {
+            check_mask_fits(batch, seq, device)?;
+        }
+        // f_ ops: an allocation that fails is an error naming the shape, never a panic.
+        let causal = || -> Result<Tensor, ModelError> { Ok(device.ones(&[seq, seq], Kind::Bool)?.f_tril(0)?) };
         let check = |t: &Tensor, what: &str, want: &[i64]| {
             if t.size() != want {
                 Err(ModelError::Input(format!(
@@ -337,19 +341,19 @@ impl AttentionLayout {
             AttentionLayout::Causal => return Ok(None),
             AttentionLayout::Padded { attention_mask } => {
                 check(attention_mask, "attention_mask", &[batch, seq])?;
-                let keys = device.put(attention_mask)?.ne(0).view([batch, 1, seq]);
-                let eye = device.eye(seq, Kind::Bool)?.unsqueeze(0);
-                causal()?.unsqueeze(0).logical_and(&keys).logical_or(&eye)
+                let keys = device.put(attention_mask)?.f_ne(0)?.f_view([batch, 1, seq])?;
+                let eye = device.eye(seq, Kind::Bool)?.f_unsqueeze(0)?;
+                causal()?.f_unsqueeze(0)?.f_logical_and(&keys)?.f_logical_or(&eye)?
             }
             AttentionLayout::Packed { sequence_ids } => {
                 check(sequence_ids, "sequence_ids", &[batch, seq])?;
                 let s = device.put(sequence_ids)?;
                 let same = s
-                    .unsqueeze(2)
-                    .eq_tensor(&s.unsqueeze(1))
-                    .logical_and(&s.ge(0).unsqueeze(1));
-                let eye = device.eye(seq, Kind::Bool)?.unsqueeze(0);
-                causal()?.unsqueeze(0).logical_and(&same).logical_or(&eye)
+                    .f_unsqueeze(2)?
+                    .f_eq_tensor(&s.f_unsqueeze(1)?)?
+                    .f_logical_and(&s.f_ge(0)?.f_unsqueeze(1)?)?;
+                let eye = device.eye(seq, Kind::Bool)?.f_unsqueeze(0)?;
+                causal()?.f_unsqueeze(0)?.f_logical_and(&same)?.f_logical_or(&eye)?
             }
             AttentionLayout::Dense { mask } => {
                 check(mask, "mask", &[batch, seq, seq])?;
@@ -372,6 +376,24 @@ impl AttentionLayout {
             }
         };
         Ok(Some(mask.unsqueeze(1)))
+    }
+}
+
+/// A dense `[batch, seq, seq]` mask (and the few of its size built on the way) on the host must
+/// fit the memory available: packed rows of tens of thousands of tokens need gigabytes.
+fn check_mask_fits(batch: i64, seq: i64, device: Device) -> Result<(), ModelError> {
+    if device != Device::Cpu {
+        return Ok(());
+    }
+    // The mask, the causal and identity `[seq, seq]` masks and one intermediate of the mask's size.
+    let need = (2 * batch.max(0) as u128 + 2) * (seq.max(0) as u128).pow(2);
+    match crate::device::available_host_bytes() {
+        Some(available) if need > available => Err(ModelError::Input(format!(
+            "the attention mask of {batch} row(s) of {seq} tokens needs {:.1} GB; {:.1} GB of memory is available: shorten the rows (max_length) or use fewer per batch",
+            need as f64 / 1e9,
+            available as f64 / 1e9
+        ))),
+        _ => Ok(()),
     }
 }
 
