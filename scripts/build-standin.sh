@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the stand-in PrivateUse1 backend (tests/standin/standin_backend.cpp), a CPU-memory
 # device registered as `neuron`, into target/standin/: libtreetrain_standin.so (with a CPU
-# fallback for every op) and libtreetrain_standin_nofallback.so (without: ops it lacks fail).
+# fallback for every op), libtreetrain_standin_nofallback.so (without: ops it lacks fail) and
+# libtreetrain_standin_noview.so (with the fallback but no `view` kernel).
 # Tests build it themselves through tests/common; this script is for notebooks and by hand.
 # Usage: scripts/build-standin.sh [OUT_DIR]
 set -euo pipefail
@@ -22,4 +23,5 @@ build() {
 }
 build "$out/libtreetrain_standin.so"
 build "$out/libtreetrain_standin_nofallback.so" -DSTANDIN_NO_FALLBACK
+build "$out/libtreetrain_standin_noview.so" -DSTANDIN_NO_VIEW
 echo "stand-in backend: $out/libtreetrain_standin.so"

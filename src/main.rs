@@ -23,6 +23,10 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Run only the device self-check on this device (cuda[:N], neuron[:N]): a tiny seeded
+        /// forward and backward compared with the CPU; exits 1 naming the first op that differs.
+        #[arg(long, value_name = "DEVICE")]
+        check_device: Option<treetrain::device::DeviceSpec>,
     },
     /// Log-probability of every token given its prefix, for rows of a JSONL file.
     Score(cli::score::ScoreArgs),
@@ -63,11 +67,15 @@ fn main() -> Result<()> {
     // other command stops on it.
     let backend = treetrain::device::privateuse1::load_from_env();
     let command = Cli::parse().command;
-    if !matches!(command, Command::Env { .. }) {
+    if !matches!(command, Command::Env { check_device: None, .. }) {
         backend?;
     }
     match command {
-        Command::Env { json } => cli::env(json),
+        Command::Env {
+            check_device: Some(device),
+            ..
+        } => cli::check_device(device),
+        Command::Env { json, .. } => cli::env(json),
         Command::Score(args) => cli::score::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
         Command::Sft(args) => cli::train::sft(&args),

@@ -176,7 +176,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "device",
-        "one this process can use: a CUDA index libtorch sees; `neuron[:N]` only with a PrivateUse1 backend loaded (`TREETRAIN_PRIVATEUSE1_LIB`, a loadable library that registers one) and N below its device count",
+        "one this process can use: a CUDA index libtorch sees; `neuron[:N]` only with a PrivateUse1 backend loaded (`TREETRAIN_PRIVATEUSE1_LIB`, a loadable library that registers one) and N below its device count; any device but the CPU passes the self-check first (primitive ops and a tiny decoder's forward and backward equal the CPU's; the first op that differs is named; `treetrain env --check-device DEVICE` runs it alone, `TREETRAIN_DEVICE_CHECK=0` skips it)",
         None,
     ),
     rule(

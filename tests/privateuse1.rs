@@ -324,3 +324,47 @@ fn the_cli_loads_the_backend_from_the_environment_and_names_a_missing_op() {
         assert!(stderr.contains(needle), "`{needle}` missing from: {stderr}");
     }
 }
+
+/// The device self-check: a backend without a `view` kernel (its `view` falls back to the CPU
+/// and no longer aliases) is refused before any work, with the op named, on the command line
+/// and in the library; the full stand-in passes it. CUDA devices run the same code.
+#[test]
+fn the_device_self_check_refuses_a_backend_that_lacks_a_view_kernel() {
+    let report = treetrain::model::check_device(neuron()).unwrap();
+    assert_eq!(report.ops.len(), 9, "{report:?}");
+    assert!(report.ops.iter().all(|(_, d)| *d <= 1e-4), "{report:?}");
+    let noview = common::standin_without_view();
+    let tiny = treetrain::shipped::tiny_model_dir().unwrap().display().to_string();
+    let input = tempfile_dir("self-check").join("rows.jsonl");
+    std::fs::write(&input, "{\"input_ids\": [1, 2, 3, 4]}\n").unwrap();
+    let input = input.display().to_string();
+    let run = |args: &[&str], check: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_treetrain"));
+        cmd.args(args)
+            .env(privateuse1::LIBRARY_ENV, &noview)
+            .env("RUST_BACKTRACE", "0");
+        if let Some(v) = check {
+            cmd.env(treetrain::model::DEVICE_CHECK_ENV, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let score = ["score", "--model", &tiny, "--device", "neuron", "--input", &input];
+    for args in [&["env", "--check-device", "neuron"][..], &score[..]] {
+        let (code, stdout, stderr) = run(args, None);
+        assert_eq!(code, Some(1), "{args:?}: {stdout}{stderr}");
+        assert!(stdout.is_empty(), "{args:?} wrote {stdout}");
+        assert!(
+            stderr.contains("neuron:0 fails treetrain's self-check: view (an in-place write through a view"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Turned off, the same backend runs (and this op happens not to matter to scoring).
+    let (code, stdout, stderr) = run(&score, Some("0"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("logprobs"), "{stdout}");
+}

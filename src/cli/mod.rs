@@ -26,6 +26,13 @@ pub fn env(json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `treetrain env --check-device DEVICE`: the device self-check alone.
+pub fn check_device(device: treetrain::device::DeviceSpec) -> Result<()> {
+    let report = treetrain::model::check_device(device.resolve()?)?;
+    print!("{}", report.text());
+    Ok(())
+}
+
 /// `treetrain demo`: the library's demo, its summary printed and written to `summary.json`.
 pub fn demo(out: &Path) -> Result<()> {
     let summary = treetrain::demo::run(out, &mut std::io::stdout())?;

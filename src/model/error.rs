@@ -19,6 +19,18 @@ pub enum ModelError {
         /// What serde said.
         message: String,
     },
+    /// The device failed treetrain's self-check ([`super::check_device`]).
+    #[error(
+        "device {device} fails treetrain's self-check: {op}: {detail}. Its backend lacks or mis-implements this op; nothing ran on it (TREETRAIN_DEVICE_CHECK=0 skips the check)"
+    )]
+    DeviceCheck {
+        /// The device.
+        device: String,
+        /// The first op that failed or differed from the CPU.
+        op: String,
+        /// How.
+        detail: String,
+    },
     /// A config field asks for something treetrain does not implement.
     #[error("config field `{field}` = {value}: {reason}")]
     Unsupported {

@@ -63,6 +63,10 @@ impl Model {
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         privateuse1::checked(opts.device, || {
             refuse_adapter_folder(dir)?;
+            // Nothing runs on a device that computes wrong (see `model::check_device`).
+            if opts.device != Device::Cpu && super::device_check_enabled() {
+                super::check_device(opts.device)?;
+            }
             let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
             let files = match weight_files(dir) {
                 Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {

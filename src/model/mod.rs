@@ -33,6 +33,7 @@ mod cache;
 mod config;
 pub(crate) mod cpu_kernels;
 mod decoder;
+mod device_check;
 mod error;
 pub(crate) mod host_memory;
 mod layers;
@@ -55,6 +56,7 @@ pub use cache::{DynamicCache, KvCache, StaticCache};
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
 pub use cpu_kernels::{CpuOps, KernelIsa, kernel_isa};
 pub use decoder::{CausalLm, DecoderLayer};
+pub use device_check::{DEVICE_CHECK_ENV, DeviceCheck, check_device, device_check_enabled};
 pub use error::ModelError;
 pub use layers::{Linear, LinearAdapter, Mlp, RmsNorm};
 pub use layout::{

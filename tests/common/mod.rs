@@ -107,13 +107,25 @@ pub fn score_lines(out: &str) -> Vec<Vec<f64>> {
 /// with a CPU fallback for every op, else the one without (most ops then missing).
 #[allow(dead_code)]
 pub fn standin_library(with_fallback: bool) -> PathBuf {
+    standin_variant(match with_fallback {
+        true => "libtreetrain_standin.so",
+        false => "libtreetrain_standin_nofallback.so",
+    })
+}
+
+/// The stand-in built without its `view` kernel (`view` then goes through the CPU fallback).
+#[allow(dead_code)]
+pub fn standin_without_view() -> PathBuf {
+    standin_variant("libtreetrain_standin_noview.so")
+}
+
+/// One of the libraries scripts/build-standin.sh builds, built when missing or stale.
+#[allow(dead_code)]
+fn standin_variant(name: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_build_at_a_time = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = root().join("target/standin");
-    let lib = dir.join(match with_fallback {
-        true => "libtreetrain_standin.so",
-        false => "libtreetrain_standin_nofallback.so",
-    });
+    let lib = dir.join(name);
     let source = root().join("tests/standin/standin_backend.cpp");
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     if modified(&lib).is_none() || modified(&lib) < modified(&source) {

@@ -7,7 +7,9 @@
 // bytes it allocated (`standin_*` below), so tests can see work really reached the device.
 //
 // Built with -DSTANDIN_NO_FALLBACK it has no fallback: every op but the few kernels below then
-// fails, which is how tests see the error for an op a backend lacks. Not part of the shipped
+// fails, which is how tests see the error for an op a backend lacks. Built with
+// -DSTANDIN_NO_VIEW it lacks the `view` kernel alone (an early backend's gap): `view` then goes
+// through the CPU fallback, which is what treetrain's device self-check must catch. Not part of the shipped
 // library: tests/common builds it (scripts/build-standin.sh does the same by hand).
 
 #include <ATen/ATen.h>
@@ -173,7 +175,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
+#ifndef STANDIN_NO_VIEW
   m.impl("view", at::native::view);
+#endif
   m.impl("_reshape_alias", at::native::_reshape_alias);
   m.impl("resize_", resize);
   m.impl("_copy_from", copy_from);
