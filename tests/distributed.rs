@@ -404,6 +404,24 @@ fn exit_within(child: &mut Child, what: &str) -> (std::process::ExitStatus, Stri
     (status, err)
 }
 
+/// `launch` of 2 workers of the SFT run `cfg` into `out`, once both run and a step is logged:
+/// the launcher (its stderr piped), its pid and its workers' pids in rank order.
+fn launched_and_training(cfg: &Path, out: &Path) -> (Workers, u32, Vec<u32>) {
+    let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
+    let launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
+    let pid = launcher.0[0].id();
+    let started = Instant::now();
+    let ranks = loop {
+        let c = children(pid);
+        if c.len() == 2 && out.join("log.jsonl").exists() {
+            break c;
+        }
+        assert!(started.elapsed() < LIMIT, "launch started no workers");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (launcher, pid, ranks)
+}
+
 /// A peer killed mid-run: the survivor stops with an error naming its rank and the collective
 /// well within the timeout, and `launch` names the rank that died.
 #[test]
@@ -441,19 +459,8 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     assert!(err.contains("rank 0:") && err.contains("all_reduce"), "{err}");
 
     // Under `launch`: the launcher names the dead rank and stops the survivor.
-    let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&out);
-    let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
-    let pid = launcher.0[0].id();
-    let started = Instant::now();
-    let ranks = loop {
-        let c = children(pid);
-        if c.len() == 2 && out.join("log.jsonl").exists() {
-            break c;
-        }
-        assert!(started.elapsed() < LIMIT, "launch started no workers");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
     // Children are listed in start order: rank 0, then rank 1.
     unsafe {
         libc::kill(ranks[1] as i32, libc::SIGKILL);
@@ -478,18 +485,7 @@ fn launch_forwards_sigterm_and_sigint_to_its_workers() {
     let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
     for signal in [libc::SIGTERM, libc::SIGINT] {
         let _ = std::fs::remove_dir_all(&out);
-        let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
-        let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
-        let pid = launcher.0[0].id();
-        let started = Instant::now();
-        let ranks = loop {
-            let c = children(pid);
-            if c.len() == 2 && out.join("log.jsonl").exists() {
-                break c;
-            }
-            assert!(started.elapsed() < LIMIT, "launch started no workers");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
         // SAFETY: signalling the launcher this test started.
         unsafe {
             libc::kill(pid as i32, signal);
