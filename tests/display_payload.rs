@@ -48,9 +48,10 @@ fn every_notebook_type_renders() {
     let cfg = treetrain::sft::SftConfig::default();
     assert!(cfg.text().contains("tokenize.max_length = ") && cfg.html().contains("SFT config"));
     assert!(chart.html().contains("<svg") && chart.text().contains("train: 2 points, last 1.5000 at 2"));
-    let ds = treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/grpo"))
-        .unwrap();
-    assert!(ds.html().contains("test.parquet") && ds.text().starts_with("Dataset: 2 file(s)"));
+    // The shipped SFT folder's train split: both of its files.
+    let ds =
+        treetrain::data::Dataset::open(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/sft")).unwrap();
+    assert!(ds.html().contains("train-calculator.parquet") && ds.text().starts_with("Dataset: 2 file(s)"));
     let cache = treetrain::hub::HubCache {
         root: "/tmp/hf <x>".into(),
         offline: true,
