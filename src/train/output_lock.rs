@@ -35,7 +35,10 @@ impl OutputLock {
             pid: std::process::id(),
             host: crate::util::host_name(),
             started: crate::util::clock::unix_seconds(),
-            token: crate::util::SplitMix64::new(u64::from(std::process::id()) ^ nanos()).next_u64(),
+            token: crate::util::SplitMix64::new(
+                u64::from(std::process::id()) ^ crate::util::clock::since_epoch().as_nanos() as u64,
+            )
+            .next_u64(),
         };
         let io = |e: std::io::Error| TrainError::config("output_dir", format!("{}: {e}", path.display()));
         let text = serde_json::to_string(&me).unwrap_or_default();
@@ -109,12 +112,6 @@ fn alive(pid: u32) -> bool {
     // signalled (EPERM: it exists, owned by another user).
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 #[cfg(test)]

@@ -1,10 +1,15 @@
 //! The wall clock and this host, for names a person reads (log folders, lock files).
 
-/// Seconds since the Unix epoch (0 on a clock before it).
-pub(crate) fn unix_seconds() -> i64 {
+/// Time since the Unix epoch (zero on a clock set before it).
+pub(crate) fn since_epoch() -> std::time::Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Whole seconds since the Unix epoch.
+pub(crate) fn unix_seconds() -> i64 {
+    since_epoch().as_secs() as i64
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.

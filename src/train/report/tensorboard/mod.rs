@@ -146,9 +146,7 @@ pub(crate) fn read_scalars(dir: &Path) -> io::Result<BTreeMap<String, Vec<(u64, 
 }
 
 fn wall_time() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    crate::util::clock::since_epoch().as_secs_f64()
 }
 
 #[cfg(test)]
