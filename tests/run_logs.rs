@@ -191,15 +191,7 @@ fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
     let kept: Vec<u64> = checkpoints(&out).into_iter().map(|c| c.0).collect();
     assert_eq!(kept, [5, 6], "the last two of six saves");
     for step in kept {
-        let dir = out.join(format!("checkpoint-{step}"));
-        for f in [
-            "model.safetensors",
-            "optimizer.safetensors",
-            "optimizer.json",
-            "trainer_state.json",
-        ] {
-            assert!(dir.join(f).is_file(), "{}/{f}", dir.display());
-        }
+        assert_complete(&out.join(format!("checkpoint-{step}")), "after rotation");
     }
     let mut resumed = SftTrainer::new(config(Some(ResumeFrom::Latest))).unwrap();
     assert_eq!(resumed.progress().done, 6);
@@ -368,18 +360,29 @@ fn a_second_run_into_a_used_output_dir_is_refused_at_once() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The newest `checkpoint-N` of `out` holds everything a resume reads.
-fn assert_newest_checkpoint_complete(out: &Path) -> u64 {
-    let (step, dir) = checkpoints(out).pop().expect("a checkpoint survives every kill");
+/// `dir` holds everything a resume reads.
+fn assert_complete(dir: &Path, when: &str) {
     for f in [
         "model.safetensors",
         "optimizer.safetensors",
         "optimizer.json",
         "trainer_state.json",
     ] {
-        assert!(dir.join(f).is_file(), "{}/{f} missing after a kill", dir.display());
+        assert!(dir.join(f).is_file(), "{}/{f} missing {when}", dir.display());
     }
+}
+
+/// The newest `checkpoint-N` of `out` holds everything a resume reads.
+fn assert_newest_checkpoint_complete(out: &Path) -> u64 {
+    let (step, dir) = checkpoints(out).pop().expect("a checkpoint survives every kill");
+    assert_complete(&dir, "after a kill");
     step
+}
+
+/// A save's temporary folder (`.checkpoint-<step>.<pid>.tmp`), left behind by a kill inside it.
+fn is_checkpoint_tmp(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with(".checkpoint-") && name.ends_with(".tmp")
 }
 
 #[test]
@@ -405,7 +408,7 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
         std::fs::read_dir(&out)
             .into_iter()
             .flatten()
-            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+            .any(|e| is_checkpoint_tmp(&e.unwrap().file_name()))
     };
     for (i, delay_ms) in [Some(120u64), None, Some(570), None].into_iter().enumerate() {
         let seen = checkpoints(&out).last().map_or(0, |c| c.0);
@@ -444,7 +447,7 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
     );
     let interrupted = std::fs::read_dir(&out)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+        .filter(|e| is_checkpoint_tmp(&e.as_ref().unwrap().file_name()))
         .count();
     assert!(interrupted >= 1, "no kill landed inside a save");
     assert_eq!(logged_steps(&out), (1..=24).collect::<Vec<u64>>());

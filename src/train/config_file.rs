@@ -40,10 +40,7 @@ pub(crate) fn write_toml<T: serde::Serialize>(config: &T, path: &Path) -> Result
         message,
     };
     let text = toml::to_string(config).map_err(|e| fail(e.to_string()))?;
-    let name = path.file_name().ok_or_else(|| fail("is not a file name".into()))?;
-    let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
-    std::fs::write(&tmp, text).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| fail(e.to_string()))
+    crate::util::write_atomically(path, text).map_err(|e| fail(e.to_string()))
 }
 
 /// `over`'s keys written into `base`, tables merged recursively.

@@ -1,11 +1,13 @@
 //! Small helpers with no better home.
 
+mod atomic_file;
 pub(crate) mod clock;
 mod ffi;
 pub(crate) mod off_or;
 mod rng;
 mod text_value;
 
+pub(crate) use atomic_file::write_atomically;
 pub(crate) use clock::host_name;
 pub(crate) use ffi::ErrBuf;
 pub use rng::SplitMix64;

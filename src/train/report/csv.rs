@@ -62,7 +62,7 @@ impl CsvLog {
         }
     }
 
-    /// Writes header and rows to a temporary file renamed over `path`.
+    /// Writes header and rows over `path`, atomically.
     fn rewrite(&self) -> std::io::Result<()> {
         let mut text = join_line(&self.columns);
         for row in &self.rows {
@@ -70,9 +70,7 @@ impl CsvLog {
             padded.resize(self.columns.len(), String::new());
             text.push_str(&join_line(&padded));
         }
-        let tmp = self.path.with_extension(format!("csv.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &self.path)
+        crate::util::write_atomically(&self.path, text)
     }
 }
 

@@ -268,9 +268,7 @@ fn cut_jsonl(path: &Path, resumed_at: Option<u64>) -> std::io::Result<()> {
             .collect(),
         _ => String::new(),
     };
-    let tmp = path.with_extension(format!("jsonl.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, kept)?;
-    std::fs::rename(&tmp, path)
+    crate::util::write_atomically(path, kept)
 }
 
 /// Where a run's logs are, for a trainer's display: each file or folder `report_to` writes,
