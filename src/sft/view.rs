@@ -60,23 +60,11 @@ crate::rich_display!(TrainerState);
 impl Rich for SftTrainer {
     fn html(&self) -> String {
         let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::html);
-        let logs =
-            crate::train::report::logs_html(&self.config().train, crate::train::Trainer::core(self).logging_dir());
-        let logs = if logs.is_empty() {
-            logs
-        } else {
-            display::style::container(&logs)
-        };
-        self.state.html() + &adapter + &logs
+        self.state.html() + &adapter + &crate::train::Trainer::core(self).logs.html()
     }
     fn text(&self) -> String {
         let adapter = self.model().adapter.as_ref().map_or(String::new(), Rich::text);
-        let logs: String =
-            crate::train::report::logs_rows(&self.config().train, crate::train::Trainer::core(self).logging_dir())
-                .into_iter()
-                .map(|(k, v)| format!("{k}: {v}\n"))
-                .collect();
-        self.state.text() + &adapter + &logs
+        self.state.text() + &adapter + &crate::train::Trainer::core(self).logs.text()
     }
 }
 

@@ -202,13 +202,13 @@ impl Rich for GrpoTrainer {
                 ))
             })
             .unwrap_or_default();
-        let logs = crate::train::report::logs_html(&self.config().train, self.core.logging_dir());
-        let logs = if logs.is_empty() {
-            logs
-        } else {
-            display::style::container(&logs)
-        };
-        format!("{}{}{}{}", self.state.html(), self.lora_card(), logs, tree)
+        format!(
+            "{}{}{}{}",
+            self.state.html(),
+            self.lora_card(),
+            self.core.logs.html(),
+            tree
+        )
     }
 
     fn text(&self) -> String {
@@ -217,11 +217,7 @@ impl Rich for GrpoTrainer {
             .iter()
             .map(|(k, v)| format!("{k}: {v}\n"))
             .collect::<String>();
-        let logs: String = crate::train::report::logs_rows(&self.config().train, self.core.logging_dir())
-            .into_iter()
-            .map(|(k, v)| format!("{k}: {v}\n"))
-            .collect();
-        self.state.text() + &lora + &logs
+        self.state.text() + &lora + &self.core.logs.text()
     }
 }
 

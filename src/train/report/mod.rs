@@ -271,41 +271,46 @@ fn cut_jsonl(path: &Path, resumed_at: Option<u64>) -> std::io::Result<()> {
     crate::util::write_atomically(path, kept)
 }
 
-/// Where a run's logs are, for a trainer's display: each file or folder `report_to` writes,
-/// with the command that opens TensorBoard on its folder. Empty when nothing is written.
-pub(crate) fn logs_rows(config: &TrainConfig, logging_dir: Option<&Path>) -> Vec<(&'static str, String)> {
-    let out = config.output_dir.as_deref();
-    let mut rows = Vec::new();
-    for (target, name, file) in [
-        (ReportTo::Jsonl, "log", "log.jsonl"),
-        (ReportTo::Csv, "metrics", "metrics.csv"),
-    ] {
-        if let (true, Some(out)) = (config.report_to.contains(&target), out) {
-            rows.push((name, out.join(file).display().to_string()));
+/// Where the run's logs are, for a trainer's display: each file or folder it writes (a
+/// TensorBoard folder with the command that opens it). Empty when nothing is written.
+impl crate::display::Rich for RunLogs {
+    fn html(&self) -> String {
+        use crate::display::{escape, kv_table, section, style::container};
+        let rows: Vec<(&str, String)> = self
+            .entries()
+            .into_iter()
+            .map(|(label, path, shown)| {
+                let link = format!(
+                    "<a href=\"{}\"><code>{}</code></a>",
+                    escape(&path.display().to_string()),
+                    escape(&shown)
+                );
+                (label, link)
+            })
+            .collect();
+        match rows.is_empty() {
+            true => String::new(),
+            false => container(&section("Run logs", &kv_table(&rows))),
         }
     }
-    if let Some(dir) = logging_dir {
-        rows.push(("TensorBoard", format!("tensorboard --logdir {}", dir.display())));
+    fn text(&self) -> String {
+        self.entries()
+            .into_iter()
+            .map(|(label, _, shown)| format!("{label}: {shown}\n"))
+            .collect()
     }
-    rows
 }
 
-/// [`logs_rows`] as an HTML section (paths as links a notebook server opens).
-pub(crate) fn logs_html(config: &TrainConfig, logging_dir: Option<&Path>) -> String {
-    use crate::display::{escape, kv_table, section};
-    let rows = logs_rows(config, logging_dir);
-    if rows.is_empty() {
-        return String::new();
+impl RunLogs {
+    /// `(label, path, as shown)` of every log this run writes.
+    fn entries(&self) -> Vec<(&'static str, &Path, String)> {
+        let files = [("log", &self.jsonl), ("metrics", &self.csv_path)]
+            .into_iter()
+            .filter_map(|(label, path)| path.as_deref().map(|p| (label, p, p.display().to_string())));
+        let tensorboard = self
+            .logging_dir
+            .as_deref()
+            .map(|d| ("TensorBoard", d, format!("tensorboard --logdir {}", d.display())));
+        files.chain(tensorboard).collect()
     }
-    let linked: Vec<(&str, String)> = rows
-        .iter()
-        .map(|(k, v)| {
-            let target = v.strip_prefix("tensorboard --logdir ").unwrap_or(v);
-            (
-                *k,
-                format!("<a href=\"{}\"><code>{}</code></a>", escape(target), escape(v)),
-            )
-        })
-        .collect();
-    section("Run logs", &kv_table(&linked))
 }
