@@ -8,6 +8,11 @@ use tch::{Kind, Tensor, nn};
 
 use crate::model::{ModelError, write_safetensors};
 
+/// Where [`AdamW::save`] writes the moments (and master weights).
+pub(crate) const MOMENTS_FILE: &str = "optimizer.safetensors";
+/// Where [`AdamW::save`] writes the step and hyper-parameters.
+pub(crate) const STEP_FILE: &str = "optimizer.json";
+
 /// Zeroes the gradient of every tensor that has one.
 fn clear_grads<'a>(params: impl IntoIterator<Item = &'a Tensor>) {
     for p in params {
@@ -253,9 +258,9 @@ impl AdamW {
         for (k, t) in &self.master {
             tensors.insert(format!("master.{k}"), t.shallow_clone());
         }
-        write_safetensors(&dir.join("optimizer.safetensors"), &tensors, Kind::Float)?;
+        write_safetensors(&dir.join(MOMENTS_FILE), &tensors, Kind::Float)?;
         let meta = serde_json::json!({"step": self.step, "config": self.config});
-        let path = dir.join("optimizer.json");
+        let path = dir.join(STEP_FILE);
         std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
     }
 
@@ -263,7 +268,7 @@ impl AdamW {
     /// parameter's shape and finite, and the file must hold no tensor of another parameter:
     /// errors name the file and the tensor.
     pub fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
-        let path = dir.join("optimizer.json");
+        let path = dir.join(STEP_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
         let json = |message: String| ModelError::Json {
             path: path.clone(),
@@ -273,7 +278,7 @@ impl AdamW {
         self.step = meta["step"]
             .as_u64()
             .ok_or_else(|| json(format!("`step` is {}; must be a whole number of updates", meta["step"])))?;
-        let file = dir.join("optimizer.safetensors");
+        let file = dir.join(MOMENTS_FILE);
         let bytes = std::fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
         let bad = |message: String| ModelError::Safetensors {
             file: file.clone(),
@@ -291,7 +296,7 @@ impl AdamW {
                 let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
                     name: key.clone(),
                     dir: dir.into(),
-                    files: "optimizer.safetensors".into(),
+                    files: MOMENTS_FILE.into(),
                 })?;
                 let src = moment_from(&view, &key, &t.size()).map_err(bad)?;
                 tch::no_grad(|| t.shallow_clone().f_copy_(&src))?;

@@ -231,10 +231,7 @@ impl TrainCore {
             message,
         };
         if checkpoint.join(checkpoint::STATE_FILE).is_file() && !resume::resumable(checkpoint) {
-            return Err(fail(
-                "holds no optimizer state (saved with save_only_model): load it as a model, but no run can resume from it"
-                    .into(),
-            ));
+            return Err(resume::not_resumable(checkpoint));
         }
         let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
         let saved = match value.get(WORLD_SIZE_KEY) {

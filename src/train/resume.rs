@@ -102,9 +102,13 @@ pub fn checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
 
 /// Whether `dir` holds what a resume needs (a `save_only_model` checkpoint does not).
 pub(crate) fn resumable(dir: &Path) -> bool {
-    [super::checkpoint::STATE_FILE, "optimizer.json", "optimizer.safetensors"]
-        .iter()
-        .all(|f| dir.join(f).is_file())
+    [
+        super::checkpoint::STATE_FILE,
+        super::adamw::STEP_FILE,
+        super::adamw::MOMENTS_FILE,
+    ]
+    .iter()
+    .all(|f| dir.join(f).is_file())
 }
 
 /// The newest resumable checkpoint of `out`. Checkpoint folders only ever appear whole (they
@@ -115,12 +119,19 @@ pub fn latest_checkpoint(out: &Path) -> Result<Option<PathBuf>, TrainError> {
     if newest.is_none()
         && let Some((_, dir)) = all.last()
     {
-        return Err(TrainError::Checkpoint {
-            path: dir.clone(),
-            message: "holds no optimizer state (saved with save_only_model): it loads as a model, but no run can resume from it".into(),
-        });
+        return Err(not_resumable(dir));
     }
     Ok(newest)
+}
+
+/// What a resume from a `save_only_model` checkpoint (state, no optimizer) says.
+pub(crate) fn not_resumable(dir: &Path) -> TrainError {
+    TrainError::Checkpoint {
+        path: dir.into(),
+        message:
+            "holds no optimizer state (saved with save_only_model): it loads as a model, but no run can resume from it"
+                .into(),
+    }
 }
 
 /// Deletes every `checkpoint-N` folder of `out` but the newest `limit` and `keep` (the
