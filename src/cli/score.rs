@@ -73,7 +73,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         rows.push(ids);
         ats.push(line.at);
     }
-    let scored = match args.packing {
+    let scored: Vec<Vec<f32>> = match args.packing {
         ScorePacking::None => rows
             .iter()
             .enumerate()
@@ -82,7 +82,6 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         ScorePacking::Flat => score_packed::<FlatRow>(&model, &rows, args.max_tokens)?,
         ScorePacking::Tree => score_packed::<PrefixTree>(&model, &rows, args.max_tokens)?,
     };
-    let scored: Vec<Vec<f32>> = scored;
     // NaN or infinite log-probs are a broken model or device, never a result to write.
     if let Some((row, at)) = scored
         .iter()
@@ -90,7 +89,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         .find_map(|(r, lp)| lp.iter().position(|x| !x.is_finite()).map(|p| (r, p)))
     {
         bail!(
-            "{}: the log-prob of token {} is {} on device {:?}: the model or the device computes garbage",
+            "{}: the log-prob of token {} is {} on device {}: the model or the device computes garbage",
             ats[row],
             at + 1,
             scored[row][at],

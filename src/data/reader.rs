@@ -59,12 +59,12 @@ impl Dataset {
     }
 
     /// Held-out data: a file, or a folder's `test` split, else its `validation` split, else
-    /// the folder's one split when it has no others.
+    /// its `train` split (a folder whose files name no split is all `train`).
     pub fn open_held_out(path: &Path) -> Result<Self, DataError> {
         if !path.is_dir() {
             return Self::open(path);
         }
-        ["test", "validation", "train"]
+        ["test", "validation"]
             .iter()
             .find_map(|s| Self::open_split(path, Some(s)).ok())
             .map_or_else(|| Self::open(path), Ok)

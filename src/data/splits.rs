@@ -70,7 +70,7 @@ fn split_named(rel: &Path) -> Option<&'static str> {
 }
 
 /// Data files under `dir`, sorted, skipping hidden and `__` entries and metadata files.
-pub(crate) fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {

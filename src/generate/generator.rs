@@ -489,7 +489,7 @@ fn choose_next<C: KvCache>(
             return Err(GenerateError::NonFinite {
                 row: r,
                 step: out[r].output_ids.len(),
-                device: format!("{:?}", st.logits.device()),
+                device: Device::of(&st.logits).to_string(),
             });
         }
         next[r] = token;
