@@ -19,5 +19,21 @@ die() {
     exit 1
 }
 note() { echo "treetrain setup: $*" >&2; }
+
+# beside_torch WHAT IMPORTS PKG...: installs the pip packages PKG... into the torchrun venv
+# (scripts/setup-torchrun.sh) unless `import IMPORTS` already works there, for the checks that
+# run a library's own Python code (WHAT says which); prints that venv's python.
+beside_torch() {
+    local what=$1 imports=$2
+    shift 2
+    local torchrun python
+    torchrun=$(bash "$TREETRAIN_ROOT/scripts/setup-torchrun.sh")
+    python=$(dirname "$torchrun")/python
+    if ! "$python" -c "import $imports" >/dev/null 2>&1; then
+        note "installing $* beside torch ($what)"
+        "$python" -m pip install -q "$@" || die "pip could not install $* (PyPI unreachable?)"
+    fi
+    echo "$python"
+}
 NBCONVERT_VERSION=7.17.2
 PLAYWRIGHT_VERSION=1.65.2

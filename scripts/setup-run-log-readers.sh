@@ -5,11 +5,4 @@
 # Idempotent; seconds once torch is there.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-torchrun=$(bash "$TREETRAIN_ROOT/scripts/setup-torchrun.sh")
-python=$(dirname "$torchrun")/python
-if ! "$python" -c "import tensorboard, pandas" >/dev/null 2>&1; then
-    note "installing tensorboard==2.21.0 and pandas==3.1.1 beside torch (for the run-log checks)"
-    "$python" -m pip install -q "tensorboard==2.21.0" "pandas==3.1.1" ||
-        die "pip could not install tensorboard and pandas (PyPI unreachable?)"
-fi
-echo "$python"
+beside_torch "for the run-log checks" "tensorboard, pandas" "tensorboard==2.21.0" "pandas==3.1.1"
