@@ -116,14 +116,14 @@ fn check_row(config: &treetrain::model::ModelConfig, ids: &[i64]) -> Result<()> 
     // Without a position limit in the config, a forward's attention scores (heads x t x t,
     // f32) bound what fits.
     let attention = config.num_heads as u128 * (ids.len() as u128).pow(2) * 4;
-    match treetrain::device::available_host_bytes() {
-        Some(free) if attention > free => bail!(
+    match treetrain::device::host_shortfall(attention) {
+        Some(free) => bail!(
             "a row of {} tokens needs {:.1} GB of attention scores; {:.1} GB of memory is available",
             ids.len(),
             attention as f64 / 1e9,
             free as f64 / 1e9
         ),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

@@ -28,4 +28,4 @@ pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};
 pub use place::{BackendName, Device};
 pub use policy::{DeviceSpec, PadTo, Platform, parse_device, round_up};
-pub use probe::{HostProbe, available_host_bytes};
+pub use probe::{HostProbe, available_host_bytes, host_shortfall};

@@ -68,6 +68,12 @@ fn list_dir(dir: &Path) -> Vec<String> {
     names
 }
 
+/// The host memory available now, when `need` bytes exceed it (None when they fit, or when
+/// the amount cannot be read): what a size check before an allocation asks.
+pub fn host_shortfall(need: u128) -> Option<u128> {
+    available_host_bytes().filter(|&available| need > available)
+}
+
 /// `MemAvailable` of `/proc/meminfo`, in bytes (None off Linux).
 pub fn available_host_bytes() -> Option<u128> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -387,13 +387,13 @@ fn check_mask_fits(batch: i64, seq: i64, device: Device) -> Result<(), ModelErro
     }
     // The mask, the causal and identity `[seq, seq]` masks and one intermediate of the mask's size.
     let need = (2 * batch.max(0) as u128 + 2) * (seq.max(0) as u128).pow(2);
-    match crate::device::available_host_bytes() {
-        Some(available) if need > available => Err(ModelError::Input(format!(
+    match crate::device::host_shortfall(need) {
+        Some(available) => Err(ModelError::Input(format!(
             "the attention mask of {batch} row(s) of {seq} tokens needs {:.1} GB; {:.1} GB of memory is available: shorten the rows (max_length) or use fewer per batch",
             need as f64 / 1e9,
             available as f64 / 1e9
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

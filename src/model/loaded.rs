@@ -334,8 +334,8 @@ impl Drop for TrainingMode<'_> {
 fn check_fits_in_memory(config: &super::ModelConfig) -> Result<(), ModelError> {
     let params = config.num_parameters();
     let need = params as u128 * 4;
-    match crate::device::available_host_bytes() {
-        Some(available) if need > available => Err(ModelError::unsupported(
+    match crate::device::host_shortfall(need) {
+        Some(available) => Err(ModelError::unsupported(
             "hidden_size, intermediate_size, num_hidden_layers, vocab_size",
             format!("{params} parameters"),
             &format!(
@@ -344,7 +344,7 @@ fn check_fits_in_memory(config: &super::ModelConfig) -> Result<(), ModelError> {
                 available as f64 / 1e9
             ),
         )),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 
