@@ -325,7 +325,9 @@ impl GrpoTrainer {
                 }
             }
         }
-        if crate::train::every(self.config.train.logging_steps, m.step) && !samples.is_empty() {
+        // The table is text for TensorBoard alone: made only when the run writes there.
+        let to_tensorboard = self.core.logging_dir().is_some();
+        if to_tensorboard && crate::train::every(self.config.train.logging_steps, m.step) && !samples.is_empty() {
             let table = completions_markdown(&samples, &self.rewards);
             self.core.log_text("completions", m.step, &table);
         }

@@ -209,7 +209,6 @@ impl TrainCore {
     {
         let state: S = self.restore(checkpoint)?;
         let done = state.progress().done;
-        self.logs.resume(done);
         if done > total_steps {
             return Err(TrainError::config(
                 "max_steps",
@@ -243,7 +242,7 @@ impl TrainCore {
                 ))
             })? as usize,
         };
-        check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
+        let step = check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
         if let Some(base) = &self.base_fingerprint {
             check_base(&value, base).map_err(fail)?;
         }
@@ -257,7 +256,7 @@ impl TrainCore {
             adapter.set_dropout_draws(draws.as_u64().unwrap_or(0));
         }
         let saved_logs = value.get(LOGGING_DIR_KEY).and_then(|d| d.as_str()).map(PathBuf::from);
-        self.logs.continue_in(saved_logs);
+        self.logs.resume(step, saved_logs);
         self.resumed_from = Some(checkpoint.into());
         serde_json::from_value(value).map_err(|e| fail(e.to_string()))
     }
@@ -285,8 +284,8 @@ impl TrainCore {
 
 /// The optimizer's update count must be the steps the state says were taken and not skipped:
 /// a hand-edited or mismatched `global_step` or `optimizer.json` would change the schedule and
-/// AdamW's bias correction.
-fn check_update_count(state: &serde_json::Value, updates: u64) -> Result<(), String> {
+/// AdamW's bias correction. Returns the steps taken.
+fn check_update_count(state: &serde_json::Value, updates: u64) -> Result<u64, String> {
     let field = |k: &str| match state.get(k) {
         None => Ok(0),
         Some(v) => v
@@ -300,7 +299,7 @@ fn check_update_count(state: &serde_json::Value, updates: u64) -> Result<(), Str
             checkpoint::STATE_FILE
         ));
     }
-    Ok(())
+    Ok(steps)
 }
 
 /// A LoRA checkpoint holds the adapter alone: it resumes only onto the base it was trained on.

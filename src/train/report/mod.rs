@@ -126,17 +126,14 @@ impl RunLogs {
         self.logging_dir.as_deref()
     }
 
-    /// The run continues from a checkpoint whose run logged to `saved_dir`: TensorBoard
-    /// continues there unless `logging_dir` was set.
-    pub(crate) fn continue_in(&mut self, saved_dir: Option<PathBuf>) {
+    /// The run continues from a checkpoint at `step` whose run logged to `saved_dir`: the logs
+    /// are cut back to `step` at the first write, and TensorBoard continues in `saved_dir`
+    /// unless `logging_dir` was set.
+    pub(crate) fn resume(&mut self, step: u64, saved_dir: Option<PathBuf>) {
+        self.resumed_at = Some(step);
         if let (Some(saved), Some(_), false) = (saved_dir, &self.logging_dir, self.explicit_dir) {
             self.logging_dir = Some(saved);
         }
-    }
-
-    /// The run continues from step `step`: the logs are cut back to it at the first write.
-    pub(crate) fn resume(&mut self, step: u64) {
-        self.resumed_at = Some(step);
     }
 
     /// The run's settings, written once as text (`args`, as transformers does).
