@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
+mod common;
+use common::Workers;
+
 const BIN: &str = env!("CARGO_BIN_EXE_treetrain");
 
 fn datasets() -> PathBuf {
@@ -371,18 +374,6 @@ fn a_two_rank_run_resumes_exactly_from_rank_zeros_checkpoint() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Workers started by hand (rank 0 hosting the store), killed on drop.
-struct Workers(Vec<Child>);
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Waits for `child` to exit (well within the runs' 60 s timeout, else it hangs); its status

@@ -318,19 +318,16 @@ fn a_second_run_into_a_used_output_dir_is_refused_at_once() {
             .unwrap()
     };
     // Started together: one holds the folder, the other is refused before any work.
-    let (mut a, mut b) = (sft(), sft());
+    let mut runs = common::Workers(vec![sft(), sft()]);
     let started = std::time::Instant::now();
-    let (mut winner, loser) = loop {
-        if a.try_wait().unwrap().is_some() {
-            break (b, a);
-        }
-        if b.try_wait().unwrap().is_some() {
-            break (a, b);
+    let refused = loop {
+        if let Some(i) = (0..2).find(|&i| runs.0[i].try_wait().unwrap().is_some()) {
+            break i;
         }
         assert!(started.elapsed().as_secs() < 30, "neither run was refused");
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
-    let out = loser.wait_with_output().unwrap();
+    let out = runs.0.remove(refused).wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("is in use by another run (process"),
@@ -341,10 +338,9 @@ fn a_second_run_into_a_used_output_dir_is_refused_at_once() {
     let started = std::time::Instant::now();
     let err = SftTrainer::new(cfg).unwrap_err().to_string();
     let refused_after = started.elapsed();
-    assert!(err.contains(&format!("process {}", winner.id())), "{err}");
+    assert!(err.contains(&format!("process {}", runs.0[0].id())), "{err}");
     assert!(refused_after.as_millis() < 1000, "refused after {refused_after:?}");
-    winner.kill().unwrap();
-    winner.wait().unwrap();
+    drop(runs);
     // The killed run's lock is stale (its process is gone), but its checkpoint-less folder
     // may be reused; one with checkpoints needs a resume or overwrite_output_dir.
     std::fs::create_dir_all(dir.join("out/checkpoint-3")).unwrap();
@@ -412,7 +408,7 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
     };
     for (i, delay_ms) in [Some(120u64), None, Some(570), None].into_iter().enumerate() {
         let seen = checkpoints(&out).last().map_or(0, |c| c.0);
-        let mut child = sft(i > 0).spawn().unwrap();
+        let mut run = common::Workers(vec![sft(i > 0).spawn().unwrap()]);
         let started = std::time::Instant::now();
         let leftovers = std::fs::read_dir(&out).map_or(0, |d| d.count());
         loop {
@@ -424,12 +420,11 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
             }
             assert!(started.elapsed().as_secs() < 120, "no new checkpoint");
             assert!(
-                child.try_wait().unwrap().is_none(),
+                run.0[0].try_wait().unwrap().is_none(),
                 "the run ended before it was killed"
             );
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(run);
         assert_newest_checkpoint_complete(&out);
     }
     let last = sft(true).stdout(std::process::Stdio::piped()).output().unwrap();

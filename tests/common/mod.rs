@@ -139,3 +139,17 @@ fn standin_variant(name: &str) -> PathBuf {
     }
     lib
 }
+
+/// Child processes a test started, killed and reaped on drop (a failed assertion leaves none
+/// running).
+#[allow(dead_code)]
+pub struct Workers(pub Vec<std::process::Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
