@@ -220,22 +220,25 @@ fn config_values_out_of_range_name_their_field() {
     fails_with(&["sft", "--config", &cfg], &["config `output_dir`", "/dev/null/out"]);
 }
 
+/// `dir/grpo.toml`: one step of GRPO on the shipped SFT model over `prompts`, with `settings`
+/// (top-level lines) and then `tables` (the `[[rewards]]` tables and whatever follows them).
+fn grpo_config(dir: &Path, prompts: &Path, settings: &str, tables: &str) -> String {
+    let path = dir.join("grpo.toml");
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\nprompt_field = \"prompt\"\nmax_steps = 1\n{settings}\n{tables}",
+        datasets().join("tiny-qwen3-sft").display().to_string(),
+        prompts,
+    );
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
 #[test]
 fn grpo_sampling_settings_and_missing_reward_columns_are_config_errors() {
     let dir = scratch("grpo");
     let prompts = dir.join("prompts.jsonl");
     std::fs::write(&prompts, "{\"prompt\": \"2+2=\"}\n{\"prompt\": \"3+3=\"}\n").unwrap();
-    let write = |extra: &str| {
-        let path = dir.join("grpo.toml");
-        let text = format!(
-            "model = {:?}\ndataset = {:?}\nprompt_field = \"prompt\"\nmax_steps = 1\n{extra}\n\
-             [[rewards]]\nname = \"exact_answer\"\n",
-            datasets().join("tiny-qwen3-sft").display().to_string(),
-            prompts,
-        );
-        std::fs::write(&path, text).unwrap();
-        path.display().to_string()
-    };
+    let write = |extra: &str| grpo_config(&dir, &prompts, extra, "[[rewards]]\nname = \"exact_answer\"\n");
     fails_with(
         &["grpo", "--config", &write("")],
         &["reward `exact_answer` reads the `answer` column", "row 0"],
@@ -561,15 +564,8 @@ fn reward_tables_and_reward_columns_are_read_as_the_user_meant() {
     )
     .unwrap();
     let write = |rewards: &str| {
-        let path = dir.join("grpo.toml");
-        let text = format!(
-            "model = {:?}\ndataset = {:?}\nprompt_field = \"prompt\"\nmax_steps = 1\n\
-             [[rewards]]\nname = \"exact_answer\"\n[[rewards]]\nname = \"answer_format\"\n{rewards}",
-            datasets().join("tiny-qwen3-sft").display().to_string(),
-            prompts,
-        );
-        std::fs::write(&path, text).unwrap();
-        path.display().to_string()
+        let tables = format!("[[rewards]]\nname = \"exact_answer\"\n[[rewards]]\nname = \"answer_format\"\n{rewards}");
+        grpo_config(&dir, &prompts, "", &tables)
     };
     // A typo inside a [[rewards]] table is not a reward field silently ignored.
     fails_with(
