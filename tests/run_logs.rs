@@ -119,14 +119,19 @@ fn check_with_python_readers(out: &Path, dir: &Path, kind: &str) {
     eprintln!("{kind}: {stdout}");
 }
 
+/// [`run_killed_and_resumed`] of 6 SFT steps into `out`, resuming the latest checkpoint.
+fn sft_killed_and_resumed(out: &Path) -> (SftTrainer, PathBuf) {
+    run_killed_and_resumed(|resume| {
+        let mut c = sft(out, 6);
+        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        SftTrainer::from_config(c, None)
+    })
+}
+
 #[test]
 fn an_sft_run_killed_and_resumed_logs_each_step_once_everywhere() {
     let out = scratch("sft");
-    let (t, dir) = run_killed_and_resumed(|resume| {
-        let mut c = sft(&out, 6);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
-        SftTrainer::from_config(c, None)
-    });
+    let (t, dir) = sft_killed_and_resumed(&out);
     assert_eq!(logged_steps(&out), [1, 2, 3, 4, 5, 6]);
     assert_events_match_the_jsonl(&out, &dir, "train/loss", "loss");
     let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
@@ -144,11 +149,7 @@ fn an_sft_run_killed_and_resumed_logs_each_step_once_everywhere() {
 #[ignore = "slow: TensorBoard's and pandas' readers (scripts/setup-run-log-readers.sh; test.sh sets TREETRAIN_LOG_READERS_PYTHON)"]
 fn tensorboard_and_pandas_read_what_sft_and_grpo_runs_log() {
     let out = scratch("sft-readers");
-    let (_, dir) = run_killed_and_resumed(|resume| {
-        let mut c = sft(&out, 6);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
-        SftTrainer::from_config(c, None)
-    });
+    let (_, dir) = sft_killed_and_resumed(&out);
     check_with_python_readers(&out, &dir, "sft");
     let out = scratch("grpo-readers");
     let (_, dir) = run_killed_and_resumed(|resume| {
