@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use tch::Kind;
 use treetrain::device::{DeviceSpec, Platform};
 use treetrain::sft::{SftConfig, SftTrainer};
-use treetrain::train::{NanPolicy, TrainConfig, TrainError, Trainer};
+use treetrain::train::{MAX_CONSECUTIVE_SKIPS, NanPolicy, TrainConfig, TrainError, Trainer};
 
 mod common;
 
@@ -170,7 +170,7 @@ fn accumulation_normalises_over_the_whole_window() {
 #[test]
 fn non_finite_steps_are_skipped_or_stop_with_the_rows_named() {
     let mut t = SftTrainer::new(SftConfig {
-        max_steps: Some(3),
+        max_steps: Some(3 + MAX_CONSECUTIVE_SKIPS),
         ..config(None)
     })
     .unwrap();
@@ -183,6 +183,22 @@ fn non_finite_steps_are_skipped_or_stop_with_the_rows_named() {
         (&t.model().lm.embed_tokens - before).abs().max().double_value(&[]),
         0.0,
         "weights untouched"
+    );
+    // Skipping forever is not training: the run stops at the limit, naming it.
+    for _ in 2..MAX_CONSECUTIVE_SKIPS {
+        assert!(t.step().unwrap().skipped);
+    }
+    let err = t.step().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::KeepsSkipping {
+                count: MAX_CONSECUTIVE_SKIPS,
+                what: "loss",
+                ..
+            }
+        ),
+        "{err}"
     );
     t.set_on_nan(NanPolicy::Stop);
     let err = t.step().unwrap_err();

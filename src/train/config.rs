@@ -14,7 +14,8 @@ use crate::model::lora::LoraConfig;
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum NanPolicy {
-    /// Drop the step's gradients, leave the weights untouched, count it, go on.
+    /// Drop the step's gradients, leave the weights untouched, count it, go on; a run whose
+    /// last [`super::MAX_CONSECUTIVE_SKIPS`] steps were all skipped stops with an error.
     #[default]
     Skip,
     /// Return an error naming the rows of the step; weights untouched.

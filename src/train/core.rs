@@ -92,7 +92,7 @@ impl TrainCore {
             tokenizer,
             model_dir,
             load_options,
-            optim: Optimization { adamw, schedule },
+            optim: Optimization::new(adamw, schedule),
             special,
             world,
             logs,

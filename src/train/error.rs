@@ -58,6 +58,20 @@ pub enum TrainError {
         /// Training rows (SFT) or prompt rows (GRPO) of the step.
         rows: Vec<usize>,
     },
+    /// Under `on_nan = skip`, every one of the last `count` steps was non-finite.
+    #[error(
+        "step {step}: non-finite {what} for {count} steps in a row (last on dataset rows {rows:?}, 0-based); stopped under on_nan = skip, as no step updates the weights. Check the model's settings and weights, or lower the learning rate"
+    )]
+    KeepsSkipping {
+        /// Optimizer step of the last one.
+        step: u64,
+        /// Steps skipped in a row.
+        count: u64,
+        /// `loss` or `gradient norm` of the last one.
+        what: &'static str,
+        /// Training rows (SFT) or prompt rows (GRPO) of the last one.
+        rows: Vec<usize>,
+    },
     /// A multi-process rendezvous or collective failed (names the rank).
     #[error(transparent)]
     Distributed(#[from] super::distributed::DistError),

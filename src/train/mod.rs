@@ -27,7 +27,7 @@ pub use checkpoint::{load_checkpoint, save_atomically, save_checkpoint};
 pub use config::{NanPolicy, TrainConfig};
 pub use core::TrainCore;
 pub use error::TrainError;
-pub use optimization::{Optimization, StepOutcome};
+pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization, StepOutcome};
 pub use report::{EventScalars, ReportTo, Scalars};
 pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};
 pub use schedule::{LrSchedule, ScheduleKind};

@@ -11,7 +11,14 @@ pub struct Optimization {
     pub adamw: AdamW,
     /// The learning rate per step.
     pub schedule: LrSchedule,
+    /// Steps skipped in a row just before this one (`on_nan = skip`).
+    consecutive_skips: u64,
 }
+
+/// Under `on_nan = skip`, this many non-finite steps in a row stop the run: a transient spike
+/// skips a step or two, while a run whose every step fails (broken weights, a bad setting) would
+/// otherwise end with exit 0 and a checkpoint of untrained weights.
+pub const MAX_CONSECUTIVE_SKIPS: u64 = 8;
 
 /// What the end of a step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,12 +32,22 @@ pub struct StepOutcome {
 }
 
 impl Optimization {
+    /// AdamW at `schedule`'s rates.
+    pub fn new(adamw: AdamW, schedule: LrSchedule) -> Self {
+        Self {
+            adamw,
+            schedule,
+            consecutive_skips: 0,
+        }
+    }
+
     /// Ends optimizer step `step` (0-based) whose gradients are accumulated and whose loss was
     /// `loss`: the gradients summed over `world`'s ranks (each rank's loss already divides by
     /// the global window's count; the identity for one process), clipping at
     /// `config.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
     /// the gradient norm is not finite, `config.on_nan` (skip: the step is dropped; stop: an
-    /// error naming `rows()`). Gradients are cleared in every case. In a multi-process run
+    /// error naming `rows()`; [`MAX_CONSECUTIVE_SKIPS`] skips in a row are an error under skip
+    /// too). Gradients are cleared in every case. In a multi-process run
     /// `loss` is the global one, so every rank decides alike.
     pub fn finish_step(
         &mut self,
@@ -70,9 +87,16 @@ impl Optimization {
                 name: name.to_string(),
             });
         }
+        self.consecutive_skips = if bad.is_some() { self.consecutive_skips + 1 } else { 0 };
         match bad {
             Some(what) if config.on_nan == NanPolicy::Stop => Err(TrainError::NonFinite {
                 step: step + 1,
+                what,
+                rows: rows(),
+            }),
+            Some(what) if self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS => Err(TrainError::KeepsSkipping {
+                step: step + 1,
+                count: self.consecutive_skips,
                 what,
                 rows: rows(),
             }),
