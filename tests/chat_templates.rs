@@ -173,3 +173,36 @@ fn malformed_messages_are_named() {
             .contains("no chat template")
     );
 }
+
+/// The render limits (instructions and bytes) leave every real template room for a conversation
+/// of thousands of turns: what renders for one exchange renders for 1,000 of them.
+#[test]
+fn render_limits_leave_real_templates_long_conversations() {
+    let dir = templates_dir();
+    let mut tok = tiny_tokenizer();
+    let exchange = |n: usize| -> Value {
+        let turns = (0..n).flat_map(|i| {
+            [
+                serde_json::json!({"role": "user", "content": format!("What is {i} + {i}? Show the working.")}),
+                serde_json::json!({"role": "assistant", "content": format!("{i} + {i} = {}. Answer: {}", 2 * i, 2 * i)}),
+            ]
+        });
+        Value::Array(turns.collect())
+    };
+    let mut rendered = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("jinja") {
+            continue;
+        }
+        tok.chat_template = Some(ChatTemplate::new(&std::fs::read_to_string(&path).unwrap()).unwrap());
+        let opts = ChatOptions::default();
+        if tok.apply_chat_template(&exchange(1), &opts).is_err() {
+            continue; // a template that needs more than user and assistant turns
+        }
+        let long = tok.apply_chat_template(&exchange(1000), &opts);
+        assert!(long.is_ok(), "{}: {}", path.display(), long.unwrap_err());
+        rendered += 1;
+    }
+    assert!(rendered >= 20, "only {rendered} templates rendered");
+}

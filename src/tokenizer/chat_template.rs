@@ -14,6 +14,37 @@ use super::pyjson;
 const GEN_START: char = '\u{E000}';
 const GEN_END: char = '\u{E001}';
 
+/// Most bytes one rendering may produce: some 16M tokens, far beyond any model's context, so a
+/// template that loops out gigabytes (a hostile or broken one) is an error, not an abort when
+/// memory runs out.
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
+/// Most template instructions one rendering may run. Some templates look back over the messages
+/// at every message (quadratic), yet thousands of turns under every template TRL ships stay far
+/// inside it (tests/chat_templates.rs), while a runaway nest of loops stops instead of running
+/// for hours.
+const RENDER_FUEL: u64 = 1_000_000_000;
+
+/// Collects rendered bytes up to [`MAX_RENDERED_BYTES`], then fails the write (and so the render).
+struct Bounded {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("rendered output over the limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A compiled chat template.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -114,6 +145,11 @@ fn mark_generation_blocks(source: &str) -> String {
 impl ChatTemplate {
     /// Compiles a template source.
     pub fn new(source: &str) -> Result<Self, TokenizerError> {
+        Self::with_fuel(source, RENDER_FUEL)
+    }
+
+    /// Compiles a template whose renderings may each run `fuel` instructions.
+    fn with_fuel(source: &str, fuel: u64) -> Result<Self, TokenizerError> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -121,6 +157,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(fuel));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
@@ -140,9 +177,27 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        let raw = tmpl
-            .render(Value::from(minijinja::value::Serde(context)))
-            .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
+        let mut out = Bounded {
+            bytes: Vec::new(),
+            overflowed: false,
+        };
+        let rendered = tmpl.render_captured_to(Value::from(minijinja::value::Serde(context)), &mut out);
+        match rendered {
+            Err(_) if out.overflowed => {
+                return Err(TokenizerError::Template(format!(
+                    "rendering produced more than {MAX_RENDERED_BYTES} bytes (the most a chat may render); the template or its messages run away"
+                )));
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                let fuel = self.env.fuel().unwrap_or(RENDER_FUEL);
+                return Err(TokenizerError::Template(format!(
+                    "rendering ran more than {fuel} template instructions (the most a chat may take); the template loops without end or its messages are huge"
+                )));
+            }
+            Err(e) => return Err(TokenizerError::Template(format!("{e:#}"))),
+            Ok(_) => {}
+        }
+        let raw = String::from_utf8(out.bytes).map_err(|e| TokenizerError::Template(e.to_string()))?;
         let mut text = String::with_capacity(raw.len());
         let mut spans = Vec::new();
         let mut open: Option<usize> = None;
@@ -213,5 +268,27 @@ mod tests {
                 .contains("roles must alternate")
         );
         assert!(ChatTemplate::new("{% if %}").is_err());
+    }
+
+    #[test]
+    fn runaway_templates_are_errors_not_aborts() {
+        // A gigabyte of output stops at the byte limit, long before memory runs out.
+        let t = ChatTemplate::new("{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}").unwrap();
+        let err = t.render(&json!({})).unwrap_err().to_string();
+        assert!(err.contains(&format!("more than {MAX_RENDERED_BYTES} bytes")), "{err}");
+        // Loops without output stop when the fuel is spent (a small fuel keeps the test fast).
+        let t = ChatTemplate::with_fuel(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            10_000,
+        )
+        .unwrap();
+        let err = t.render(&json!({})).unwrap_err().to_string();
+        assert!(err.contains("more than 10000 template instructions"), "{err}");
+        // Just under the limit renders.
+        let t = ChatTemplate::new("{{ 'x' * n }}").unwrap();
+        assert_eq!(
+            t.render(&json!({"n": MAX_RENDERED_BYTES})).unwrap().text.len(),
+            MAX_RENDERED_BYTES
+        );
     }
 }

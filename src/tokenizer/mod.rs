@@ -9,7 +9,7 @@ mod hf_tokenizer;
 mod mask_view;
 mod pyjson;
 
-pub use chat_template::{ChatTemplate, RenderedChat};
+pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES, RenderedChat};
 pub use error::TokenizerError;
 pub use files::{TOKENIZER_FILES, copy_tokenizer_files};
 pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
