@@ -656,3 +656,58 @@ fn packed_rows_whose_attention_mask_cannot_fit_are_an_error_not_an_abort() {
         &["attention mask of", "tokens needs", "GB of memory is available"],
     );
 }
+
+#[test]
+fn a_batch_whose_activations_cannot_fit_is_refused_naming_the_rows_that_fit() {
+    let dir = scratch("huge-batch");
+    // 2,000 conversations of some 1,200 tokens in one batch: over 100 GB of activations.
+    let long = "7 + 8 = 15. ".repeat(200);
+    let row = serde_json::json!({"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "Answer: 15"}]});
+    let data = dir.join("long.jsonl");
+    std::fs::write(&data, format!("{row}\n").repeat(2000)).unwrap();
+    let path = dir.join("sft.toml");
+    let text = format!(
+        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 100000\neval_fraction = 0.0\n[tokenize]\nmax_length = 2048\n",
+        tiny(),
+        data,
+    );
+    std::fs::write(&path, text).unwrap();
+    fails_with(
+        &["sft", "--config", path.to_str().unwrap()],
+        &[
+            "a training step over 2000 row(s)",
+            "GB of activations",
+            "enough for about",
+            "gradient_checkpointing",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A chat template that loops out gigabytes is an error, not an abort when memory runs out.
+#[test]
+fn a_runaway_chat_template_is_an_error_not_an_abort() {
+    let dir = scratch("runaway-template");
+    let model = edited_model(&dir, |_| {});
+    let path = model.join("tokenizer_config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["chat_template"] = "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}".into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let input = dir.join("chat.jsonl");
+    std::fs::write(&input, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n").unwrap();
+    fails_with(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--chat",
+        ],
+        &[
+            "chat template",
+            &format!("more than {} bytes", treetrain::tokenizer::MAX_RENDERED_BYTES),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -46,6 +46,7 @@ impl CausalLm {
         activations: Activations,
         head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
     ) -> Result<T, ModelError> {
+        self.check_activations_fit(input_ids, activations)?;
         if activations == Activations::Kept {
             let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
@@ -105,6 +106,27 @@ impl CausalLm {
         Ok(out)
     }
 
+    /// A training step whose saved activations cannot fit the host's memory is an error naming
+    /// the rows that would fit, before anything is allocated (on a device, the device's own
+    /// allocator reports it).
+    fn check_activations_fit(&self, input_ids: &Tensor, activations: Activations) -> Result<(), ModelError> {
+        let (&[batch, seq], crate::device::Device::Cpu) = (&input_ids.size()[..], self.device()) else {
+            return Ok(());
+        };
+        let elt = self.kind().elt_size_in_bytes() as u128;
+        let per_row = activation_floor(&self.config, seq, activations) * elt;
+        let need = per_row * batch.max(0) as u128;
+        match crate::device::host_shortfall(need) {
+            Some(available) => Err(ModelError::Input(format!(
+                "a training step over {batch} row(s) of {seq} tokens keeps at least {:.1} GB of activations; {:.1} GB of memory is available, enough for about {} such rows: use fewer rows per batch (batch_size), shorter rows (max_length) or gradient_checkpointing",
+                need as f64 / 1e9,
+                available as f64 / 1e9,
+                available / per_row.max(1)
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The dropout stream of the attached LoRA adapter, if it has one.
     fn dropout_stream(&self) -> Option<Arc<DropoutStream>> {
         let lora = |l: &Linear| match &l.adapter {
@@ -116,6 +138,20 @@ impl CausalLm {
             a.linears().into_iter().chain(m.linears()).find_map(lora)
         })
     }
+}
+
+/// Elements a training step keeps at least per row of `seq` tokens until its backward: per token
+/// and layer the norms', attention's and residual's outputs (6 x hidden) and the MLP's gate, up
+/// and product (3 x intermediate), leaving out the attention weights (their size depends on the
+/// layout's blocks); recomputed, each layer's input plus one layer's worth. A floor, not an
+/// estimate: the peaks `benches/memory.rs` measures lie above it, so a step it refuses cannot fit.
+fn activation_floor(config: &super::ModelConfig, seq: i64, activations: Activations) -> u128 {
+    let layer = (6 * config.hidden_size + 3 * config.intermediate_size).max(0) as u128;
+    let per_token = match activations {
+        Activations::Kept => layer * config.num_layers.max(0) as u128,
+        Activations::Recomputed => layer + (config.hidden_size * config.num_layers).max(0) as u128,
+    };
+    per_token * seq.max(0) as u128
 }
 
 /// `loss.backward()` when the loss depends on something trainable.
