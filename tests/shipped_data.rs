@@ -62,6 +62,87 @@ fn seeded_weights_are_deterministic_and_shaped_as_initialised() {
     assert_eq!(params, shipped.lm.config.num_parameters());
 }
 
+/// A folder mounted for the test (tmpfs `size`), unmounted and removed on drop.
+struct Mounted(std::path::PathBuf);
+
+impl Mounted {
+    /// None where this process may not mount (not root): the caller says so and stops.
+    fn tmpfs(name: &str, size: &str) -> Option<Self> {
+        let dir = std::env::temp_dir().join(format!("treetrain-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(Mounted(dir))
+    }
+
+    fn remount_read_only(&self) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.0)
+            .status();
+        assert!(ok.unwrap().success(), "remount read-only");
+    }
+
+    fn listing(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A seeded folder that cannot take its weights file (a full disk, a read-only mount) still
+/// loads the same weights, from memory, and leaves no temporary file behind.
+#[test]
+fn seeded_folders_that_cannot_be_written_load_from_memory() {
+    // 1 MB cannot hold the tiny model's 14.7 MB of weights.
+    let Some(full) = Mounted::tmpfs("seeded-full", "1m") else {
+        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    };
+    let src = treetrain::shipped::tiny_model_dir().unwrap();
+    for f in ["config.json", "treetrain_init.json"] {
+        std::fs::copy(src.join(f), full.0.join(f)).unwrap();
+    }
+    let shipped = Model::load(&src, LoadOptions::default()).unwrap();
+    let same = |m: &Model| {
+        let a = shipped.vs.variables();
+        m.vs.variables().iter().all(|(name, t)| t.equal(&a[name]))
+    };
+    let want = vec!["config.json".to_string(), "treetrain_init.json".to_string()];
+    let on_full_disk = Model::load(&full.0, LoadOptions::default()).unwrap();
+    assert!(same(&on_full_disk), "the weights made in memory are the shipped ones");
+    assert_eq!(full.listing(), want, "no temporary file left on the full disk");
+    full.remount_read_only();
+    let bf16 = LoadOptions {
+        dtype: Some(Kind::BFloat16),
+        ..LoadOptions::default()
+    };
+    let read_only = Model::load(&full.0, bf16).unwrap();
+    let embed = shipped.lm.embed_tokens.to_kind(Kind::BFloat16);
+    assert!(
+        read_only.lm.embed_tokens.equal(&embed),
+        "converted as a file load converts"
+    );
+    assert_eq!(full.listing(), want);
+}
+
 /// The shipped tasks' point: the model picks a listed item by a rule, never spells one, so every
 /// item and answer must be a single token of the shipped tokenizer, the same in the question as
 /// after `Answer:`.

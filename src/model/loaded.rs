@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor, nn};
 
 use super::lora::{LoraAdapter, LoraConfig};
-use super::seeded::{SEED_FILE, materialise_seeded};
-use super::weights::{check_finite_to_write, load_into, weight_files};
+use super::seeded::{SEED_FILE, Weights, materialise_seeded};
+use super::weights::{check_finite_to_write, weight_files};
 use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, host_memory, parse_kind, target_logprobs};
 use crate::device::{Device, privateuse1};
 
@@ -59,7 +59,7 @@ impl Model {
     ///
     /// A folder without weights but with `treetrain_init.json` (`{"seed": u64, "std": f64}`) is
     /// a seeded checkpoint: its weights are made from the seed, written to `model.safetensors`
-    /// once (when the folder is writable), and loaded. The shipped tiny model works this way.
+    /// once (when the folder takes the file; otherwise used from memory), and loaded. The shipped tiny model works this way.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         privateuse1::checked(opts.device, || {
             refuse_adapter_folder(dir)?;
@@ -68,15 +68,14 @@ impl Model {
                 super::check_device(opts.device)?;
             }
             let hf_config = HfConfig::from_file(&dir.join("config.json"))?;
-            let files = match weight_files(dir) {
+            let weights = match weight_files(dir) {
                 Err(ModelError::NoWeights { .. }) if dir.join(SEED_FILE).exists() => {
-                    materialise_seeded(dir, &hf_config)?;
-                    weight_files(dir)?
+                    materialise_seeded(dir, &hf_config)?
                 }
-                other => other?,
+                other => Weights::Files(other?),
             };
             let mut model = Self::declare(hf_config, opts)?;
-            load_into(&model.vs, &files, dir)?;
+            weights.load_into(&model.vs, dir)?;
             model.source = Some(dir.to_path_buf());
             model.finish(opts.device)?;
             Ok(model)
