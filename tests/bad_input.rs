@@ -644,9 +644,9 @@ fn packed_rows_whose_attention_mask_cannot_fit_are_an_error_not_an_abort() {
     let dir = scratch("long-rows");
     let path = dir.join("sft.toml");
     // bfd packs the shipped conversations into rows of 65,536 tokens: a dense mask of 8 such
-    // rows is tens of GB.
+    // rows is tens of GB (with checkpointing, the activations alone would fit).
     let text = format!(
-        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 8\npacking = \"bfd\"\n[tokenize]\nmax_length = 65536\n",
+        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 8\npacking = \"bfd\"\ngradient_checkpointing = true\n[tokenize]\nmax_length = 65536\n",
         tiny(),
         datasets().join("sft"),
     );
