@@ -394,3 +394,40 @@ fn continued_conversations_equal_prefilling_the_whole_conversation() {
         .unwrap_err();
     assert!(err.to_string().contains("slots left"), "{err}");
 }
+
+/// The shipped model's LM head has 2,048 rows for its tokenizer's 1,760 tokens: sampled hot,
+/// it would draw padding rows that decode to nothing. Ids past the tokenizer's are never
+/// chosen (what GRPO and `generate` set from the tokenizer), and nothing else changes.
+#[test]
+fn sampling_never_picks_ids_the_tokenizer_lacks() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/tiny-qwen3-sft");
+    let m = Model::load(&dir, LoadOptions::default()).unwrap();
+    let tok = treetrain::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let special = treetrain::model::SpecialTokens::resolve(Some(&tok), &m.lm.config);
+    let limit = tok.id_limit();
+    assert_eq!((special.token_limit, m.lm.config.vocab_size), (Some(limit), 2048));
+    let prompts: Vec<Vec<i64>> = (0..16).map(|i| vec![5 + i, 17, 99, 3]).collect();
+    let draw = |token_limit| {
+        let c = GenerationConfig {
+            sampling: SamplingConfig {
+                do_sample: true,
+                temperature: 4.0,
+                seed: 5,
+                token_limit,
+                ..Default::default()
+            },
+            ..cfg(24, Vec::new(), 4)
+        };
+        let out = Generator::new().generate(&m.lm, &prompts, &c).unwrap();
+        out.into_iter().flat_map(|c| c.output_ids).collect::<Vec<i64>>()
+    };
+    let unlimited = draw(None);
+    assert!(
+        unlimited.iter().any(|&t| t as usize >= limit),
+        "hot sampling without the limit draws padding rows (the case this guards)"
+    );
+    let limited = draw(special.token_limit);
+    assert!(limited.iter().all(|&t| (t as usize) < limit), "{limited:?}");
+    let ids: Vec<u32> = limited.iter().map(|&t| t as u32).collect();
+    tok.decode(&ids, false).expect("every sampled id decodes");
+}

@@ -177,6 +177,7 @@ fn generation_config(
             top_p: args.top_p,
             min_p: args.min_p,
             repetition_penalty: args.repetition_penalty,
+            token_limit: special.token_limit,
             seed: args.seed,
             first_row: 0,
         },

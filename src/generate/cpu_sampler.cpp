@@ -35,6 +35,7 @@ struct Rules {
   double top_p;   // >= 1: off
   double min_p;   // <= 0: off
   double penalty;
+  int64_t allowed;  // ids at or above are never chosen (padding rows of the LM head)
 };
 
 struct Chosen {
@@ -136,13 +137,16 @@ Chosen choose_row(const float* logits, int64_t vocab, const bool* seen, const Ru
     for (int64_t i = 0; i < vocab; ++i)
       if (seen[i]) raw[i] = raw[i] > 0.0 ? raw[i] / r.penalty : raw[i] * r.penalty;
   }
+  // Ids past the tokenizer's vocabulary score -inf: never drawn, never the argmax.
+  for (int64_t i = r.allowed; i < vocab; ++i) raw[i] = kNegInf;
+  bool rescored = penalised || r.allowed < vocab;
   if (!r.sample) {
-    int64_t t = penalised ? first_max(raw.data(), vocab) : argmax;
+    int64_t t = rescored ? first_max(raw.data(), vocab) : argmax;
     return {t, untruncated(t), untruncated(t)};
   }
   // 3. lp = log_softmax(scores); e holds exp(scores - top2), summing to `mass`.
-  double top2 = penalised ? raw[first_max(raw.data(), vocab)] : top;
-  double mass = penalised ? exp_shifted(raw.data(), vocab, top2, e.data()) : sum;
+  double top2 = rescored ? raw[first_max(raw.data(), vocab)] : top;
+  double mass = rescored ? exp_shifted(raw.data(), vocab, top2, e.data()) : sum;
   double lse2 = top2 + std::log(mass);
   // 4. The kept set (vocabulary order), then the draw over it renormalised.
   std::vector<int64_t> kept;
@@ -155,7 +159,7 @@ Chosen choose_row(const float* logits, int64_t vocab, const bool* seen, const Ru
   double floor = kNegInf;
   if (r.min_p > 0.0) floor = (top2 - lse2) + std::log(r.min_p);
   auto lp_of = [&](int64_t i) { return truncated ? raw[i] : raw[i] - lse2; };
-  auto keeps = [&](int64_t i) { return lp_of(i) >= floor; };
+  auto keeps = [&](int64_t i) { return i < r.allowed && lp_of(i) >= floor; };
   double kept_mass = 0.0;
   int64_t last = -1;
   auto visit = [&](auto&& f) {
@@ -163,7 +167,7 @@ Chosen choose_row(const float* logits, int64_t vocab, const bool* seen, const Ru
       for (int64_t i : kept)
         if (keeps(i)) f(i);
     } else {
-      for (int64_t i = 0; i < vocab; ++i)
+      for (int64_t i = 0; i < r.allowed; ++i)
         if (floor == kNegInf || keeps(i)) f(i);
     }
   };
@@ -191,11 +195,12 @@ extern "C" {
 
 // For each row of logits [rows, vocab] (contiguous f32), the host sampler's choice: tokens[r],
 // logprob[r] (under the distribution sampled from) and untruncated[r] (under softmax(logits /
-// T)). `seen` [rows, vocab] bool or null; `uniforms` one per row (ignored when greedy).
+// T)). `seen` [rows, vocab] bool or null; ids from `allowed` on are never chosen; `uniforms`
+// one per row (ignored when greedy).
 void tt_choose_rows(const float* logits, int64_t rows, int64_t vocab, const bool* seen, int sample,
                     double temperature, int64_t top_k, double top_p, double min_p, double penalty,
-                    const double* uniforms, int64_t* tokens, double* logprob, double* untruncated) {
-  Rules rules{sample != 0, temperature, top_k, top_p, min_p, penalty};
+                    int64_t allowed, const double* uniforms, int64_t* tokens, double* logprob, double* untruncated) {
+  Rules rules{sample != 0, temperature, top_k, top_p, min_p, penalty, allowed};
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<double> raw, e;
     for (int64_t r = r0; r < r1; ++r) {

@@ -78,15 +78,25 @@ pub fn choose_rows_with_tensors(
     // 1. Scores in f64, as the host sampler computes: raw = logits / T.
     let raw = logits.f_to_kind(Kind::Double)?.f_div_scalar(temperature)?;
     let log_z = raw.f_logsumexp([-1], true)?;
-    // 2. The repetition penalty (transformers' rule) on the tokens seen.
-    let scores = match seen.filter(|_| cfg.repetition_penalty != 1.0) {
+    // 2. The repetition penalty (transformers' rule) on the tokens seen; ids past `token_limit`
+    //    score -inf.
+    let mut scores = match seen.filter(|_| cfg.repetition_penalty != 1.0) {
         Some(seen) => penalised(&raw, seen, cfg.repetition_penalty)?,
         None => raw.shallow_clone(),
     };
+    let vocab = raw.size().last().copied().unwrap_or(0);
+    let limit = cfg.token_limit.map(|l| l as i64).filter(|&l| l < vocab);
+    if let Some(limit) = limit {
+        let beyond = Device::of(&raw).arange(vocab, Kind::Int64)?.f_ge(limit)?;
+        scores = scores.f_masked_fill(&beyond.f_view([1, vocab])?, f64::NEG_INFINITY)?;
+    }
     // 3. The token: argmax (first of ties), or an inverse-CDF draw from the kept distribution.
     let (token, logprob) = if cfg.do_sample {
         let lp = scores.f_log_softmax(-1, Kind::Double)?;
-        let keep = truncation_mask(&lp, cfg)?;
+        let mut keep = truncation_mask(&lp, cfg)?;
+        if limit.is_some() {
+            keep = keep.f_logical_and(&lp.f_isfinite()?)?;
+        }
         let renorm = lp
             .f_masked_fill(&keep.f_logical_not()?, f64::NEG_INFINITY)?
             .f_log_softmax(-1, Kind::Double)?;
@@ -258,6 +268,21 @@ mod tests {
                 repetition_penalty: 3.0,
                 ..SamplingConfig::default()
             },
+            SamplingConfig {
+                token_limit: Some(60),
+                top_k: Some(80),
+                ..sample.clone()
+            },
+            SamplingConfig {
+                token_limit: Some(60),
+                min_p: Some(0.02),
+                repetition_penalty: 1.3,
+                ..sample.clone()
+            },
+            SamplingConfig {
+                token_limit: Some(90),
+                ..SamplingConfig::default()
+            },
         ];
         let (rows, vocab) = (64, 97);
         let seen: Vec<Vec<i64>> = (0..rows as i64)
@@ -274,6 +299,38 @@ mod tests {
                     rows,
                     vocab,
                 );
+            }
+        }
+    }
+
+    /// Padding rows of the LM head (ids past the tokenizer's vocabulary) are never chosen, even
+    /// when they are the most likely, greedy or sampled, by all three samplers; the untruncated
+    /// log-prob still counts their mass.
+    #[test]
+    fn ids_past_the_token_limit_are_never_chosen() {
+        let (rows, vocab, limit) = (32, 50, 40);
+        let mut flat = logits(rows, vocab, 5);
+        for r in 0..rows {
+            flat[r * vocab + limit..(r + 1) * vocab].fill(6.0);
+        }
+        let seen = vec![Vec::new(); rows];
+        for (do_sample, top_k) in [(false, None), (true, None), (true, Some(45))] {
+            let cfg = SamplingConfig {
+                do_sample,
+                top_k,
+                token_limit: Some(limit),
+                seed: 3,
+                ..Default::default()
+            };
+            check_equal_on(&cfg, &seen, &flat, rows, vocab);
+            let t = Tensor::from_slice(&flat).view([rows as i64, vocab as i64]);
+            let uniforms: Vec<f64> = (0..rows).map(|r| cfg.row_stream(r).next_f64()).collect();
+            let got = choose_rows(&t, None, &cfg, &uniforms).unwrap();
+            let full = t.to_kind(Kind::Double).log_softmax(-1, Kind::Double);
+            for (r, &token) in got.tokens.iter().enumerate() {
+                assert!((token as usize) < limit, "row {r} chose padding id {token}");
+                let want = full.double_value(&[r as i64, token]);
+                assert!((f64::from(got.untruncated_logprobs[r]) - want).abs() < 1e-5, "row {r}");
             }
         }
     }

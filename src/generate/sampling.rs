@@ -17,6 +17,11 @@ pub struct SamplingConfig {
     pub min_p: Option<f64>,
     /// > 1 discourages tokens already in the prompt or completion (CTRL-style); 1 = off.
     pub repetition_penalty: f64,
+    /// Ids at or above this are never chosen: the tokenizer's vocabulary size, where the LM head
+    /// has padding rows past it (Qwen3: 151,936 rows for 151,669 tokens) that would decode to
+    /// nothing. Their probability still counts in the untruncated log-prob (the distribution a
+    /// trainer recomputes), like any token truncation leaves out. `None`: every row.
+    pub token_limit: Option<usize>,
     /// Seed of this call's random draws. Every row of a batch draws from its own stream, keyed
     /// by the seed and the row's number, so a row's tokens do not depend on the other rows.
     pub seed: u64,
@@ -62,6 +67,7 @@ impl Default for SamplingConfig {
             top_p: None,
             min_p: None,
             repetition_penalty: 1.0,
+            token_limit: None,
             seed: 0,
             first_row: 0,
         }
@@ -70,8 +76,8 @@ impl Default for SamplingConfig {
 
 /// A chosen token and its log-probabilities.
 ///
-/// - `logprob`: under the distribution actually sampled from (temperature, then top-k / top-p /
-///   min-p truncation, renormalised). For greedy decoding it equals `untruncated_logprob`.
+/// - `logprob`: under the distribution actually sampled from (temperature, ids past
+///   `token_limit` left out, then top-k / top-p / min-p truncation, renormalised). For greedy decoding it equals `untruncated_logprob`.
 /// - `untruncated_logprob`: under `softmax(logits / temperature)` without truncation (and
 ///   without repetition penalty): the policy's distribution that a trainer recomputes, so GRPO
 ///   importance ratios compare like with like. treetrain's GRPO uses this one as `old_log_probs`.
@@ -97,7 +103,10 @@ pub fn choose(logits: &[f32], seen: &[i64], cfg: &SamplingConfig, rng: &mut Spli
     let temperature = if cfg.do_sample { cfg.temperature.max(1e-6) } else { 1.0 };
     let raw: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
     let untruncated = log_softmax(&raw);
-    let scores = penalise_repetitions(raw, seen, cfg.repetition_penalty);
+    let mut scores = penalise_repetitions(raw, seen, cfg.repetition_penalty);
+    if let Some(limit) = cfg.token_limit {
+        scores.iter_mut().skip(limit).for_each(|s| *s = f64::NEG_INFINITY);
+    }
     if !cfg.do_sample {
         let token = scores
             .iter()

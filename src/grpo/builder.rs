@@ -11,7 +11,7 @@ use super::{
     Shard,
 };
 use crate::data::Dataset;
-use crate::generate::GenerationConfig;
+use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::{CausalLm, Model, SpecialTokens};
 use crate::tokenizer::Tokenizer;
 use crate::train::{TrainCore, TrainError};
@@ -277,7 +277,10 @@ fn generation_config(config: &GrpoConfig, special: &SpecialTokens) -> Generation
         eos_token_ids: special.eos.clone(),
         pad_token_id: special.pad,
         prefill_chunk_size: config.rollouts.prefill_chunk_size,
-        sampling: config.sampling_config(),
+        sampling: SamplingConfig {
+            token_limit: special.token_limit,
+            ..config.sampling_config()
+        },
         ..Default::default()
     }
 }

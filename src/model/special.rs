@@ -12,6 +12,9 @@ pub struct SpecialTokens {
     pub eos: Vec<i64>,
     /// Id written into padding positions.
     pub pad: i64,
+    /// Ids from here on are padding rows of the LM head the tokenizer has no token for: never
+    /// sampled (`None`: the tokenizer covers every row, or there is no tokenizer).
+    pub token_limit: Option<usize>,
 }
 
 impl SpecialTokens {
@@ -32,6 +35,9 @@ impl SpecialTokens {
             .map(i64::from)
             .or(config.pad_token_id)
             .unwrap_or(0);
-        SpecialTokens { eos, pad }
+        let token_limit = tokenizer
+            .map(Tokenizer::id_limit)
+            .filter(|&limit| (limit as i64) < config.vocab_size);
+        SpecialTokens { eos, pad, token_limit }
     }
 }

@@ -141,6 +141,16 @@ impl Tokenizer {
         self.special_token("eos_token").and_then(|t| self.token_id(&t))
     }
 
+    /// One past the largest id the tokenizer has a token for (added tokens included): ids from
+    /// here on cannot be decoded.
+    pub fn id_limit(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1)
+    }
+
     /// The padding id named by tokenizer_config.json.
     pub fn pad_token_id(&self) -> Option<u32> {
         self.special_token("pad_token").and_then(|t| self.token_id(&t))
