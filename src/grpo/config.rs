@@ -34,6 +34,20 @@ pub enum LossType {
     /// Over each micro-batch's terms (`per_device_train_batch_size` consecutive rollouts),
     /// then over micro-batches (TRL's `bnpo`; equal to `grpo` at one rollout per batch).
     Bnpo,
+    /// CISPO (MiniMax-M1): `-min(ratio, epsilon_high)` (detached) x advantage x log-prob, so
+    /// every token keeps a gradient; `epsilon_high` is the cap itself (ScaleRL recommends 5).
+    /// Averaged as `dapo`.
+    Cispo,
+    /// SAPO: a soft gate `sigmoid(tau (ratio - 1)) x 4 / tau` instead of the hard clip, `tau`
+    /// by the advantage's sign (`sapo_temperature_pos/neg`). Averaged as `grpo`.
+    Sapo,
+    /// LUSPO: the clipped surrogate summed over each rollout's tokens, then the mean over
+    /// rollouts (length-unbiased with `importance_sampling_level = "sequence"`, as its paper).
+    Luspo,
+    /// VESPO: each rollout's importance weight `w` (the product over its tokens) shapes a
+    /// detached Gamma weight `exp(lambda + k ln w - lambda w)` (1 at `w = 1`; `k`, `lambda`
+    /// by the advantage's sign) times advantage x log-prob. Averaged as `dapo`.
+    Vespo,
 }
 
 /// Where the importance ratio is taken (TRL's `importance_sampling_level`).
@@ -259,6 +273,22 @@ pub struct Loss {
     /// Optimizer steps taken on each generated batch (TRL's `num_iterations`, μ); the clip
     /// bounds how far later iterations move from the generating weights.
     pub num_iterations: usize,
+    /// `sapo`'s gate temperature for terms with a positive advantage.
+    pub sapo_temperature_pos: f64,
+    /// `sapo`'s gate temperature for terms with a negative (or zero) advantage.
+    pub sapo_temperature_neg: f64,
+    /// `vespo`'s Gamma shape `k` for rollouts with an advantage >= 0.
+    pub vespo_k_pos: f64,
+    /// `vespo`'s Gamma rate `lambda` for rollouts with an advantage >= 0.
+    pub vespo_lambda_pos: f64,
+    /// `vespo`'s `k` for rollouts with a negative advantage.
+    pub vespo_k_neg: f64,
+    /// `vespo`'s `lambda` for rollouts with a negative advantage.
+    pub vespo_lambda_neg: f64,
+    /// Off-policy sequence masking (DeepSeek-V3.2, eq. 9): a rollout with a negative advantage
+    /// whose mean per-token KL from the sampling weights to the policy (`sampled - policy`
+    /// log-prob) exceeds this leaves the policy loss (`None`: off; e.g. 0.5).
+    pub off_policy_mask_threshold: Option<f64>,
 }
 
 impl Default for Loss {
@@ -280,7 +310,56 @@ impl Default for Loss {
             per_device_train_batch_size: 8,
             mask_truncated_completions: false,
             num_iterations: 1,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
+            vespo_k_pos: 2.0,
+            vespo_lambda_pos: 3.0,
+            vespo_k_neg: 3.0,
+            vespo_lambda_neg: 2.0,
+            off_policy_mask_threshold: None,
         }
+    }
+}
+
+impl Loss {
+    /// Ranges and the combinations TRL refuses, naming the field.
+    fn validate(&self) -> Result<(), TrainError> {
+        let l = self;
+        let non_negative = [
+            ("epsilon_low", l.epsilon_low),
+            ("epsilon_high", l.epsilon_high),
+            ("beta", l.beta),
+            ("vespo_k_pos", l.vespo_k_pos),
+            ("vespo_lambda_pos", l.vespo_lambda_pos),
+            ("vespo_k_neg", l.vespo_k_neg),
+            ("vespo_lambda_neg", l.vespo_lambda_neg),
+            ("off_policy_mask_threshold", l.off_policy_mask_threshold.unwrap_or(0.0)),
+        ];
+        if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(TrainError::config(field, "must be finite and >= 0"));
+        }
+        let positive = [
+            ("sapo_temperature_pos", l.sapo_temperature_pos),
+            ("sapo_temperature_neg", l.sapo_temperature_neg),
+        ];
+        if let Some((field, _)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+            return Err(TrainError::config(field, "must be finite and > 0"));
+        }
+        if !(0.0..=1.0).contains(&l.top_entropy_quantile) {
+            return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
+        }
+        // VESPO folds the correction into its sequence weight token by token (as TRL does).
+        let per_sequence = matches!(
+            l.importance_sampling_mode,
+            SamplingCorrectionMode::SequenceMask | SamplingCorrectionMode::SequenceTruncate
+        );
+        if l.loss_type == LossType::Vespo && l.importance_sampling_correction && per_sequence {
+            return Err(TrainError::config(
+                "importance_sampling_mode",
+                "must be token_truncate or token_mask with loss_type = \"vespo\" and importance_sampling_correction (TRL refuses the sequence modes)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -420,14 +499,7 @@ impl GrpoConfig {
         self.sampling_config()
             .check()
             .map_err(|(field, message)| TrainError::config(field, message))?;
-        let non_negative = [
-            ("epsilon_low", self.loss.epsilon_low),
-            ("epsilon_high", self.loss.epsilon_high),
-            ("beta", self.loss.beta),
-        ];
-        if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
-            return Err(TrainError::config(field, "must be finite and >= 0"));
-        }
+        self.loss.validate()?;
         let (lo, hi) = (
             self.loss.importance_sampling_clip_min,
             self.loss.importance_sampling_clip_max,
@@ -439,9 +511,6 @@ impl GrpoConfig {
                 "importance_sampling_clip_max",
                 "and importance_sampling_clip_min must be finite, >= 0, with min below max",
             ));
-        }
-        if !(0.0..=1.0).contains(&self.loss.top_entropy_quantile) {
-            return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
         }
         if self.multi_turn.max_conversation_length <= self.rollouts.max_completion_length {
             return Err(TrainError::config(

@@ -53,6 +53,15 @@
 //!   (per rollout, then over rollouts), `dr_grpo` (over rollouts × `max_completion_length`) or
 //!   `bnpo` (over micro-batches of `per_device_train_batch_size` consecutive rollouts, each its
 //!   token mean).
+//! - **Other policy losses** of TRL 1.16's `loss_type`: `cispo` (the ratio capped at
+//!   `epsilon_high`, detached, times advantage × log-prob; averaged as `dapo`), `sapo` (a soft
+//!   gate `sigmoid(τ (ratio − 1)) × 4 / τ` for the clip, τ = `sapo_temperature_pos/neg`;
+//!   averaged as `grpo`), `luspo` (the clipped surrogate summed per rollout, then the mean over
+//!   rollouts) and `vespo` (a detached Gamma weight of each rollout's importance weight,
+//!   `vespo_k_pos/neg`, `vespo_lambda_pos/neg`; averaged as `dapo`).
+//!   `off_policy_mask_threshold` drops the policy loss of rollouts with a negative advantage whose
+//!   mean KL from the sampling weights exceeds it (DeepSeek-V3.2, eq. 9). Loss and gradient equal
+//!   TRL 1.16's own `_compute_loss` in both packings (`tests/trl_losses.rs`).
 //! - **Sampling correction** (`importance_sampling_correction`, TRL's vLLM IS correction, here for
 //!   async rollouts and `num_iterations > 1`, whose sampling weights lag): the ratio is taken
 //!   against the policy at the start of the update and each term's policy loss is weighted by
@@ -122,6 +131,7 @@ pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
 pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
+    grpo_loss_of_logprobs,
 };
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};

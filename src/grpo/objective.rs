@@ -49,6 +49,13 @@ pub struct GrpoObjective {
     pub per_device_train_batch_size: usize,
     /// Layer activations kept for backward or recomputed (`gradient_checkpointing`).
     pub activations: Activations,
+    /// `sapo`'s gate temperatures: for a positive advantage, otherwise.
+    pub sapo_temperatures: [f64; 2],
+    /// `vespo`'s Gamma `(k, lambda)`: for an advantage >= 0, otherwise.
+    pub vespo_shape: [(f64, f64); 2],
+    /// Off-policy sequence masking: a rollout with a negative advantage whose mean KL from the
+    /// sampling weights exceeds this leaves the policy loss (`None`: off).
+    pub off_policy_mask_threshold: Option<f64>,
 }
 
 impl From<&GrpoConfig> for GrpoObjective {
@@ -73,6 +80,12 @@ impl From<&GrpoConfig> for GrpoObjective {
             max_completion_length: c.rollouts.max_completion_length,
             per_device_train_batch_size: c.loss.per_device_train_batch_size,
             activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
+            sapo_temperatures: [c.loss.sapo_temperature_pos, c.loss.sapo_temperature_neg],
+            vespo_shape: [
+                (c.loss.vespo_k_pos, c.loss.vespo_lambda_pos),
+                (c.loss.vespo_k_neg, c.loss.vespo_lambda_neg),
+            ],
+            off_policy_mask_threshold: c.loss.off_policy_mask_threshold,
         }
     }
 }
@@ -95,6 +108,9 @@ impl Default for GrpoObjective {
             activations: Activations::Kept,
             max_completion_length: 0,
             per_device_train_batch_size: 8,
+            sapo_temperatures: [1.0, 1.05],
+            vespo_shape: [(2.0, 3.0), (3.0, 2.0)],
+            off_policy_mask_threshold: None,
         }
     }
 }
@@ -133,9 +149,10 @@ impl GrpoObjective {
     /// The weights of `row`'s loss terms in a step of `totals` (counted over the whole step,
     /// every row and rank):
     ///
-    /// - `Dapo`: every term / all loss terms of the step (token level).
-    /// - `Grpo`: every term / (its rollout's terms x rollouts of the step): each rollout's mean,
-    ///   then the mean over rollouts.
+    /// - `Dapo`, `Cispo`, `Vespo`: every term / all loss terms of the step (token level).
+    /// - `Grpo`, `Sapo`: every term / (its rollout's terms x rollouts of the step): each
+    ///   rollout's mean, then the mean over rollouts.
+    /// - `Luspo`: every term / rollouts of the step: each rollout's sum, then the mean.
     /// - `DrGrpo`: every term / (rollouts x `max_completion_length`).
     /// - `Bnpo`: every term / (its micro-batch's terms x micro-batches of the step), a
     ///   micro-batch being `per_device_train_batch_size` consecutive rollouts of the step:
@@ -156,9 +173,10 @@ impl GrpoObjective {
                 });
                 TermWeights::PerTerm(weights.collect::<Result<_, ModelError>>()?)
             }
-            LossType::Dapo => TermWeights::Uniform(1.0 / terms.max(1) as f64),
+            LossType::Dapo | LossType::Cispo | LossType::Vespo => TermWeights::Uniform(1.0 / terms.max(1) as f64),
             LossType::DrGrpo => TermWeights::Uniform(1.0 / (rollouts * self.max_completion_length.max(1)) as f64),
-            LossType::Grpo => {
+            LossType::Luspo => TermWeights::Uniform(1.0 / rollouts as f64),
+            LossType::Grpo | LossType::Sapo => {
                 let mut count = vec![0usize; row.rollouts];
                 for &s in &row.segment_id {
                     *count.get_mut(s as usize).ok_or_else(|| {
@@ -176,6 +194,13 @@ impl GrpoObjective {
                 )
             }
         })
+    }
+}
+
+impl GrpoObjective {
+    /// The weights of `row`'s loss terms in a step made of that row alone.
+    pub fn row_weights(&self, row: &PackedRow) -> Result<TermWeights, ModelError> {
+        self.term_weights(row, &super::StepTotals::of([row]))
     }
 }
 
@@ -276,38 +301,66 @@ fn loss_of_terms(
     weights: TermWeights,
     other: TermLogprobs<'_>,
 ) -> Result<GrpoLoss, ModelError> {
-    let device = model.device();
-    let m = row.token_index.len();
-    // 1. The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
-    //    step's entropy floor was taken from the same function (`update::term_entropies`), so
-    //    a term compares its own bits.
+    // The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
+    // step's entropy floor was taken from the same function (`update::term_entropies`), so a
+    // term compares its own bits.
     let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks)?;
-    // 2. The ratio `[M]` against the sampling weights, or against the policy at update start
+    let term_entropies = entropies.f_index_select(0, &terms.of_term)?;
+    let mut out = grpo_loss_of_logprobs(row, logprobs, Some(&term_entropies), cfg, weights, other)?;
+    out.entropy_sum = weighted_sum(&entropies, &terms.counts)?;
+    Ok(out)
+}
+
+/// The GRPO loss of `row` from the policy's log-prob of each of its loss terms (`logprobs`
+/// `[M]`, f32, differentiable) and, for `top_entropy_quantile`, each term's entropy `[M]`:
+/// everything [`grpo_loss_backward`] computes after the model's forward, so an objective can
+/// be checked (or driven) on log-probs alone. `entropy_sum` is left 0 here.
+pub fn grpo_loss_of_logprobs(
+    row: &PackedRow,
+    logprobs: Tensor,
+    term_entropies: Option<&Tensor>,
+    cfg: &GrpoObjective,
+    weights: TermWeights,
+    other: TermLogprobs<'_>,
+) -> Result<GrpoLoss, ModelError> {
+    let device = Device::of(&logprobs);
+    let m = row.token_index.len();
+    if logprobs.size() != [m as i64] {
+        return Err(ModelError::Input(format!(
+            "{:?} log-probs for a row of {m} loss terms",
+            logprobs.size()
+        )));
+    }
+    // 1. The ratio `[M]` against the sampling weights, or against the policy at update start
     //    with a (detached) sampling-correction weight per term.
     let (old, correction) = ratio_baseline(row, cfg, other.before_update, device)?;
     let adv = device.from_slice(&row.advantages)?;
     let ratio = importance_ratio(row, &logprobs, &old, cfg.importance_sampling)?;
-    // 3. The clipped surrogate per term, masked below the entropy floor (TRL masks the policy
-    //    term only; the KL penalty still applies to every term) and weighted by the correction.
-    let mut per_term = clipped_surrogate(&ratio, &adv, cfg);
-    if let Some(floor) = cfg.entropy_floor {
-        let keep = entropies.f_index_select(0, &terms.of_term)?.f_ge(floor)?;
-        per_term = per_term.f_mul(&keep.f_to_kind(Kind::Float)?)?;
+    // 2. The policy term of the loss type, masked for off-policy rollouts and below the entropy
+    //    floor (TRL masks the policy term only; the KL penalty still applies to every term) and
+    //    weighted by the correction (which VESPO folds into its own weight instead).
+    let mut per_term = policy_terms(row, &logprobs, &old, &ratio, &adv, correction.as_ref(), cfg)?;
+    if let Some(threshold) = cfg.off_policy_mask_threshold {
+        per_term = per_term.f_mul(&off_policy_mask(row, &logprobs, &adv, threshold)?)?;
+    }
+    if let (Some(floor), Some(entropies)) = (cfg.entropy_floor, term_entropies) {
+        per_term = per_term.f_mul(&entropies.f_ge(floor)?.f_to_kind(Kind::Float)?)?;
     }
     let correction_sum = match &correction {
         Some(w) => {
-            per_term = per_term.f_mul(w)?;
+            if cfg.loss_type != LossType::Vespo {
+                per_term = per_term.f_mul(w)?;
+            }
             tch::no_grad(|| w.f_sum(Kind::Float)?.f_double_value(&[]))?
         }
         None => m as f64,
     };
-    // 4. `beta` x k3 to the reference, then the terms summed under the averaging's weights.
+    // 3. `beta` x k3 to the reference, then the terms summed under the averaging's weights.
     let (per_term, ref_kl_sum) = with_reference_kl(per_term, &logprobs, &ratio, other.reference, cfg, device)?;
     let loss = weigh_terms(per_term, weights, device)?;
-    // 5. The statistics, outside the graph.
+    // 4. The statistics, outside the graph.
     let (clips, approx_kl_sum) = clip_statistics(&ratio, &adv, &old, &logprobs, cfg);
     let [clip_fraction, clip_low_fraction, clip_high_fraction] = clips;
-    let entropy_sum = weighted_sum(&entropies, &terms.counts)?;
     Ok(GrpoLoss {
         loss,
         logprobs,
@@ -317,8 +370,96 @@ fn loss_of_terms(
         clip_high_fraction,
         approx_kl_sum,
         ref_kl_sum,
-        entropy_sum,
+        entropy_sum: 0.0,
         correction_sum,
+    })
+}
+
+/// Every term's policy loss `[M]` under `cfg.loss_type`, before masks, correction and KL.
+fn policy_terms(
+    row: &PackedRow,
+    logprobs: &Tensor,
+    old: &Tensor,
+    ratio: &Tensor,
+    adv: &Tensor,
+    correction: Option<&Tensor>,
+    cfg: &GrpoObjective,
+) -> Result<Tensor, ModelError> {
+    Ok(match cfg.loss_type {
+        LossType::Cispo => {
+            let weight = ratio.f_clamp_max(cfg.epsilon_high)?.f_detach()?;
+            weight.f_mul(adv)?.f_mul(logprobs)?.f_neg()?
+        }
+        LossType::Sapo => {
+            let [pos, neg] = cfg.sapo_temperatures;
+            let tau = adv
+                .f_gt(0.0)?
+                .f_to_kind(Kind::Float)?
+                .f_mul_scalar(pos - neg)?
+                .f_add_scalar(neg)?;
+            let gate = tau
+                .f_mul(&ratio.f_sub_scalar(1.0)?)?
+                .f_sigmoid()?
+                .f_mul_scalar(4.0)?
+                .f_div(&tau)?;
+            gate.f_mul(adv)?.f_neg()?
+        }
+        LossType::Vespo => {
+            let phi = vespo_weights(row, logprobs, old, adv, correction, cfg)?;
+            phi.f_mul(adv)?.f_mul(logprobs)?.f_neg()?
+        }
+        LossType::Dapo | LossType::Grpo | LossType::DrGrpo | LossType::Bnpo | LossType::Luspo => {
+            clipped_surrogate(ratio, adv, cfg)
+        }
+    })
+}
+
+/// VESPO's detached Gamma weight of every term's rollout `[M]`: `w` = exp of the rollout's
+/// summed log-ratio (each token's clamped to [-20, 20]; plus the log of the sampling
+/// correction, when on), clamped to [1e-8, e^20]; then `exp(lambda + k ln w - lambda w)`, with
+/// `(k, lambda)` by the advantage's sign and `lambda >= 1e-4`; NaN or infinite weights 0.
+fn vespo_weights(
+    row: &PackedRow,
+    logprobs: &Tensor,
+    old: &Tensor,
+    adv: &Tensor,
+    correction: Option<&Tensor>,
+    cfg: &GrpoObjective,
+) -> Result<Tensor, tch::TchError> {
+    let floor = 1e-8f64.ln();
+    tch::no_grad(|| {
+        let log_ratio = logprobs.f_detach()?.f_sub(old)?.f_clamp(-20.0, 20.0)?;
+        let mut log_w = per_rollout(row, &log_ratio, Reduce::Sum)?;
+        if let Some(w) = correction {
+            log_w = log_w.f_add(&per_rollout(row, &w.f_log()?.f_clamp(floor, 20.0)?, Reduce::Sum)?)?;
+        }
+        let log_w = log_w.f_clamp(floor, 20.0)?;
+        let [(k_pos, l_pos), (k_neg, l_neg)] = cfg.vespo_shape;
+        let nonneg = adv.f_ge(0.0)?.f_to_kind(Kind::Float)?;
+        let k = nonneg.f_mul_scalar(k_pos - k_neg)?.f_add_scalar(k_neg)?;
+        let lambda = nonneg
+            .f_mul_scalar(l_pos - l_neg)?
+            .f_add_scalar(l_neg)?
+            .f_clamp_min(1e-4)?;
+        let log_phi = lambda
+            .f_add(&k.f_mul(&log_w)?)?
+            .f_sub(&lambda.f_mul(&log_w.f_exp()?)?)?;
+        log_phi.f_exp()?.f_nan_to_num(0.0, 0.0, 0.0)
+    })
+}
+
+/// DeepSeek-V3.2's off-policy sequence mask `[M]` (1 keeps the term): a term stays when its
+/// rollout's advantage is >= 0 or the rollout's mean of `sampled - policy` log-prob (the KL
+/// from the sampling weights, NaN counted 0) is at most `threshold`.
+fn off_policy_mask(row: &PackedRow, logprobs: &Tensor, adv: &Tensor, threshold: f64) -> Result<Tensor, tch::TchError> {
+    let device = Device::of(logprobs);
+    tch::no_grad(|| {
+        let sampled = device.from_slice(&row.old_log_probs)?;
+        let kl = sampled.f_sub(&logprobs.f_detach()?)?.f_nan_to_num(0.0, None, None)?;
+        let mean = per_rollout(row, &kl, Reduce::Mean)?;
+        adv.f_ge(0.0)?
+            .f_logical_or(&mean.f_le(threshold)?)?
+            .f_to_kind(Kind::Float)
     })
 }
 

@@ -1,0 +1,142 @@
+//! Every GRPO loss type and option against TRL 1.16's own `_compute_loss` on the same per-token
+//! log-probs (tests/fixtures/trl_grpo_losses.json, made by
+//! scripts/fixtures/make_grpo_loss_fixtures.py), in tree and flat packing: the loss and its
+//! gradient with respect to every completion token's log-prob.
+
+use serde_json::Value;
+use tch::{Kind, Tensor};
+use treetrain::grpo::{GrpoConfig, GrpoObjective, TermLogprobs, grpo_loss_of_logprobs};
+use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
+
+fn fixture() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trl_grpo_losses.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn rollouts(case: &Value) -> Vec<Rollout> {
+    let rs = case["rollouts"].as_array().unwrap();
+    rs.iter()
+        .map(|r| {
+            let ids = |k: &str| -> Vec<i64> { r[k].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect() };
+            let (prompt, completion) = (ids("prompt"), ids("completion"));
+            Rollout {
+                input_ids: [prompt.clone(), completion.clone()].concat(),
+                completion_mask: [vec![0; prompt.len()], vec![1; completion.len()]].concat(),
+                old_log_probs: [vec![0.0; prompt.len()], floats(&r["old_log_probs"])].concat(),
+                advantage: r["advantage"].as_f64().unwrap() as f32,
+                group_id: r["group_id"].as_str().unwrap().to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `(rollout, completion token)` of every loss term of `row`, checked against the sampler's
+/// log-probs the row carries.
+fn term_places(row: &PackedRow, rs: &[Rollout]) -> Vec<(usize, usize)> {
+    let mut seen = vec![0usize; rs.len()];
+    let places: Vec<(usize, usize)> = row
+        .segment_id
+        .iter()
+        .map(|&s| {
+            let r = row.sources[s as usize];
+            seen[r] += 1;
+            (r, seen[r] - 1)
+        })
+        .collect();
+    for (j, &(r, t)) in places.iter().enumerate() {
+        let prompt = rs[r].completion_mask.iter().take_while(|&&m| m == 0).count();
+        assert_eq!(row.old_log_probs[j], rs[r].old_log_probs[prompt + t], "term {j}");
+    }
+    places
+}
+
+fn tree_row(rs: &[Rollout]) -> PackedRow {
+    let mut t = PrefixTree::new();
+    for (i, x) in rs.iter().enumerate() {
+        t.add(x.clone(), i).unwrap();
+    }
+    t.pack()
+}
+
+#[test]
+fn every_loss_type_and_option_equals_trl() {
+    let fixture = fixture();
+    let cases = fixture["cases"].as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for case in cases {
+        let mut settings = case["settings"].clone();
+        settings["max_completion_length"] = case["max_completion_length"].clone();
+        settings["model"] = "unused".into();
+        settings["dataset"] = "unused".into();
+        let config: GrpoConfig = serde_json::from_value(settings.clone()).unwrap();
+        config.validate().unwrap();
+        let objective = GrpoObjective::from(&config);
+        let rs = rollouts(case);
+        let per = |k: &str| -> Vec<Vec<f32>> {
+            case["rollouts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| floats(&r[k]))
+                .collect()
+        };
+        let (logps, refs, grads) = (per("log_probs"), per("ref_log_probs"), per("grad"));
+        for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {
+            let places = term_places(&row, &rs);
+            let pick = |v: &[Vec<f32>]| Tensor::from_slice(&places.iter().map(|&(r, t)| v[r][t]).collect::<Vec<f32>>());
+            let leaf = pick(&logps).set_requires_grad(true);
+            let reference = pick(&refs);
+            let other = TermLogprobs {
+                reference: Some(&reference),
+                before_update: None,
+            };
+            let weights = objective.row_weights(&row).unwrap();
+            let out = grpo_loss_of_logprobs(&row, leaf.shallow_clone(), None, &objective, weights, other).unwrap();
+            let label = format!("{settings} ({:?})", row.kind);
+            let (got, want) = (out.loss.double_value(&[]), case["loss"].as_f64().unwrap());
+            assert!(
+                (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                "{label}: loss {got} vs TRL {want}"
+            );
+            out.loss.backward();
+            let grad = Vec::<f32>::try_from(leaf.grad().to_kind(Kind::Float)).unwrap();
+            for (j, &(r, t)) in places.iter().enumerate() {
+                let want = grads[r][t];
+                assert!(
+                    (grad[j] - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "{label}: d loss / d logp of rollout {r} token {t}: {} vs TRL {want}",
+                    grad[j]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_new_options_are_validated_by_name() {
+    let base = serde_json::json!({"model": "unused", "dataset": "unused"});
+    let err = |extra: Value| {
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let config: GrpoConfig = serde_json::from_value(v).unwrap();
+        config.validate().unwrap_err().to_string()
+    };
+    assert!(err(serde_json::json!({"sapo_temperature_neg": 0.0})).contains("sapo_temperature_neg"));
+    assert!(err(serde_json::json!({"vespo_lambda_pos": -1.0})).contains("vespo_lambda_pos"));
+    assert!(err(serde_json::json!({"off_policy_mask_threshold": -0.1})).contains("off_policy_mask_threshold"));
+    let vespo = err(serde_json::json!({"loss_type": "vespo", "importance_sampling_correction": true}));
+    assert!(
+        vespo.contains("importance_sampling_mode") && vespo.contains("token_truncate"),
+        "{vespo}"
+    );
+    let unknown: Result<GrpoConfig, _> = serde_json::from_value(serde_json::json!({"loss_type": "ppo"}));
+    assert!(unknown.unwrap_err().to_string().contains("cispo"));
+}
