@@ -572,6 +572,7 @@ fn a_failing_generation_thread_reports_instead_of_hanging() {
         per_batch: 2,
         shard: Default::default(),
         scale: Default::default(),
+        aggregation: Default::default(),
         produced: 0,
         generator: Default::default(),
         multi_turn: None,
@@ -1294,4 +1295,45 @@ fn evaluation_by_task_equals_evaluating_each_task_alone() {
         err.contains(&format!("prompt row {row}")) && err.contains("`task`"),
         "{err}"
     );
+}
+
+/// GDPO (`multi_objective_aggregation = "normalize_then_sum"`): each reward function normalised
+/// within its group, the weighted sums then normalised over the step, recomputed here from the
+/// batch's own per-function scores.
+#[test]
+fn normalize_then_sum_normalises_each_reward_in_its_group_then_over_the_step() {
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 6;
+        c.loss.multi_objective_aggregation = treetrain::grpo::MultiObjective::NormalizeThenSum;
+        c
+    })
+    .unwrap();
+    let m = t.step().unwrap();
+    assert!(m.loss.is_finite(), "{m:?}");
+    let batch = t.last_batch.as_ref().unwrap();
+    let weights: Vec<f64> = t.config().rewards.iter().map(|r| f64::from(r.weight)).collect();
+    assert!(weights.len() >= 2, "two reward functions");
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let std = |v: &[f64]| (v.iter().map(|x| (x - mean(v)).powi(2)).sum::<f64>() / (v.len() - 1).max(1) as f64).sqrt();
+    let mut sums = Vec::new();
+    for g in &batch.groups {
+        let n = g.advantages.len();
+        let mut s = vec![0.0; n];
+        for (f, w) in g.rewards.per_function.iter().zip(&weights) {
+            let r: Vec<f64> = f.iter().map(|x| f64::from(x.unwrap())).collect();
+            for i in 0..n {
+                s[i] += w * (r[i] - mean(&r)) / (std(&r) + 1e-4);
+            }
+        }
+        sums.push(s);
+    }
+    let all: Vec<f64> = sums.iter().flatten().copied().collect();
+    let (mu, sigma) = (mean(&all), std(&all));
+    for (g, s) in batch.groups.iter().zip(&sums) {
+        for (a, x) in g.advantages.iter().zip(s) {
+            let want = (x - mu) / (sigma + 1e-4);
+            assert!((f64::from(*a) - want).abs() < 1e-4, "advantage {a} vs {want}");
+        }
+    }
 }

@@ -249,6 +249,7 @@ fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
         per_batch: 1,
         shard: Default::default(),
         scale: Default::default(),
+        aggregation: Default::default(),
         sampler: treetrain::grpo::PromptSampler::new(prompts.prompts.len(), 0),
         produced: 0,
         generator: Default::default(),

@@ -16,6 +16,39 @@ pub enum ScaleRewards {
     None,
 }
 
+/// How several reward functions become one advantage (TRL's `multi_objective_aggregation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum MultiObjective {
+    /// The weighted sum of the functions' rewards, normalised as `scale_rewards` says.
+    #[default]
+    SumThenNormalize,
+    /// GDPO: each function's rewards normalised within the group (`(r - mean) / (std + 1e-4)`),
+    /// summed under the weights, then normalised over the whole step's batch; `scale_rewards`
+    /// does not apply.
+    NormalizeThenSum,
+}
+
+/// GDPO's first stage for one group: each function's scores `per_function[f][i]` normalised
+/// over the group's scored completions, then summed under `weights`; `None` where any function
+/// failed (a failed completion gets advantage 0 in either aggregation).
+pub fn decoupled_group_rewards(per_function: &[Vec<Option<f32>>], weights: &[f32]) -> Vec<Option<f32>> {
+    let n = per_function.first().map_or(0, Vec::len);
+    let mut total = vec![Some(0.0f64); n];
+    for (scores, &w) in per_function.iter().zip(weights) {
+        let scored: Vec<f64> = scores.iter().flatten().map(|&r| f64::from(r)).collect();
+        let (mean, std) = mean_std(&scored);
+        for (t, s) in total.iter_mut().zip(scores) {
+            *t = match (*t, s) {
+                (Some(t), Some(s)) => Some(t + f64::from(w) * (f64::from(*s) - mean) / (std + 1e-4)),
+                _ => None,
+            };
+        }
+    }
+    total.into_iter().map(|t| t.map(|t| t as f32)).collect()
+}
+
 /// One advantage per rollout of a group from its total rewards (`None`: scoring failed).
 ///
 /// Mean and standard deviation (Bessel-corrected, as `torch.std`) are taken over the rollouts
@@ -76,6 +109,29 @@ mod tests {
         }
         let b = group_advantages(&[Some(2.0), Some(0.0)], ScaleRewards::None);
         assert_eq!(b, vec![1.0, -1.0]);
+    }
+
+    /// GDPO's group stage: each function normalised over the group (torch's unbiased std,
+    /// + 1e-4), then the weighted sum; a completion any function failed on is `None`.
+    #[test]
+    fn decoupled_rewards_normalise_each_function_then_sum() {
+        let f1 = [1.0f64, 0.0, 1.0, 1.0]; // mean 0.75, std 0.5
+        let f2 = [0.5f64, 0.5, 0.0, 1.0]; // mean 0.5, std sqrt(1/6)
+        let scores = |f: [f64; 4]| f.iter().map(|&x| Some(x as f32)).collect::<Vec<_>>();
+        let per_function = vec![scores(f1), scores(f2)];
+        let got = decoupled_group_rewards(&per_function, &[1.0, 0.5]);
+        let s2 = (1.0f64 / 6.0).sqrt() + 1e-4;
+        for i in 0..4 {
+            let want = (f1[i] - 0.75) / (0.5 + 1e-4) + 0.5 * (f2[i] - 0.5) / s2;
+            assert!((f64::from(got[i].unwrap()) - want).abs() < 1e-5, "{i}: {got:?}");
+        }
+        let mut failed = per_function.clone();
+        failed[1][2] = None;
+        let got = decoupled_group_rewards(&failed, &[1.0, 0.5]);
+        assert_eq!(got[2], None);
+        // f2 over its three scored completions [0.5, 0.5, 1.0]: mean 2/3, std sqrt(1/12).
+        let want = (1.0 - 0.75) / (0.5 + 1e-4) + 0.5 * (1.0 - 2.0 / 3.0) / ((1.0f64 / 12.0).sqrt() + 1e-4);
+        assert!((f64::from(got[3].unwrap()) - want).abs() < 1e-5);
     }
 
     #[test]

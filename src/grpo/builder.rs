@@ -157,6 +157,7 @@ impl GrpoTrainerBuilder {
                 per_batch: config.rollouts.prompts_per_step * core.world.size,
                 shard: Shard::from(&core.world),
                 scale: config.loss.scale_rewards,
+                aggregation: config.loss.multi_objective_aggregation,
                 seed: config.train.seed,
             },
         )

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{BuiltinReward, ScaleRewards};
+use super::{BuiltinReward, MultiObjective, ScaleRewards};
 use crate::pack::Packing;
 use crate::train::{TrainConfig, TrainError};
 
@@ -262,6 +262,8 @@ pub struct Loss {
     pub use_bias_correction_kl: bool,
     /// Advantage scaling within a group.
     pub scale_rewards: ScaleRewards,
+    /// How several reward functions combine into one advantage (GDPO: `normalize_then_sum`).
+    pub multi_objective_aggregation: MultiObjective,
     /// How loss terms are averaged.
     pub loss_type: LossType,
     /// Rollouts per micro-batch for `loss_type = "bnpo"` (TRL's `per_device_train_batch_size`,
@@ -306,6 +308,7 @@ impl Default for Loss {
             beta: 0.0,
             use_bias_correction_kl: false,
             scale_rewards: ScaleRewards::Group,
+            multi_objective_aggregation: MultiObjective::SumThenNormalize,
             loss_type: LossType::Dapo,
             per_device_train_batch_size: 8,
             mask_truncated_completions: false,

@@ -38,6 +38,7 @@ impl GrpoTrainer {
             per_batch: prompts.prompts.len(),
             shard: Shard::from(&self.core.world),
             scale: self.config.loss.scale_rewards,
+            aggregation: self.config.loss.multi_objective_aggregation,
             seed,
         };
         // One conversation per sample: forks would weigh conversations that go on more.

@@ -118,7 +118,7 @@ mod view;
 pub use view::GrpoSettings;
 mod worker;
 
-pub use advantage::{ScaleRewards, group_advantages};
+pub use advantage::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
 pub use answer::extract_answer;
 pub use builder::GrpoTrainerBuilder;
 pub use config::{

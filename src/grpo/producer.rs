@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
 use super::rollouts::{PromptSampler, PromptSet, RolloutBatch, ScoredGroup};
-use super::{ScaleRewards, group_advantages};
+use super::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
 use crate::generate::{Completion, FinishReason, GenerationConfig, Generator};
 use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
@@ -59,6 +59,8 @@ pub struct RolloutProducer {
     pub shard: Shard,
     /// Advantage scaling.
     pub scale: ScaleRewards,
+    /// How the reward functions combine.
+    pub aggregation: MultiObjective,
     /// Prompt order.
     pub sampler: PromptSampler,
     /// Batches produced so far.
@@ -80,6 +82,8 @@ pub struct BatchShape {
     pub shard: Shard,
     /// Advantage scaling.
     pub scale: ScaleRewards,
+    /// How the reward functions combine.
+    pub aggregation: MultiObjective,
     /// Seeds the prompt order.
     pub seed: u64,
 }
@@ -104,6 +108,7 @@ impl RolloutProducer {
             per_batch: shape.per_batch,
             shard: shape.shard,
             scale: shape.scale,
+            aggregation: shape.aggregation,
             produced: 0,
             generator: Default::default(),
             multi_turn: None,
@@ -242,7 +247,16 @@ impl RolloutProducer {
         trained_masks: Vec<Vec<u8>>,
     ) -> ScoredGroup {
         let prompt = &self.prompts.prompts[p];
-        let advantages = group_advantages(&rewards.total, self.scale);
+        // GDPO's group stage leaves its sums for the step-wide normalisation
+        // (`RolloutBatch::scale_advantages`).
+        let advantages = match self.aggregation {
+            MultiObjective::SumThenNormalize => group_advantages(&rewards.total, self.scale),
+            MultiObjective::NormalizeThenSum => {
+                let weights: Vec<f32> = self.rewards.iter().map(|r| r.weight).collect();
+                let sums = decoupled_group_rewards(&rewards.per_function, &weights);
+                sums.iter().map(|s| s.unwrap_or(0.0)).collect()
+            }
+        };
         ScoredGroup {
             version,
             origin: self.produced,

@@ -2,9 +2,9 @@
 
 use serde_json::{Map, Value};
 
-use super::ScaleRewards;
 use super::advantage::mean_std;
 use super::reward::GroupRewards;
+use super::{MultiObjective, ScaleRewards};
 use crate::data::Dataset;
 use crate::generate::{Completion, FinishReason};
 use crate::pack::Rollout;
@@ -323,10 +323,27 @@ impl RolloutBatch {
         flat as f64 / self.groups.len().max(1) as f64
     }
 
-    /// `scale_rewards = "batch"`: every group's centred advantages divided by the standard
-    /// deviation of all the step's scored rewards (+1e-4, as TRL), once the step's batch is
-    /// complete (all ranks' groups gathered).
-    pub fn scale_advantages(&mut self, scale: ScaleRewards) {
+    /// The step-wide stage of the advantages, once the step's batch is complete (all ranks'
+    /// groups gathered): `scale_rewards = "batch"` divides every group's centred advantages by
+    /// the standard deviation of all the step's scored rewards (+1e-4, as TRL); GDPO
+    /// (`normalize_then_sum`) centres and scales the groups' decoupled sums over the step's
+    /// scored rollouts (failed ones stay 0).
+    pub fn scale_advantages(&mut self, scale: ScaleRewards, aggregation: MultiObjective) {
+        if aggregation == MultiObjective::NormalizeThenSum {
+            let scored: Vec<(usize, usize)> = (self.groups.iter().enumerate())
+                .flat_map(|(g, group)| (0..group.advantages.len()).map(move |i| (g, i)))
+                .filter(|&(g, i)| self.groups[g].rewards.total.get(i).copied().flatten().is_some())
+                .collect();
+            let values: Vec<f64> = scored
+                .iter()
+                .map(|&(g, i)| f64::from(self.groups[g].advantages[i]))
+                .collect();
+            let (mean, std) = mean_std(&values);
+            for (&(g, i), v) in scored.iter().zip(values) {
+                self.groups[g].advantages[i] = ((v - mean) / (std + 1e-4)) as f32;
+            }
+            return;
+        }
         if scale != ScaleRewards::Batch {
             return;
         }

@@ -153,7 +153,10 @@ impl GrpoTrainer {
         match &mut self.source {
             Source::Sync(p) => {
                 let mut batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
-                batch.scale_advantages(self.config.loss.scale_rewards);
+                batch.scale_advantages(
+                    self.config.loss.scale_rewards,
+                    self.config.loss.multi_objective_aggregation,
+                );
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
@@ -179,7 +182,10 @@ impl GrpoTrainer {
                 let mut batch =
                     RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone())
                         .gather(&self.core.world)?;
-                batch.scale_advantages(self.config.loss.scale_rewards);
+                batch.scale_advantages(
+                    self.config.loss.scale_rewards,
+                    self.config.loss.multi_objective_aggregation,
+                );
                 self.state.batches_consumed += 1;
                 Ok((batch, wait, dropped))
             }
