@@ -121,7 +121,7 @@ fn every_loss_type_and_option_equals_trl() {
 }
 
 #[test]
-fn the_new_options_are_validated_by_name() {
+fn the_new_options_are_validated_by_name_and_reach_their_use() {
     let base = serde_json::json!({"model": "unused", "dataset": "unused"});
     let err = |extra: Value| {
         let mut v = base.clone();
@@ -136,6 +136,13 @@ fn the_new_options_are_validated_by_name() {
     assert!(
         vespo.contains("importance_sampling_mode") && vespo.contains("token_truncate"),
         "{vespo}"
+    );
+    assert!(err(serde_json::json!({"repetition_penalty": 0.0})).contains("repetition_penalty"));
+    let penalised: GrpoConfig = serde_json::from_value(serde_json::json!({"repetition_penalty": 1.3})).unwrap();
+    assert_eq!(
+        penalised.sampling_config().repetition_penalty,
+        1.3,
+        "rollouts sample with it"
     );
     let unknown: Result<GrpoConfig, _> = serde_json::from_value(serde_json::json!({"loss_type": "ppo"}));
     assert!(unknown.unwrap_err().to_string().contains("cispo"));

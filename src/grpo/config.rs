@@ -210,11 +210,16 @@ pub struct Sampling {
     pub top_k: Option<usize>,
     /// Min-p sampling.
     pub min_p: Option<f64>,
+    /// Rollouts penalise tokens already in the prompt or completion (transformers' rule; 1:
+    /// off). Like truncation, it shapes only what is sampled: the old log-probs and the loss
+    /// stay under the policy's own distribution.
+    pub repetition_penalty: f64,
 }
 
 impl Default for Sampling {
     fn default() -> Self {
         Sampling {
+            repetition_penalty: 1.0,
             temperature: 1.0,
             top_p: None,
             top_k: None,
@@ -461,6 +466,7 @@ impl GrpoConfig {
             top_k: s.top_k,
             top_p: s.top_p,
             min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
             seed: self.train.seed,
             ..Default::default()
         }
