@@ -147,3 +147,28 @@ fn the_new_options_are_validated_by_name_and_reach_their_use() {
     let unknown: Result<GrpoConfig, _> = serde_json::from_value(serde_json::json!({"loss_type": "ppo"}));
     assert!(unknown.unwrap_err().to_string().contains("cispo"));
 }
+
+/// A TRL config's own spellings are read as treetrain's fields.
+#[test]
+fn trl_spellings_are_accepted() {
+    let dir = std::env::temp_dir().join(format!("treetrain-trl-spellings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("grpo.toml");
+    let toml = "model = \"m\"\ndataset = \"d\"\nepsilon = 0.1\nvllm_importance_sampling_correction = true\nvllm_importance_sampling_mode = \"token_truncate\"\nvllm_importance_sampling_cap = 2.5\n";
+    std::fs::write(&path, toml).unwrap();
+    let c = GrpoConfig::from_toml_file(&path).unwrap();
+    let l = &c.loss;
+    assert_eq!((l.epsilon_low, l.importance_sampling_correction), (0.1, true));
+    assert_eq!(
+        l.importance_sampling_mode,
+        treetrain::grpo::SamplingCorrectionMode::TokenTruncate
+    );
+    assert_eq!(l.importance_sampling_clip_max, Some(2.5));
+    std::fs::write(&path, format!("{toml}epsilon_low = 0.3\n")).unwrap();
+    let both = GrpoConfig::from_toml_file(&path).unwrap_err().to_string();
+    assert!(
+        both.contains("`epsilon` and `epsilon_low` name the same setting"),
+        "{both}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

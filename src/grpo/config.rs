@@ -232,7 +232,8 @@ impl Default for Sampling {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Loss {
-    /// Lower clip of the importance ratio.
+    /// Lower clip of the importance ratio (TRL's `epsilon`, accepted as an alias).
+    #[serde(alias = "epsilon")]
     pub epsilon_low: f64,
     /// Upper clip of the importance ratio.
     pub epsilon_high: f64,
@@ -243,16 +244,21 @@ pub struct Loss {
     /// Token- or sequence-level importance ratios (GSPO).
     pub importance_sampling_level: ImportanceSampling,
     /// Correct for the weights that sampled the rollouts lagging the policy (TRL's
-    /// `vllm_importance_sampling_correction`): the clipped ratio is then taken against the
+    /// `vllm_importance_sampling_correction`, accepted as an alias, as are its `_mode`,
+    /// `_clip_max` (and `_cap`) and `_clip_min`): the clipped ratio is then taken against the
     /// policy's own log-probs at the start of the update (one more forward per row, without
     /// gradient), and each term's policy loss is weighted by the capped ratio of those to the
     /// sampling log-probs. Off by default (it costs that forward).
+    #[serde(alias = "vllm_importance_sampling_correction")]
     pub importance_sampling_correction: bool,
     /// How the correction ratio is capped.
+    #[serde(alias = "vllm_importance_sampling_mode")]
     pub importance_sampling_mode: SamplingCorrectionMode,
     /// Upper bound of the correction ratio (TRL's default 3.0; `None`: none).
+    #[serde(alias = "vllm_importance_sampling_clip_max", alias = "vllm_importance_sampling_cap")]
     pub importance_sampling_clip_max: Option<f64>,
     /// Lower bound of the correction ratio (`None`: none).
+    #[serde(alias = "vllm_importance_sampling_clip_min")]
     pub importance_sampling_clip_min: Option<f64>,
     /// Train only the loss terms whose policy entropy is in the top `top_entropy_quantile` of
     /// the step's (TRL's ρ, "Beyond the 80/20 Rule"; 0.2 recommended, 1.0 keeps all). The other
@@ -438,6 +444,16 @@ impl Default for Eval {
     }
 }
 
+/// TRL's spellings of treetrain's GRPO settings, `(TRL, treetrain)`.
+const TRL_ALIASES: &[(&str, &str)] = &[
+    ("epsilon", "epsilon_low"),
+    ("vllm_importance_sampling_correction", "importance_sampling_correction"),
+    ("vllm_importance_sampling_mode", "importance_sampling_mode"),
+    ("vllm_importance_sampling_clip_max", "importance_sampling_clip_max"),
+    ("vllm_importance_sampling_cap", "importance_sampling_clip_max"),
+    ("vllm_importance_sampling_clip_min", "importance_sampling_clip_min"),
+];
+
 impl GrpoConfig {
     /// Writes the config as a TOML file [`GrpoConfig::from_toml_file`] reads back unchanged: how a
     /// notebook's run is scaled out (`treetrain launch --nproc-per-node N -- grpo --config FILE`).
@@ -448,7 +464,7 @@ impl GrpoConfig {
     /// Parses a TOML file of [`GrpoConfig`] fields (unset fields keep their defaults, unknown
     /// keys are refused; relative paths are taken relative to the file's folder).
     pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
-        let (mut cfg, base): (GrpoConfig, _) = crate::train::config_file::read_toml(path)?;
+        let (mut cfg, base): (GrpoConfig, _) = crate::train::config_file::read_toml_with_aliases(path, TRL_ALIASES)?;
         cfg.train.anchor_paths(base);
         if let Some(p) = cfg.eval.eval_dataset.as_mut() {
             crate::train::config_file::anchor(base, p);

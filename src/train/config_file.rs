@@ -13,12 +13,32 @@ pub(crate) fn read_toml<T>(path: &Path) -> Result<(T, &Path), TrainError>
 where
     T: Default + serde::Serialize + serde::de::DeserializeOwned,
 {
+    read_toml_with_aliases(path, &[])
+}
+
+/// [`read_toml`] where each top-level `(alias, field)` of `aliases` (another trainer's spelling,
+/// e.g. TRL's) is read as `field`; both at once is an error naming them.
+pub(crate) fn read_toml_with_aliases<'p, T>(
+    path: &'p Path,
+    aliases: &[(&str, &str)],
+) -> Result<(T, &'p Path), TrainError>
+where
+    T: Default + serde::Serialize + serde::de::DeserializeOwned,
+{
     let fail = |message: String| TrainError::ConfigFile {
         path: path.into(),
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let file: toml::Table = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    let mut file: toml::Table = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    for &(alias, field) in aliases {
+        if let Some(v) = file.remove(alias) {
+            if file.contains_key(field) {
+                return Err(fail(format!("`{alias}` and `{field}` name the same setting: keep one")));
+            }
+            file.insert(field.to_string(), v);
+        }
+    }
     let mut merged = toml::Table::try_from(T::default()).map_err(|e| fail(e.to_string()))?;
     merge(&mut merged, file.clone());
     let cfg: T = toml::Value::Table(merged)
