@@ -1337,3 +1337,77 @@ fn normalize_then_sum_normalises_each_reward_in_its_group_then_over_the_step() {
         }
     }
 }
+
+/// The entropy bonus through the model: with `entropy_coef = c` the gradient is the bonus-free
+/// one minus `c` times the gradient of the mean entropy over every completion token, taken
+/// here from each rollout's own causal forward; tree and flat alike. The adaptive controller
+/// then moves the coefficient by its delta and holds the bonus back above the target.
+#[test]
+fn the_entropy_bonus_trains_on_the_mean_entropy_and_adapts() {
+    use treetrain::model::AttentionLayout;
+    let rollouts = sampled_rollouts();
+    let m = untrained_policy();
+    let mut entropies = Vec::new();
+    for r in &rollouts {
+        let n = r.input_ids.len() as i64;
+        let logits =
+            m.lm.forward(
+                &Tensor::from_slice(&r.input_ids).view([1, n]),
+                &Tensor::arange(n, (tch::Kind::Int64, tch::Device::Cpu)).view([1, n]),
+                &AttentionLayout::Causal,
+            )
+            .unwrap();
+        let logp = logits.get(0).log_softmax(-1, tch::Kind::Float);
+        for i in 1..r.input_ids.len() {
+            if r.completion_mask[i] == 1 {
+                let row = logp.get(i as i64 - 1);
+                entropies.push(-(row.exp() * &row).sum(tch::Kind::Float));
+            }
+        }
+    }
+    let mean_entropy = Tensor::stack(&entropies, 0).mean(tch::Kind::Float);
+    mean_entropy.backward();
+    let entropy_grads = take_grads(&m);
+    let c = 0.3;
+    for packing in [Packing::Tree, Packing::Flat] {
+        let rows = pack_rollouts(rollouts.clone(), packing, 300).unwrap();
+        let without = accumulate_gradients(&m.lm, None, &rows, &GrpoObjective::default()).unwrap();
+        let plain = take_grads(&m);
+        let bonus = GrpoObjective {
+            entropy_coef: c,
+            ..GrpoObjective::default()
+        };
+        let with = accumulate_gradients(&m.lm, None, &rows, &bonus).unwrap();
+        let got = take_grads(&m);
+        let want_loss = without.loss - c * mean_entropy.double_value(&[]);
+        assert!(
+            (with.loss - want_loss).abs() < 1e-4,
+            "{packing:?}: loss {} vs {want_loss}",
+            with.loss
+        );
+        assert!((with.entropy_trained - mean_entropy.double_value(&[])).abs() < 1e-4);
+        for (((name, g), (_, p)), (_, h)) in got.iter().zip(&plain).zip(&entropy_grads) {
+            let want = p - h * c;
+            let err = (g - &want).abs().max().double_value(&[]);
+            let scale = want.abs().max().double_value(&[]).max(1e-3);
+            assert!(err < 1e-3 * scale, "{packing:?} {name}: {err} of {scale}");
+        }
+    }
+    // The adaptive controller: no bonus before an entropy is measured; then the coefficient
+    // moves by its delta each step, and applies only while the entropy is at or below target.
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.loss.use_adaptive_entropy = true;
+        c.loss.entropy_coef = 0.1;
+        c.loss.entropy_coef_delta = 0.02;
+        c.loss.entropy_target = 100.0; // above any entropy of this vocabulary: always "low"
+        c
+    })
+    .unwrap();
+    let first = t.step().unwrap();
+    assert_eq!(first.entropy_coef, 0.0, "nothing measured before the first step");
+    let second = t.step().unwrap();
+    assert!((second.entropy_coef - 0.12).abs() < 1e-12, "{}", second.entropy_coef);
+    let control = &t.state.entropy_control;
+    assert!((control.coef.unwrap() - 0.14).abs() < 1e-12 && control.last_entropy.unwrap() <= 100.0);
+}

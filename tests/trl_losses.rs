@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use tch::{Kind, Tensor};
-use treetrain::grpo::{GrpoConfig, GrpoObjective, TermLogprobs, grpo_loss_of_logprobs};
+use treetrain::grpo::{GrpoConfig, GrpoObjective, TermEntropies, TermLogprobs, grpo_loss_of_logprobs};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
 
 fn fixture() -> Value {
@@ -58,6 +58,17 @@ fn term_places(row: &PackedRow, rs: &[Rollout]) -> Vec<(usize, usize)> {
     places
 }
 
+/// `torch.quantile`'s linear interpolation at `q` (`None` at q = 0: every term trains).
+fn quantile(mut v: Vec<f32>, q: f64) -> Option<f64> {
+    if q <= 0.0 {
+        return None;
+    }
+    v.sort_by(f32::total_cmp);
+    let at = q * (v.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    Some(f64::from(v[lo]) + f64::from(v[hi] - v[lo]) * (at - lo as f64))
+}
+
 fn tree_row(rs: &[Rollout]) -> PackedRow {
     let mut t = PrefixTree::new();
     for (i, x) in rs.iter().enumerate() {
@@ -70,7 +81,7 @@ fn tree_row(rs: &[Rollout]) -> PackedRow {
 fn every_loss_type_and_option_equals_trl() {
     let fixture = fixture();
     let cases = fixture["cases"].as_array().unwrap();
-    assert!(cases.len() >= 15);
+    assert!(cases.len() >= 18);
     for case in cases {
         let mut settings = case["settings"].clone();
         settings["max_completion_length"] = case["max_completion_length"].clone();
@@ -78,7 +89,6 @@ fn every_loss_type_and_option_equals_trl() {
         settings["dataset"] = "unused".into();
         let config: GrpoConfig = serde_json::from_value(settings.clone()).unwrap();
         config.validate().unwrap();
-        let objective = GrpoObjective::from(&config);
         let rs = rollouts(case);
         let per = |k: &str| -> Vec<Vec<f32>> {
             case["rollouts"]
@@ -89,17 +99,36 @@ fn every_loss_type_and_option_equals_trl() {
                 .collect()
         };
         let (logps, refs, grads) = (per("log_probs"), per("ref_log_probs"), per("grad"));
+        let (entropies, entropy_grads) = (per("entropies"), per("entropy_grad"));
+        let objective = GrpoObjective {
+            entropy_floor: quantile(entropies.concat(), 1.0 - config.loss.top_entropy_quantile),
+            ..GrpoObjective::from(&config)
+        };
         for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {
             let places = term_places(&row, &rs);
             let pick = |v: &[Vec<f32>]| Tensor::from_slice(&places.iter().map(|&(r, t)| v[r][t]).collect::<Vec<f32>>());
             let leaf = pick(&logps).set_requires_grad(true);
+            let entropy_leaf = pick(&entropies).set_requires_grad(true);
+            let measured = entropy_leaf.detach();
+            let term_entropies = TermEntropies {
+                measured: &measured,
+                differentiable: Some(&entropy_leaf),
+            };
             let reference = pick(&refs);
             let other = TermLogprobs {
                 reference: Some(&reference),
                 before_update: None,
             };
             let weights = objective.row_weights(&row).unwrap();
-            let out = grpo_loss_of_logprobs(&row, leaf.shallow_clone(), None, &objective, weights, other).unwrap();
+            let out = grpo_loss_of_logprobs(
+                &row,
+                leaf.shallow_clone(),
+                Some(term_entropies),
+                &objective,
+                weights,
+                other,
+            )
+            .unwrap();
             let label = format!("{settings} ({:?})", row.kind);
             let (got, want) = (out.loss.double_value(&[]), case["loss"].as_f64().unwrap());
             assert!(
@@ -107,14 +136,27 @@ fn every_loss_type_and_option_equals_trl() {
                 "{label}: loss {got} vs TRL {want}"
             );
             out.loss.backward();
-            let grad = Vec::<f32>::try_from(leaf.grad().to_kind(Kind::Float)).unwrap();
-            for (j, &(r, t)) in places.iter().enumerate() {
-                let want = grads[r][t];
-                assert!(
-                    (grad[j] - want).abs() < 1e-5 * want.abs().max(1.0),
-                    "{label}: d loss / d logp of rollout {r} token {t}: {} vs TRL {want}",
-                    grad[j]
-                );
+            let grad_of = |t: &Tensor| {
+                let g = t.grad();
+                Vec::<f32>::try_from(if g.defined() {
+                    g.to_kind(Kind::Float)
+                } else {
+                    t.zeros_like()
+                })
+                .unwrap()
+            };
+            for (what, got, want) in [
+                ("logp", grad_of(&leaf), &grads),
+                ("entropy", grad_of(&entropy_leaf), &entropy_grads),
+            ] {
+                for (j, &(r, t)) in places.iter().enumerate() {
+                    let want = want[r][t];
+                    assert!(
+                        (got[j] - want).abs() < 1e-5 * want.abs().max(1.0),
+                        "{label}: d loss / d {what} of rollout {r} token {t}: {} vs TRL {want}",
+                        got[j]
+                    );
+                }
             }
         }
     }

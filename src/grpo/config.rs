@@ -298,6 +298,23 @@ pub struct Loss {
     pub vespo_k_neg: f64,
     /// `vespo`'s `lambda` for rollouts with a negative advantage.
     pub vespo_lambda_neg: f64,
+    /// Entropy bonus: the loss minus this times the mean policy entropy over the step's trained
+    /// terms (those above the entropy floor with `top_entropy_quantile`), whatever the loss
+    /// type's normalisation. 0: off (and the LM head's logits are not kept for it).
+    pub entropy_coef: f64,
+    /// Skywork-OR1's adaptive coefficient: after each step `entropy_coef` moves by
+    /// `entropy_coef_delta` (up while the step's entropy is at or below `entropy_target`, down
+    /// otherwise, within `[entropy_coef_min, entropy_coef_max]`), and the bonus applies only
+    /// while the last step's entropy was at or below the target. Checkpointed.
+    pub use_adaptive_entropy: bool,
+    /// Lowest adaptive coefficient.
+    pub entropy_coef_min: f64,
+    /// Highest adaptive coefficient.
+    pub entropy_coef_max: f64,
+    /// Step of the adaptive coefficient.
+    pub entropy_coef_delta: f64,
+    /// Entropy (nats per token) the adaptive coefficient steers toward.
+    pub entropy_target: f64,
     /// Off-policy sequence masking (DeepSeek-V3.2, eq. 9): a rollout with a negative advantage
     /// whose mean per-token KL from the sampling weights to the policy (`sampled - policy`
     /// log-prob) exceeds this leaves the policy loss (`None`: off; e.g. 0.5).
@@ -331,6 +348,12 @@ impl Default for Loss {
             vespo_k_neg: 3.0,
             vespo_lambda_neg: 2.0,
             off_policy_mask_threshold: None,
+            entropy_coef: 0.0,
+            use_adaptive_entropy: false,
+            entropy_coef_min: 0.0,
+            entropy_coef_max: 1.0,
+            entropy_coef_delta: 0.005,
+            entropy_target: 0.2,
         }
     }
 }
@@ -351,6 +374,22 @@ impl Loss {
         ];
         if let Some((field, _)) = non_negative.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(TrainError::config(field, "must be finite and >= 0"));
+        }
+        let finite = [("entropy_coef", l.entropy_coef), ("entropy_target", l.entropy_target)];
+        if let Some((field, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(TrainError::config(field, "must be finite"));
+        }
+        if l.use_adaptive_entropy
+            && !(l.entropy_coef_min.is_finite()
+                && l.entropy_coef_max.is_finite()
+                && l.entropy_coef_min <= l.entropy_coef_max
+                && l.entropy_coef_delta.is_finite()
+                && l.entropy_coef_delta >= 0.0)
+        {
+            return Err(TrainError::config(
+                "entropy_coef_min",
+                "entropy_coef_min <= entropy_coef_max and entropy_coef_delta >= 0, all finite, for use_adaptive_entropy",
+            ));
         }
         let positive = [
             ("sapo_temperature_pos", l.sapo_temperature_pos),

@@ -79,6 +79,10 @@ pub struct GrpoStepMetrics {
     pub kl: f64,
     /// Mean policy entropy per term.
     pub entropy: f64,
+    /// The entropy bonus's coefficient this step (0: off, or held back by the adaptive
+    /// controller).
+    #[serde(default)]
+    pub entropy_coef: f64,
     /// Mean sampling-correction weight per term (1 without `importance_sampling_correction`).
     #[serde(default)]
     pub sampling_correction: f64,
@@ -214,6 +218,7 @@ pub(crate) struct UpdateMetrics {
     pub(crate) stats: UpdateStats,
     pub(crate) rows: usize,
     pub(crate) outcome: StepOutcome,
+    pub(crate) entropy_coef: f64,
 }
 
 /// The step's own bookkeeping: how stale its batch was, and where its wall time went.
@@ -230,7 +235,12 @@ pub(crate) struct StepTimes {
 impl GrpoStepMetrics {
     /// Step `step`'s metrics from its three parts.
     pub(crate) fn compose(step: u64, rollout: RolloutMetrics, update: UpdateMetrics, times: StepTimes) -> Self {
-        let UpdateMetrics { stats, rows, outcome } = update;
+        let UpdateMetrics {
+            stats,
+            rows,
+            outcome,
+            entropy_coef,
+        } = update;
         GrpoStepMetrics {
             step,
             generated_by: rollout.generated_by,
@@ -254,6 +264,7 @@ impl GrpoStepMetrics {
             approx_kl: stats.approx_kl,
             kl: stats.ref_kl,
             entropy: stats.entropy,
+            entropy_coef,
             sampling_correction: stats.sampling_correction,
             packing_ratio: stats.packing_ratio(),
             forwarded_tokens: stats.forwarded_tokens,

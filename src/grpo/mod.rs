@@ -130,13 +130,13 @@ pub use eval::{EvalBreakdown, EvalResult};
 pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
 pub use objective::{
-    GrpoLoss, GrpoObjective, SamplingCorrection, TermLogprobs, TermWeights, grpo_loss, grpo_loss_backward,
-    grpo_loss_of_logprobs,
+    GrpoLoss, GrpoObjective, SamplingCorrection, TermEntropies, TermLogprobs, TermWeights, grpo_loss,
+    grpo_loss_backward, grpo_loss_of_logprobs,
 };
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
-pub use trainer::{GrpoState, GrpoTrainer};
+pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;

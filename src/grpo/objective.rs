@@ -56,6 +56,12 @@ pub struct GrpoObjective {
     /// Off-policy sequence masking: a rollout with a negative advantage whose mean KL from the
     /// sampling weights exceeds this leaves the policy loss (`None`: off).
     pub off_policy_mask_threshold: Option<f64>,
+    /// The entropy bonus's coefficient this step (0: off; the adaptive controller's value, or
+    /// 0 while it holds the bonus back).
+    pub entropy_coef: f64,
+    /// Trained terms of the whole step the bonus's mean divides by (those at or above the
+    /// entropy floor); `None`: the row's own (a row scored on its own).
+    pub entropy_terms: Option<usize>,
 }
 
 impl From<&GrpoConfig> for GrpoObjective {
@@ -86,6 +92,13 @@ impl From<&GrpoConfig> for GrpoObjective {
                 (c.loss.vespo_k_neg, c.loss.vespo_lambda_neg),
             ],
             off_policy_mask_threshold: c.loss.off_policy_mask_threshold,
+            // The adaptive controller starts without a measured entropy: no bonus yet.
+            entropy_coef: if c.loss.use_adaptive_entropy {
+                0.0
+            } else {
+                c.loss.entropy_coef
+            },
+            entropy_terms: None,
         }
     }
 }
@@ -111,6 +124,8 @@ impl Default for GrpoObjective {
             sapo_temperatures: [1.0, 1.05],
             vespo_shape: [(2.0, 3.0), (3.0, 2.0)],
             off_policy_mask_threshold: None,
+            entropy_coef: 0.0,
+            entropy_terms: None,
         }
     }
 }
@@ -133,6 +148,16 @@ pub struct TermLogprobs<'a> {
     pub reference: Option<&'a Tensor>,
     /// The policy's own at the start of the update, for [`SamplingCorrection`].
     pub before_update: Option<&'a Tensor>,
+}
+
+/// The policy's entropy at every loss term `[M]` of a row.
+#[derive(Debug, Clone, Copy)]
+pub struct TermEntropies<'a> {
+    /// As the step's entropy floor was measured (no gradient): which terms train.
+    pub measured: &'a Tensor,
+    /// The same with its gradient, for the entropy bonus (`None`: the bonus, if on, has no
+    /// gradient to give).
+    pub differentiable: Option<&'a Tensor>,
 }
 
 /// How each loss term is weighted in the sum that becomes a row's loss.
@@ -230,6 +255,9 @@ pub struct GrpoLoss {
     pub entropy_sum: f64,
     /// Sum over terms of the sampling-correction weight (`num_terms` when uncorrected).
     pub correction_sum: f64,
+    /// Sum over the trained terms (those at or above the entropy floor) of the policy's
+    /// entropy: what the entropy bonus and its adaptive controller average.
+    pub kept_entropy_sum: f64,
 }
 
 /// `k3 = exp(q - p) - (q - p) - 1` per term: an unbiased, non-negative estimate of
@@ -305,20 +333,34 @@ fn loss_of_terms(
     // step's entropy floor was taken from the same function (`update::term_entropies`), so a
     // term compares its own bits.
     let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks)?;
-    let term_entropies = entropies.f_index_select(0, &terms.of_term)?;
-    let mut out = grpo_loss_of_logprobs(row, logprobs, Some(&term_entropies), cfg, weights, other)?;
+    let measured = entropies.f_index_select(0, &terms.of_term)?;
+    // The bonus trains on the entropies themselves: then they come with their gradient too.
+    let differentiable = match cfg.entropy_coef != 0.0 {
+        true => Some(
+            terms
+                .entropies_with_grad(model.lm_head_weight(), cfg.chunks)?
+                .f_index_select(0, &terms.of_term)?,
+        ),
+        false => None,
+    };
+    let term_entropies = TermEntropies {
+        measured: &measured,
+        differentiable: differentiable.as_ref(),
+    };
+    let mut out = grpo_loss_of_logprobs(row, logprobs, Some(term_entropies), cfg, weights, other)?;
     out.entropy_sum = weighted_sum(&entropies, &terms.counts)?;
     Ok(out)
 }
 
 /// The GRPO loss of `row` from the policy's log-prob of each of its loss terms (`logprobs`
-/// `[M]`, f32, differentiable) and, for `top_entropy_quantile`, each term's entropy `[M]`:
+/// `[M]`, f32, differentiable) and, for `top_entropy_quantile` and the entropy bonus, each
+/// term's entropy:
 /// everything [`grpo_loss_backward`] computes after the model's forward, so an objective can
 /// be checked (or driven) on log-probs alone. `entropy_sum` is left 0 here.
 pub fn grpo_loss_of_logprobs(
     row: &PackedRow,
     logprobs: Tensor,
-    term_entropies: Option<&Tensor>,
+    term_entropies: Option<TermEntropies<'_>>,
     cfg: &GrpoObjective,
     weights: TermWeights,
     other: TermLogprobs<'_>,
@@ -343,8 +385,12 @@ pub fn grpo_loss_of_logprobs(
     if let Some(threshold) = cfg.off_policy_mask_threshold {
         per_term = per_term.f_mul(&off_policy_mask(row, &logprobs, &adv, threshold)?)?;
     }
-    if let (Some(floor), Some(entropies)) = (cfg.entropy_floor, term_entropies) {
-        per_term = per_term.f_mul(&entropies.f_ge(floor)?.f_to_kind(Kind::Float)?)?;
+    let kept = match (cfg.entropy_floor, term_entropies) {
+        (Some(floor), Some(e)) => Some(e.measured.f_ge(floor)?.f_to_kind(Kind::Float)?),
+        _ => None,
+    };
+    if let Some(kept) = &kept {
+        per_term = per_term.f_mul(kept)?;
     }
     let correction_sum = match &correction {
         Some(w) => {
@@ -357,8 +403,30 @@ pub fn grpo_loss_of_logprobs(
     };
     // 3. `beta` x k3 to the reference, then the terms summed under the averaging's weights.
     let (per_term, ref_kl_sum) = with_reference_kl(per_term, &logprobs, &ratio, other.reference, cfg, device)?;
-    let loss = weigh_terms(per_term, weights, device)?;
-    // 4. The statistics, outside the graph.
+    let mut loss = weigh_terms(per_term, weights, device)?;
+    // 4. The entropy bonus: the mean entropy over the step's trained terms, times the
+    //    coefficient, taken off the loss (not reweighted by the loss type).
+    let kept_entropy_sum = match term_entropies {
+        Some(e) => {
+            let entropies = e.differentiable.unwrap_or(e.measured);
+            let trained = match &kept {
+                Some(k) => entropies.f_mul(k)?,
+                None => entropies.shallow_clone(),
+            };
+            let sum = trained.f_sum(Kind::Float)?;
+            if cfg.entropy_coef != 0.0 {
+                let count = match (cfg.entropy_terms, &kept) {
+                    (Some(n), _) => n as f64,
+                    (None, Some(k)) => tch::no_grad(|| k.f_sum(Kind::Float)?.f_double_value(&[]))?,
+                    (None, None) => m as f64,
+                };
+                loss = loss.f_sub(&sum.f_mul_scalar(cfg.entropy_coef / count.max(1.0))?)?;
+            }
+            tch::no_grad(|| sum.f_double_value(&[]))?
+        }
+        None => 0.0,
+    };
+    // 5. The statistics, outside the graph.
     let (clips, approx_kl_sum) = clip_statistics(&ratio, &adv, &old, &logprobs, cfg);
     let [clip_fraction, clip_low_fraction, clip_high_fraction] = clips;
     Ok(GrpoLoss {
@@ -371,6 +439,7 @@ pub fn grpo_loss_of_logprobs(
         approx_kl_sum,
         ref_kl_sum,
         entropy_sum: 0.0,
+        kept_entropy_sum,
         correction_sum,
     })
 }

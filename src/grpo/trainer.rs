@@ -47,6 +47,42 @@ pub struct GrpoState {
     /// Batches taken from the rollout source (trained on or dropped): where a resumed run's
     /// prompt order continues.
     pub batches_consumed: u64,
+    /// The adaptive entropy bonus's controller (`use_adaptive_entropy`).
+    #[serde(default)]
+    pub entropy_control: EntropyControl,
+}
+
+/// Skywork-OR1's adaptive entropy coefficient, carried from step to step (and checkpointed).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EntropyControl {
+    /// The coefficient (`None` before the first step: `entropy_coef`).
+    pub coef: Option<f64>,
+    /// The last step's mean entropy over its trained terms (`None` before the first step: no
+    /// bonus until one is measured).
+    pub last_entropy: Option<f64>,
+}
+
+impl EntropyControl {
+    /// The coefficient the next step applies: the controller's, while the last step's entropy
+    /// was at or below the target; else 0.
+    fn applied(&self, loss: &super::Loss) -> f64 {
+        match self.last_entropy {
+            Some(e) if e <= loss.entropy_target => self.coef.unwrap_or(loss.entropy_coef),
+            _ => 0.0,
+        }
+    }
+
+    /// After a step whose trained terms' mean entropy was `entropy`: the coefficient steps up
+    /// (entropy at or below the target) or down, within its bounds.
+    fn update(&mut self, loss: &super::Loss, entropy: f64) {
+        let coef = self.coef.unwrap_or(loss.entropy_coef);
+        self.coef = Some(if entropy <= loss.entropy_target {
+            (coef + loss.entropy_coef_delta).min(loss.entropy_coef_max)
+        } else {
+            (coef - loss.entropy_coef_delta).max(loss.entropy_coef_min)
+        });
+        self.last_entropy = Some(entropy);
+    }
 }
 
 pub(super) enum Source {
@@ -126,7 +162,11 @@ impl GrpoTrainer {
 
     /// The loss of the run.
     pub fn objective(&self) -> GrpoObjective {
-        GrpoObjective::from(&self.config)
+        let mut objective = GrpoObjective::from(&self.config);
+        if self.config.loss.use_adaptive_entropy {
+            objective.entropy_coef = self.state.entropy_control.applied(&self.config.loss);
+        }
+        objective
     }
 
     /// Async mode: the generation thread and its queue.
@@ -259,6 +299,7 @@ impl GrpoTrainer {
         let pack_s = t.elapsed().as_secs_f64();
         let lm = &self.core.model.lm;
         let training = self.core.model.training();
+        let entropy_coef = self.objective().entropy_coef;
         let accumulated = with_entropy_floor(lm, &update.rows, self.objective(), world).and_then(|objective| {
             accumulate_share(lm, self.reference.as_ref(), &update.rows, update.totals, &objective)
         });
@@ -273,6 +314,11 @@ impl GrpoTrainer {
             .optim
             .finish_step(world, &self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
+        if self.config.loss.use_adaptive_entropy {
+            self.state
+                .entropy_control
+                .update(&self.config.loss, stats.entropy_trained);
+        }
         let times = StepTimes {
             pack_s,
             optimizer_s: t.elapsed().as_secs_f64(),
@@ -282,6 +328,7 @@ impl GrpoTrainer {
             stats,
             rows: update.step_rows,
             outcome,
+            entropy_coef,
         };
         Ok((metrics, update.rows, times))
     }

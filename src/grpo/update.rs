@@ -112,6 +112,10 @@ pub struct UpdateStats {
     pub ref_kl: f64,
     /// Mean policy entropy per term (nats).
     pub entropy: f64,
+    /// Mean policy entropy over the trained terms (those at or above the entropy floor; all
+    /// without `top_entropy_quantile`): what the entropy bonus and its controller use.
+    #[serde(default)]
+    pub entropy_trained: f64,
     /// Mean sampling-correction weight per term (1 without the correction; below 1 when
     /// masked or truncated rollouts lag).
     #[serde(default)]
@@ -152,7 +156,7 @@ impl UpdateStats {
     }
 
     /// The statistics every rank holds a share of: means (shares of the step's) and counts.
-    fn shared_by_ranks(&mut self) -> ([&mut f64; 8], [&mut usize; 3]) {
+    fn shared_by_ranks(&mut self) -> ([&mut f64; 9], [&mut usize; 3]) {
         let UpdateStats {
             loss,
             terms: _,
@@ -165,6 +169,7 @@ impl UpdateStats {
             approx_kl,
             ref_kl,
             entropy,
+            entropy_trained,
             sampling_correction,
             forward_backward_s: _,
         } = self;
@@ -177,6 +182,7 @@ impl UpdateStats {
                 approx_kl,
                 ref_kl,
                 entropy,
+                entropy_trained,
                 sampling_correction,
             ],
             [forwarded_tokens, raw_tokens, rows],
@@ -197,7 +203,11 @@ pub fn accumulate_gradients(
 ) -> Result<UpdateStats, TrainError> {
     let mut objective = *objective;
     if objective.entropy_floor.is_none() {
-        objective.entropy_floor = entropy_floor(&term_entropies(policy, rows, &objective)?, &objective);
+        let all = term_entropies(policy, rows, &objective)?;
+        objective.entropy_floor = entropy_floor(&all, &objective);
+        if let Some(f) = objective.entropy_floor {
+            objective.entropy_terms = Some(all.iter().filter(|&&e| f64::from(e) >= f).count());
+        }
     }
     accumulate_share(policy, reference, rows, StepTotals::of(rows), &objective)
 }
@@ -221,8 +231,10 @@ pub(crate) fn with_entropy_floor(
         .iter()
         .flat_map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
         .collect();
+    let floor = entropy_floor(&all, &objective);
     Ok(GrpoObjective {
-        entropy_floor: entropy_floor(&all, &objective),
+        entropy_floor: floor,
+        entropy_terms: floor.map(|f| all.iter().filter(|&&e| f64::from(e) >= f).count()),
         ..objective
     })
 }
@@ -274,6 +286,12 @@ pub(crate) fn accumulate_share(
     let start = Instant::now();
     let StepTotals { terms, .. } = totals;
     let norm = terms.max(1) as f64;
+    // The entropy bonus averages over the whole step's trained terms.
+    let trained = objective.entropy_terms.unwrap_or(terms);
+    let objective = &GrpoObjective {
+        entropy_terms: Some(trained),
+        ..*objective
+    };
     let mut stats = UpdateStats {
         terms,
         rows: rows.len(),
@@ -305,6 +323,7 @@ pub(crate) fn accumulate_share(
         stats.approx_kl += out.approx_kl_sum;
         stats.ref_kl += out.ref_kl_sum;
         stats.entropy += out.entropy_sum;
+        stats.entropy_trained += out.kept_entropy_sum;
         stats.forwarded_tokens += row.len();
         stats.raw_tokens += row.raw_tokens;
     }
@@ -315,6 +334,7 @@ pub(crate) fn accumulate_share(
     stats.approx_kl /= norm;
     stats.ref_kl /= norm;
     stats.entropy /= norm;
+    stats.entropy_trained /= trained.max(1) as f64;
     stats.forward_backward_s = start.elapsed().as_secs_f64();
     Ok(stats)
 }

@@ -83,6 +83,32 @@ impl DistinctTerms {
         Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
     }
 
+    /// The policy's entropy at every pair `[U]` (f32) with its gradient, for an entropy bonus:
+    /// each token chunk's full logits `[chunk, vocab]` are kept until backward, as a plain
+    /// `log_softmax` over the vocabulary keeps them.
+    pub fn entropies_with_grad(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+        let n = self.hidden.size()[0];
+        let w = lm_head.f_to_kind(Kind::Float)?;
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < n {
+            let len = chunks.tokens.max(1).min(n - start);
+            let h = self.hidden.f_narrow(0, start, len)?.f_to_kind(Kind::Float)?;
+            let lp = h.f_matmul(&w.f_tr()?)?.f_log_softmax(-1, Kind::Float)?;
+            out.push(
+                lp.f_exp()?
+                    .f_mul(&lp)?
+                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
+                    .f_neg()?,
+            );
+            start += len;
+        }
+        if out.is_empty() {
+            return Ok(Device::of(&self.hidden).zeros(&[0], Kind::Float)?);
+        }
+        Ok(Tensor::f_cat(&out, 0)?)
+    }
+
     /// Log-prob of every loss term `[M]` and the policy's entropy at every pair `[U]` (f32,
     /// without gradient), from one pass over the LM head.
     pub fn logprobs_and_entropies(
