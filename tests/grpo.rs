@@ -1411,3 +1411,69 @@ fn the_entropy_bonus_trains_on_the_mean_entropy_and_adapts() {
     let control = &t.state.entropy_control;
     assert!((control.coef.unwrap() - 0.14).abs() < 1e-12 && control.last_entropy.unwrap() <= 100.0);
 }
+
+/// TR-DPO (`sync_ref_model`): the reference stays put between syncs and moves to
+/// `alpha * policy + (1 - alpha) * reference` at each; a checkpoint carries the synced
+/// reference and a resume continues with it, to the same weights as a straight run.
+#[test]
+fn a_synced_reference_mixes_in_the_policy_and_survives_a_resume() {
+    let dir = std::env::temp_dir().join(format!("treetrain-grpo-sync-ref-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = {
+        let mut c = with_output(Some(dir.clone()));
+        c.rollouts.prompts_per_step = 3;
+        c.max_steps = 4;
+        c.loss.beta = 0.04;
+        c.loss.sync_ref_model = true;
+        c.loss.ref_model_sync_steps = 2;
+        c.loss.ref_model_mixup_alpha = 0.6;
+        c
+    };
+    let embed = |t: &GrpoTrainer| t.reference().unwrap().embed_tokens.copy();
+    let mut t = GrpoTrainer::new(cfg.clone()).unwrap();
+    let start = embed(&t);
+    t.step().unwrap();
+    assert!(embed(&t).equal(&start), "no sync before step 2");
+    t.step().unwrap();
+    let want = &t.model().lm.embed_tokens * 0.6 + &start * 0.4;
+    let err = (embed(&t) - &want).abs().max().double_value(&[]);
+    assert!(err < 1e-6, "reference after the sync: {err}");
+    let ckpt = t.save_checkpoint().unwrap();
+    assert!(ckpt.join(treetrain::grpo::REFERENCE_FILE).exists());
+    let synced = embed(&t);
+    t.train_for(2).unwrap();
+    let resumed = {
+        let mut r = GrpoTrainer::builder(cfg.clone()).resume(&ckpt).build().unwrap();
+        assert!(embed(&r).equal(&synced), "the checkpoint's reference is restored");
+        r.train_for(2).unwrap();
+        r
+    };
+    let (a, b) = (t.reference().unwrap(), resumed.reference().unwrap());
+    assert!(
+        a.embed_tokens.equal(&b.embed_tokens),
+        "the resumed run's reference is the straight run's"
+    );
+    // A checkpoint past a sync without the reference's file is refused, not resumed from the
+    // starting weights.
+    std::fs::remove_file(ckpt.join(treetrain::grpo::REFERENCE_FILE)).unwrap();
+    let err = GrpoTrainer::builder(cfg.clone())
+        .resume(&ckpt)
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("reference.safetensors is missing"), "{err}");
+    // Without the KL term, or with LoRA (the reference is the base itself), it is refused.
+    let mut no_kl = cfg.clone();
+    no_kl.loss.beta = 0.0;
+    assert!(no_kl.validate().unwrap_err().to_string().contains("sync_ref_model"));
+    let mut lora = cfg;
+    lora.train.lora = Some(Default::default());
+    assert!(
+        lora.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("does not apply with lora")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

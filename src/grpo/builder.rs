@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::reference::Reference;
 use super::trainer::{GrpoState, Source};
 use super::worker::AsyncRollouts;
 use super::{
@@ -12,7 +13,7 @@ use super::{
 };
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
-use crate::model::{CausalLm, Model, SpecialTokens};
+use crate::model::SpecialTokens;
 use crate::tokenizer::Tokenizer;
 use crate::train::{TrainCore, TrainError};
 use serde_json::Value;
@@ -164,7 +165,10 @@ impl GrpoTrainerBuilder {
         .with_multi_turn(multi_turn.clone());
         let state = starting_state(&config, &mut core, &rewards, &prompts, resume.as_deref())?;
         let source = rollout_source(&config, &core, producer, &state)?;
-        let reference = (config.loss.beta > 0.0).then(|| reference_of(&core)).transpose()?;
+        let reference = (config.loss.beta > 0.0).then(|| Reference::of(&core)).transpose()?;
+        if let (Some(r), Some(ckpt)) = (&reference, resume.as_deref()) {
+            r.restore(ckpt, state.global_step, &config.loss)?;
+        }
         let held_out = match &config.eval.eval_dataset {
             Some(path) => Some(load_prompt_set(
                 &config,
@@ -258,15 +262,6 @@ fn rollout_source(
             let capacity = config.rollouts.queue_size * config.rollouts.prompts_per_step;
             Source::Async(AsyncRollouts::spawn(producer, copy, state.global_step, capacity))
         }
-    })
-}
-
-/// The reference of the KL term: with LoRA the policy's base, sharing its tensors; else the
-/// starting weights loaded again.
-fn reference_of(core: &TrainCore) -> Result<CausalLm, TrainError> {
-    Ok(match core.model.adapter {
-        Some(_) => core.model.base_view()?,
-        None => Model::load(&core.model_dir, core.load_options)?.lm,
     })
 }
 

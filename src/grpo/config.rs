@@ -298,6 +298,14 @@ pub struct Loss {
     pub vespo_k_neg: f64,
     /// `vespo`'s `lambda` for rollouts with a negative advantage.
     pub vespo_lambda_neg: f64,
+    /// TR-DPO: move the KL reference toward the policy every `ref_model_sync_steps` steps,
+    /// `reference = alpha * policy + (1 - alpha) * reference` (needs `beta > 0`; with LoRA the
+    /// reference is the base weights themselves, so it is refused, as TRL refuses it).
+    pub sync_ref_model: bool,
+    /// TR-DPO's alpha, in [0, 1].
+    pub ref_model_mixup_alpha: f64,
+    /// Steps between reference syncs.
+    pub ref_model_sync_steps: u64,
     /// Entropy bonus: the loss minus this times the mean policy entropy over the step's trained
     /// terms (those above the entropy floor with `top_entropy_quantile`), whatever the loss
     /// type's normalisation. 0: off (and the LM head's logits are not kept for it).
@@ -348,6 +356,9 @@ impl Default for Loss {
             vespo_k_neg: 3.0,
             vespo_lambda_neg: 2.0,
             off_policy_mask_threshold: None,
+            sync_ref_model: false,
+            ref_model_mixup_alpha: 0.6,
+            ref_model_sync_steps: 512,
             entropy_coef: 0.0,
             use_adaptive_entropy: false,
             entropy_coef_min: 0.0,
@@ -400,6 +411,18 @@ impl Loss {
         }
         if !(0.0..=1.0).contains(&l.top_entropy_quantile) {
             return Err(TrainError::config("top_entropy_quantile", "must lie in [0, 1]"));
+        }
+        if l.sync_ref_model && l.beta == 0.0 {
+            return Err(TrainError::config(
+                "sync_ref_model",
+                "needs beta > 0: without the KL term there is no reference to sync",
+            ));
+        }
+        if !(0.0..=1.0).contains(&l.ref_model_mixup_alpha) || l.ref_model_sync_steps == 0 {
+            return Err(TrainError::config(
+                "ref_model_mixup_alpha",
+                "must lie in [0, 1], with ref_model_sync_steps >= 1",
+            ));
         }
         // VESPO folds the correction into its sequence weight token by token (as TRL does).
         let per_sequence = matches!(
@@ -564,6 +587,12 @@ impl GrpoConfig {
             .check()
             .map_err(|(field, message)| TrainError::config(field, message))?;
         self.loss.validate()?;
+        if self.loss.sync_ref_model && self.train.lora.is_some() {
+            return Err(TrainError::config(
+                "sync_ref_model",
+                "does not apply with lora: the reference is the base weights themselves (no copy), and moving them would move the policy's base too (TRL refuses it with PEFT)",
+            ));
+        }
         let (lo, hi) = (
             self.loss.importance_sampling_clip_min,
             self.loss.importance_sampling_clip_max,

@@ -110,6 +110,7 @@ mod metrics;
 mod multiturn;
 mod objective;
 mod producer;
+mod reference;
 mod reward;
 mod rollouts;
 mod trainer;
@@ -134,6 +135,7 @@ pub use objective::{
     grpo_loss_backward, grpo_loss_of_logprobs,
 };
 pub use producer::{BatchShape, RolloutProducer, Shard};
+pub use reference::REFERENCE_FILE;
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
 pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
 pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};

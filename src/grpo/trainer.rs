@@ -108,7 +108,7 @@ pub struct GrpoTrainer {
     pub(super) generation: GenerationConfig,
     /// The frozen reference of the KL term: a loaded copy of the starting weights, or with
     /// LoRA the policy's own base tensors with the adapter off (no copy).
-    pub(super) reference: Option<CausalLm>,
+    pub(super) reference: Option<super::reference::Reference>,
     pub(super) rewards: Arc<Vec<RewardFn>>,
     pub(super) held_out: Option<PromptSet>,
     /// A batch with optimizer steps left (`num_iterations > 1`).
@@ -157,7 +157,7 @@ impl GrpoTrainer {
     /// The frozen reference of the KL term (`beta > 0`): with LoRA the policy's base tensors
     /// with the adapter off.
     pub fn reference(&self) -> Option<&CausalLm> {
-        self.reference.as_ref()
+        self.reference.as_ref().map(|r| &r.lm)
     }
 
     /// The loss of the run.
@@ -300,9 +300,8 @@ impl GrpoTrainer {
         let lm = &self.core.model.lm;
         let training = self.core.model.training();
         let entropy_coef = self.objective().entropy_coef;
-        let accumulated = with_entropy_floor(lm, &update.rows, self.objective(), world).and_then(|objective| {
-            accumulate_share(lm, self.reference.as_ref(), &update.rows, update.totals, &objective)
-        });
+        let accumulated = with_entropy_floor(lm, &update.rows, self.objective(), world)
+            .and_then(|objective| accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective));
         drop(training);
         // Rows before the failure left gradients behind: the next step must not see them.
         let mut stats = accumulated.inspect_err(|_| self.core.optim.discard_gradients())?;
@@ -314,6 +313,9 @@ impl GrpoTrainer {
             .optim
             .finish_step(world, &self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
+        if let Some(r) = &self.reference {
+            r.sync(&self.core.model.vs, version + 1, &self.config.loss)?;
+        }
         if self.config.loss.use_adaptive_entropy {
             self.state
                 .entropy_control
@@ -449,6 +451,14 @@ impl Trainer for GrpoTrainer {
             m.generation_s,
             m.forward_backward_s
         )
+    }
+    /// A synced reference (`sync_ref_model`) is part of the run: its weights go with the
+    /// checkpoint.
+    fn write_own_files(&self, dir: &std::path::Path) -> Result<(), String> {
+        match &self.reference {
+            Some(r) => r.write(dir, &self.config.loss),
+            None => Ok(()),
+        }
     }
     fn describe(&self) -> String {
         let c = &self.config;

@@ -70,4 +70,5 @@ pub use recompute::Activations;
 pub use save::{kind_name, refuse_overlap};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
+pub(crate) use weights::load_into;
 pub use weights::{all_finite, weight_files, weights_fingerprint, write_safetensors};

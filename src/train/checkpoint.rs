@@ -32,7 +32,8 @@ pub fn save_atomically(
 
 /// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder, or its LoRA
 /// adapter as PEFT's folder (with the tokenizer files of `tokenizer_dir`), the optimizer state
-/// (unless `optimizer` is `None`: `save_only_model`) and `trainer_state.json`.
+/// (unless `optimizer` is `None`: `save_only_model`), `trainer_state.json` and whatever
+/// `extra` writes into the folder (a trainer's own files).
 pub fn save_checkpoint(
     out: &Path,
     step: u64,
@@ -40,6 +41,7 @@ pub fn save_checkpoint(
     tokenizer_dir: &Path,
     optimizer: Option<&AdamW>,
     state: &impl serde::Serialize,
+    extra: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<PathBuf, TrainError> {
     save_atomically(out, step, |tmp| {
         match &model.adapter {
@@ -55,7 +57,8 @@ pub fn save_checkpoint(
             optimizer.save(tmp).map_err(|e| e.to_string())?;
         }
         let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
-        std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())
+        std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())?;
+        extra(tmp)
     })
 }
 

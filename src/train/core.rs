@@ -151,12 +151,24 @@ impl TrainCore {
         step: u64,
         state: &impl serde::Serialize,
     ) -> Result<PathBuf, TrainError> {
+        self.save_checkpoint_with(config, step, state, |_| Ok(()))
+    }
+
+    /// [`TrainCore::save_checkpoint`] with `extra` writing a trainer's own files into the
+    /// checkpoint folder before it is renamed into place.
+    pub fn save_checkpoint_with(
+        &self,
+        config: &TrainConfig,
+        step: u64,
+        state: &impl serde::Serialize,
+        extra: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<PathBuf, TrainError> {
         let out = config
             .output_dir
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
         let written = match self.world.is_main() {
-            true => self.write_checkpoint(config, out, step, state),
+            true => self.write_checkpoint(config, out, step, state, extra),
             false => Ok(out.join(format!("checkpoint-{step}"))),
         };
         // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
@@ -173,6 +185,7 @@ impl TrainCore {
         out: &Path,
         step: u64,
         state: &impl serde::Serialize,
+        extra: impl FnOnce(&Path) -> Result<(), String>,
     ) -> Result<PathBuf, TrainError> {
         let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
             path: out.into(),
@@ -189,7 +202,7 @@ impl TrainCore {
             value[BASE_MODEL_KEY] = serde_json::json!({"model": config.model, "fingerprint": base});
         }
         let optimizer = (!config.save_only_model).then_some(&self.optim.adamw);
-        let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value)?;
+        let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value, extra)?;
         if let Some(limit) = config.save_total_limit {
             let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
                 .into_iter()

@@ -80,10 +80,18 @@ pub trait Trainer: Sized {
     }
 
     /// Writes `output_dir/checkpoint-<step>/` atomically: the model as a Hugging Face folder,
-    /// the optimizer and the state.
+    /// the optimizer, the state and the trainer's own files ([`Trainer::write_own_files`]).
     fn save_checkpoint(&self) -> Result<PathBuf, TrainError> {
         self.core()
-            .save_checkpoint(self.train_config(), self.progress().done, self.state())
+            .save_checkpoint_with(self.train_config(), self.progress().done, self.state(), |dir| {
+                self.write_own_files(dir)
+            })
+    }
+
+    /// Files of this trainer's own that a checkpoint needs to resume exactly, written into the
+    /// checkpoint's (temporary) folder `dir`. None by default.
+    fn write_own_files(&self, _dir: &Path) -> Result<(), String> {
+        Ok(())
     }
 
     /// Runs up to `n` steps (fewer when the run ends first) with a progress bar on a terminal;
