@@ -1477,3 +1477,69 @@ fn a_synced_reference_mixes_in_the_policy_and_survives_a_resume() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `steps_per_generation` (TRL): one generation feeds several optimizer steps, each on its own
+/// slice; the later slices keep the generating weights' version (off-policy by the steps
+/// before). A resume in the middle of a generation trains on its remaining slices, to the same
+/// weights as a straight run; `generation_batch_size` says the same in rollouts.
+#[test]
+fn steps_per_generation_slices_one_generation_and_resumes_mid_way() {
+    let dir = std::env::temp_dir().join(format!("treetrain-grpo-spg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = {
+        let mut c = with_output(Some(dir.clone()));
+        c.rollouts.prompts_per_step = 3;
+        c.rollouts.steps_per_generation = 2;
+        c.loss.num_iterations = 2;
+        c.max_steps = 6;
+        c
+    };
+    let mut straight = GrpoTrainer::new(GrpoConfig {
+        train: TrainConfig {
+            output_dir: None,
+            ..cfg.train.clone()
+        },
+        ..cfg.clone()
+    })
+    .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let m = straight.step().unwrap();
+        let batch = straight.last_batch.as_ref().unwrap();
+        assert_eq!(batch.groups.len(), 3);
+        seen.push((
+            m.generated_by,
+            batch.groups.iter().map(|g| g.dataset_row).collect::<Vec<_>>(),
+        ));
+    }
+    // Slices a, b of one generation, trained a, b, a, b (num_iterations = 2); then a new one.
+    assert_eq!((seen[0].0, seen[1].0, seen[3].0, seen[4].0), (0, 0, 0, 4), "{seen:?}");
+    assert_ne!(seen[0].1, seen[1].1, "two slices of different prompts");
+    assert_eq!((&seen[0].1, &seen[1].1), (&seen[2].1, &seen[3].1));
+
+    let mut first = GrpoTrainer::new(cfg.clone()).unwrap();
+    first.train_for(3).unwrap();
+    let ckpt = first.save_checkpoint().unwrap();
+    drop(first);
+    let mut resumed = GrpoTrainer::builder(cfg.clone()).resume(&ckpt).build().unwrap();
+    resumed.train_for(10).unwrap();
+    let rewards = |t: &GrpoTrainer| t.state.history.iter().map(|m| m.reward_mean).collect::<Vec<_>>();
+    assert_eq!(rewards(&resumed), rewards(&straight));
+    let a = straight.model().vs.variables();
+    for (k, v) in resumed.model().vs.variables() {
+        assert!(a[&k].equal(&v), "{k} differs after resuming mid-generation");
+    }
+    let mut by_size = cfg.clone();
+    by_size.rollouts.steps_per_generation = 1;
+    by_size.rollouts.generation_batch_size = Some(3 * by_size.rollouts.num_generations * 2);
+    assert_eq!(by_size.rollouts.generation_steps().unwrap(), 2);
+    by_size.rollouts.generation_batch_size = Some(50);
+    assert!(
+        by_size
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("generation_batch_size")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -155,7 +155,7 @@ impl GrpoTrainerBuilder {
                 group: config.rollouts.num_generations,
                 // `prompts_per_step` is per process (TRL's per-device batch): the world's
                 // batch is that many times the processes, each generating its share.
-                per_batch: config.rollouts.prompts_per_step * core.world.size,
+                per_batch: config.rollouts.prompts_per_step * core.world.size * config.rollouts.generation_steps()?,
                 shard: Shard::from(&core.world),
                 scale: config.loss.scale_rewards,
                 aggregation: config.loss.multi_objective_aggregation,
@@ -169,6 +169,10 @@ impl GrpoTrainerBuilder {
         if let (Some(r), Some(ckpt)) = (&reference, resume.as_deref()) {
             r.restore(ckpt, state.global_step, &config.loss)?;
         }
+        let pending = match resume.as_deref() {
+            Some(ckpt) => super::pending::read(ckpt)?,
+            None => Default::default(),
+        };
         let held_out = match &config.eval.eval_dataset {
             Some(path) => Some(load_prompt_set(
                 &config,
@@ -192,7 +196,7 @@ impl GrpoTrainerBuilder {
             reference,
             rewards,
             held_out,
-            pending: None,
+            pending,
             source,
             multi_turn,
         })

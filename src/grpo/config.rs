@@ -179,6 +179,48 @@ pub struct Rollouts {
     pub max_staleness: u64,
     /// Async: the generator receives the trainer's weights every this many steps.
     pub weight_sync_steps: u64,
+    /// Sync: one generation makes the rollouts of this many optimizer steps, each trained on
+    /// its own slice of `prompts_per_step` prompts (TRL's `steps_per_generation`; later slices
+    /// are off-policy by the steps before them, as in TRL). Distinct from `num_iterations`,
+    /// which trains every slice again.
+    pub steps_per_generation: usize,
+    /// TRL's other spelling of `steps_per_generation`: the rollouts of one generation
+    /// (`prompts_per_step x num_generations x steps_per_generation`, per process).
+    pub generation_batch_size: Option<usize>,
+}
+
+impl Rollouts {
+    /// Optimizer steps per generation: `steps_per_generation`, or `generation_batch_size` in
+    /// rollouts (a whole number of steps' rollouts; both set, they must agree).
+    pub fn generation_steps(&self) -> Result<usize, TrainError> {
+        let per_step = self.prompts_per_step * self.num_generations;
+        let steps = match self.generation_batch_size {
+            None => self.steps_per_generation,
+            Some(n) if per_step > 0 && n > 0 && n.is_multiple_of(per_step) => n / per_step,
+            Some(n) => {
+                return Err(TrainError::config(
+                    "generation_batch_size",
+                    format!(
+                        "is {n}: it must be a whole number (>= 1) of steps' rollouts, prompts_per_step x num_generations = {per_step}"
+                    ),
+                ));
+            }
+        };
+        if steps == 0 {
+            return Err(TrainError::config("steps_per_generation", "must be at least 1"));
+        }
+        if self.generation_batch_size.is_some() && self.steps_per_generation != 1 && self.steps_per_generation != steps
+        {
+            return Err(TrainError::config(
+                "generation_batch_size",
+                format!(
+                    "makes {steps} steps per generation, but steps_per_generation is {}",
+                    self.steps_per_generation
+                ),
+            ));
+        }
+        Ok(steps)
+    }
 }
 
 impl Default for Rollouts {
@@ -194,6 +236,8 @@ impl Default for Rollouts {
             queue_size: 2,
             max_staleness: 1,
             weight_sync_steps: 1,
+            steps_per_generation: 1,
+            generation_batch_size: None,
         }
     }
 }
@@ -582,6 +626,13 @@ impl GrpoConfig {
         }
         if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(TrainError::config(field, "must be at least 1"));
+        }
+        self.rollouts.generation_steps()?;
+        if self.rollouts.steps_per_generation > 1 && self.rollouts.mode == RolloutMode::Async {
+            return Err(TrainError::config(
+                "steps_per_generation",
+                "applies to mode = \"sync\": async rollouts stream groups, step by step",
+            ));
         }
         self.sampling_config()
             .check()

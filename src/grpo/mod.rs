@@ -109,6 +109,7 @@ mod eval;
 mod metrics;
 mod multiturn;
 mod objective;
+mod pending;
 mod producer;
 mod reference;
 mod reward;

@@ -188,7 +188,7 @@ impl ScoredGroup {
 }
 
 /// One step's worth of scored groups and how they were made.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RolloutBatch {
     /// Weight version (optimizer steps) of the oldest weights that generated its groups.
     pub version: u64,
@@ -352,6 +352,32 @@ impl RolloutBatch {
         for a in self.groups.iter_mut().flat_map(|g| g.advantages.iter_mut()) {
             *a = (f64::from(*a) / (std + 1e-4)) as f32;
         }
+    }
+
+    /// The batch cut into `n` slices of consecutive groups (equal when `n` divides the groups),
+    /// each with its share of the generation and scoring seconds and its own tokens.
+    pub fn split(self, n: usize) -> Vec<RolloutBatch> {
+        let total = self.groups.len().max(1) as f64;
+        let size = self.groups.len().div_ceil(n.max(1)).max(1);
+        let mut groups = self.groups.into_iter().peekable();
+        let mut out = Vec::new();
+        while groups.peek().is_some() {
+            let part: Vec<ScoredGroup> = groups.by_ref().take(size).collect();
+            let share = part.len() as f64 / total;
+            out.push(RolloutBatch {
+                version: self.version,
+                index: self.index,
+                generation_s: self.generation_s * share,
+                reward_s: self.reward_s * share,
+                generated_tokens: part
+                    .iter()
+                    .map(|g| (0..g.completions.len()).map(|i| g.generated_tokens(i)).sum::<usize>())
+                    .sum(),
+                groups: part,
+                reward_names: self.reward_names.clone(),
+            });
+        }
+        out
     }
 
     /// A batch assembled from queued groups (async mode).

@@ -112,7 +112,9 @@ pub struct GrpoTrainer {
     pub(super) rewards: Arc<Vec<RewardFn>>,
     pub(super) held_out: Option<PromptSet>,
     /// A batch with optimizer steps left (`num_iterations > 1`).
-    pub(super) pending: Option<(RolloutBatch, usize)>,
+    /// Batches generated for later steps: the other slices of a generation
+    /// (`steps_per_generation`) and the repeats of `num_iterations`. Checkpointed.
+    pub(super) pending: std::collections::VecDeque<RolloutBatch>,
     pub(super) source: Source,
     /// Multi-turn rollouts (a trainer built with an environment).
     pub(super) multi_turn: Option<MultiTurn>,
@@ -232,19 +234,23 @@ impl GrpoTrainer {
         }
     }
 
-    /// The batch of this step: the pending one again (`num_iterations > 1`), else the next.
+    /// The batch of this step: the next pending one, else a new generation cut into
+    /// `steps_per_generation` slices of `prompts_per_step` prompts (per process), queued
+    /// `num_iterations` times over in TRL's order (every slice, then every slice again).
     fn take_batch(&mut self) -> Result<(RolloutBatch, f64, usize), TrainError> {
-        if let Some((batch, left)) = self.pending.take() {
-            if left > 1 {
-                self.pending = Some((batch.clone(), left - 1));
-            }
+        if let Some(batch) = self.pending.pop_front() {
             return Ok((batch, 0.0, 0));
         }
-        let next = self.next_batch()?;
-        if self.config.loss.num_iterations > 1 {
-            self.pending = Some((next.0.clone(), self.config.loss.num_iterations - 1));
+        let (batch, wait, dropped) = self.next_batch()?;
+        let slices = batch.split(self.config.rollouts.generation_steps()?);
+        for _ in 0..self.config.loss.num_iterations {
+            self.pending.extend(slices.iter().cloned());
         }
-        Ok(next)
+        let first = self
+            .pending
+            .pop_front()
+            .ok_or_else(|| TrainError::Data("the rollout source made an empty batch".into()))?;
+        Ok((first, wait, dropped))
     }
 
     /// One GRPO step: a batch of `prompts_per_step x num_generations` scored rollouts, one
@@ -455,10 +461,10 @@ impl Trainer for GrpoTrainer {
     /// A synced reference (`sync_ref_model`) is part of the run: its weights go with the
     /// checkpoint.
     fn write_own_files(&self, dir: &std::path::Path) -> Result<(), String> {
-        match &self.reference {
-            Some(r) => r.write(dir, &self.config.loss),
-            None => Ok(()),
+        if let Some(r) = &self.reference {
+            r.write(dir, &self.config.loss)?;
         }
+        super::pending::write(dir, &self.pending)
     }
     fn describe(&self) -> String {
         let c = &self.config;
