@@ -206,6 +206,23 @@ fn trl_spellings_are_accepted() {
         treetrain::grpo::SamplingCorrectionMode::TokenTruncate
     );
     assert_eq!(l.importance_sampling_clip_max, Some(2.5));
+    std::fs::write(
+        &path,
+        format!("{toml}num_generations_eval = 3\nmax_tool_calling_iterations = 5\n"),
+    )
+    .unwrap();
+    let c = GrpoConfig::from_toml_file(&path).unwrap();
+    assert_eq!(
+        (c.eval.eval_samples, c.multi_turn.max_turns),
+        (3, 6),
+        "n tool calls: n + 1 turns"
+    );
+    std::fs::write(&path, format!("{toml}max_tool_calling_iterations = -1\n")).unwrap();
+    let bad = GrpoConfig::from_toml_file(&path).unwrap_err().to_string();
+    assert!(
+        bad.contains("`max_tool_calling_iterations` = -1 is not a value it takes"),
+        "{bad}"
+    );
     std::fs::write(&path, format!("{toml}epsilon_low = 0.3\n")).unwrap();
     let both = GrpoConfig::from_toml_file(&path).unwrap_err().to_string();
     assert!(

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{BuiltinReward, MultiObjective, ScaleRewards};
 use crate::pack::Packing;
+use crate::train::config_file::{Alias, same};
 use crate::train::{TrainConfig, TrainError};
 
 /// Where rollouts come from.
@@ -507,7 +508,7 @@ impl Default for Update {
 #[serde(default)]
 pub struct MultiTurnLimits {
     /// Most assistant turns per conversation; after the last the environment must answer
-    /// `Done`.
+    /// `Done` (TRL's `max_tool_calling_iterations = n` in a config file means `n + 1`).
     pub max_turns: usize,
     /// Continuations forked from each conversation that goes on after a turn (1: no fork; a
     /// prompt then has at most `num_generations x turn_generations^(max_turns - 1)`
@@ -534,7 +535,9 @@ impl Default for MultiTurnLimits {
 pub struct Eval {
     /// Held-out prompts to evaluate on (CLI: before training, every `eval_steps` and at the end).
     pub eval_dataset: Option<PathBuf>,
-    /// Completions per held-out prompt (0: one greedy completion).
+    /// Completions per held-out prompt (0: one greedy completion; TRL's
+    /// `num_generations_eval`, accepted as an alias).
+    #[serde(alias = "num_generations_eval")]
     pub eval_samples: usize,
     /// Completions kept for the state display's sample table.
     pub log_completions: usize,
@@ -550,15 +553,37 @@ impl Default for Eval {
     }
 }
 
-/// TRL's spellings of treetrain's GRPO settings, `(TRL, treetrain)`.
-const TRL_ALIASES: &[(&str, &str)] = &[
-    ("epsilon", "epsilon_low"),
-    ("vllm_importance_sampling_correction", "importance_sampling_correction"),
-    ("vllm_importance_sampling_mode", "importance_sampling_mode"),
-    ("vllm_importance_sampling_clip_max", "importance_sampling_clip_max"),
-    ("vllm_importance_sampling_cap", "importance_sampling_clip_max"),
-    ("vllm_importance_sampling_clip_min", "importance_sampling_clip_min"),
+/// TRL's spellings of treetrain's GRPO settings.
+const TRL_ALIASES: &[Alias] = &[
+    ("epsilon", "epsilon_low", same),
+    (
+        "vllm_importance_sampling_correction",
+        "importance_sampling_correction",
+        same,
+    ),
+    ("vllm_importance_sampling_mode", "importance_sampling_mode", same),
+    (
+        "vllm_importance_sampling_clip_max",
+        "importance_sampling_clip_max",
+        same,
+    ),
+    ("vllm_importance_sampling_cap", "importance_sampling_clip_max", same),
+    (
+        "vllm_importance_sampling_clip_min",
+        "importance_sampling_clip_min",
+        same,
+    ),
+    ("num_generations_eval", "eval_samples", same),
+    // TRL's async trainer allows `n + 1` assistant turns for `n` tool-calling iterations.
+    ("max_tool_calling_iterations", "max_turns", one_more),
 ];
+
+/// `n + 1` of a non-negative integer.
+fn one_more(v: &toml::Value) -> Option<toml::Value> {
+    Some(toml::Value::Integer(
+        v.as_integer().filter(|n| *n >= 0)?.checked_add(1)?,
+    ))
+}
 
 impl GrpoConfig {
     /// Writes the config as a TOML file [`GrpoConfig::from_toml_file`] reads back unchanged: how a

@@ -16,12 +16,18 @@ where
     read_toml_with_aliases(path, &[])
 }
 
-/// [`read_toml`] where each top-level `(alias, field)` of `aliases` (another trainer's spelling,
-/// e.g. TRL's) is read as `field`; both at once is an error naming them.
-pub(crate) fn read_toml_with_aliases<'p, T>(
-    path: &'p Path,
-    aliases: &[(&str, &str)],
-) -> Result<(T, &'p Path), TrainError>
+/// Another trainer's spelling of a setting: `(alias, field, value)`, the alias's value made
+/// the field's by `value` (`None`: a value the alias cannot take).
+pub(crate) type Alias = (&'static str, &'static str, fn(&toml::Value) -> Option<toml::Value>);
+
+/// The same value under another name.
+pub(crate) fn same(v: &toml::Value) -> Option<toml::Value> {
+    Some(v.clone())
+}
+
+/// [`read_toml`] where each top-level alias of `aliases` (another trainer's spelling, e.g.
+/// TRL's) is read as its field; both at once is an error naming them.
+pub(crate) fn read_toml_with_aliases<'p, T>(path: &'p Path, aliases: &[Alias]) -> Result<(T, &'p Path), TrainError>
 where
     T: Default + serde::Serialize + serde::de::DeserializeOwned,
 {
@@ -31,12 +37,13 @@ where
     };
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
     let mut file: toml::Table = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
-    for &(alias, field) in aliases {
+    for &(alias, field, value) in aliases {
         if let Some(v) = file.remove(alias) {
             if file.contains_key(field) {
                 return Err(fail(format!("`{alias}` and `{field}` name the same setting: keep one")));
             }
-            file.insert(field.to_string(), v);
+            let converted = value(&v).ok_or_else(|| fail(format!("`{alias}` = {v} is not a value it takes")))?;
+            file.insert(field.to_string(), converted);
         }
     }
     let mut merged = toml::Table::try_from(T::default()).map_err(|e| fail(e.to_string()))?;
