@@ -217,6 +217,11 @@ fn trl_spellings_are_accepted() {
         (3, 6),
         "n tool calls: n + 1 turns"
     );
+    for (flag, kept) in [("true", 8), ("false", 0), ("3", 3)] {
+        std::fs::write(&path, format!("{toml}log_completions = {flag}\n")).unwrap();
+        assert_eq!(GrpoConfig::from_toml_file(&path).unwrap().eval.log_completions, kept);
+    }
+    assert!(GrpoConfig::default().loss.use_bias_correction_kl, "TRL 1.16's default");
     std::fs::write(&path, format!("{toml}max_tool_calling_iterations = -1\n")).unwrap();
     let bad = GrpoConfig::from_toml_file(&path).unwrap_err().to_string();
     assert!(

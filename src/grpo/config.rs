@@ -314,7 +314,8 @@ pub struct Loss {
     /// Multiply each term's KL estimate by its importance ratio (token or sequence level, before
     /// any clipping; TRL's `use_bias_correction_kl`, from DeepSeek-V3.2): the tokens were sampled
     /// by the old weights, so the plain `k3` average is biased once the policy has moved. The
-    /// corrected value is also what `ref_kl` reports. Used only with `beta > 0`.
+    /// corrected value is also what `ref_kl` reports. Used only with `beta > 0`; on by default,
+    /// as in TRL 1.16.
     pub use_bias_correction_kl: bool,
     /// Advantage scaling within a group.
     pub scale_rewards: ScaleRewards,
@@ -387,7 +388,7 @@ impl Default for Loss {
             importance_sampling_clip_min: None,
             top_entropy_quantile: 1.0,
             beta: 0.0,
-            use_bias_correction_kl: false,
+            use_bias_correction_kl: true,
             scale_rewards: ScaleRewards::Group,
             multi_objective_aggregation: MultiObjective::SumThenNormalize,
             loss_type: LossType::Dapo,
@@ -539,8 +540,30 @@ pub struct Eval {
     /// `num_generations_eval`, accepted as an alias).
     #[serde(alias = "num_generations_eval")]
     pub eval_samples: usize,
-    /// Completions kept for the state display's sample table.
+    /// Completions kept for the state display's sample table (TRL's boolean spelling is read
+    /// too: `true` keeps 8, `false` none).
+    #[serde(deserialize_with = "count_or_bool")]
     pub log_completions: usize,
+}
+
+/// A count, or TRL's `true` (8) / `false` (0).
+fn count_or_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum CountOrBool {
+        Count(usize),
+        Flag(bool),
+    }
+    Ok(match <CountOrBool as serde::Deserialize>::deserialize(d)? {
+        CountOrBool::Count(n) => n,
+        CountOrBool::Flag(on) => {
+            if on {
+                8
+            } else {
+                0
+            }
+        }
+    })
 }
 
 impl Default for Eval {

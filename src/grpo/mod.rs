@@ -47,8 +47,8 @@
 //!   each rollout's mean log-ratio. `top_entropy_quantile` (ρ) trains only the terms in the top ρ
 //!   of the step's policy entropies (the quantile is over the whole step, the same in either
 //!   packing and on any number of ranks; TRL takes it per local batch). Optional `beta` × k3 KL
-//!   to a frozen reference (off by default; `use_bias_correction_kl = true` multiplies each term's
-//!   k3 by its importance ratio, as TRL does).
+//!   to a frozen reference (off by default; `use_bias_correction_kl`, on by default as in TRL
+//!   1.16, multiplies each term's k3 by its importance ratio).
 //! - **Averaging** as TRL's `loss_type`: `dapo` (default: over all loss terms of the step), `grpo`
 //!   (per rollout, then over rollouts), `dr_grpo` (over rollouts × `max_completion_length`) or
 //!   `bnpo` (over micro-batches of `per_device_train_batch_size` consecutive rollouts, each its
