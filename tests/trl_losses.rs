@@ -236,3 +236,59 @@ fn trl_spellings_are_accepted() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's table holds a row for every field TRL 1.16's `GRPOConfig` and
+/// `AsyncGRPOConfig` add (tests/fixtures/trl_grpo_config_fields.json, made by
+/// scripts/fixtures/make_trl_config_fields.py), and every treetrain name it gives is a setting
+/// a config file takes.
+#[test]
+fn the_readme_maps_every_trl_grpo_field_to_a_setting() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme
+        .find("## TRL's GRPO settings, field by field")
+        .expect("the section");
+    let section = &readme[start..start + readme[start..].find("</details>").unwrap()];
+    let ticked = |cell: &str| -> Vec<String> { cell.split('`').skip(1).step_by(2).map(str::to_string).collect() };
+    let rows: Vec<(Vec<String>, String)> = section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            (ticked(cells[0]), cells[1].to_string())
+        })
+        .collect();
+    let fields: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/fixtures/trl_grpo_config_fields.json")).unwrap(),
+    )
+    .unwrap();
+    // Every key a config takes (unset options included), and a reward table's.
+    let settings: Vec<String> = {
+        let json = serde_json::to_value(GrpoConfig::default()).unwrap();
+        let reward = serde_json::json!({"name": "exact_answer", "weight": 1.0});
+        let spec: treetrain::grpo::RewardSpec = serde_json::from_value(reward).unwrap();
+        let reward_keys = serde_json::to_value(spec).unwrap();
+        [json, reward_keys]
+            .iter()
+            .flat_map(|v| v.as_object().unwrap().keys().cloned())
+            .collect()
+    };
+    for class in ["GRPOConfig", "AsyncGRPOConfig"] {
+        for f in fields[class].as_array().unwrap() {
+            let f = f.as_str().unwrap();
+            assert!(
+                rows.iter().any(|(names, _)| names.iter().any(|n| n == f)),
+                "{class}.{f} has no README row"
+            );
+        }
+    }
+    for (names, ours) in &rows {
+        let first = ticked(ours);
+        if let Some(name) = first.first().filter(|_| ours.starts_with('`')) {
+            assert!(
+                settings.contains(name),
+                "{names:?}: `{name}` is not a treetrain setting"
+            );
+        }
+    }
+}
