@@ -1543,3 +1543,34 @@ fn steps_per_generation_slices_one_generation_and_resumes_mid_way() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `chat_template_kwargs` reach every rendering of the run: the prompts (and multi-turn
+/// messages, through the same options), as transformers' `apply_chat_template(**kwargs)`.
+#[test]
+fn chat_template_kwargs_reach_the_prompts_rendering() {
+    let dir = std::env::temp_dir().join(format!("treetrain-grpo-kwargs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(sft_model()).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let path = dir.join("tokenizer_config.json");
+    let mut tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let template = format!(
+        "{}{{{{ marker | default('') }}}}",
+        tc["chat_template"].as_str().unwrap()
+    );
+    tc["chat_template"] = template.into();
+    std::fs::write(&path, tc.to_string()).unwrap();
+    let build = |kwargs: serde_json::Value| {
+        let mut c = config();
+        c.train.model = dir.display().to_string();
+        c.rollouts.chat_template_kwargs = kwargs.as_object().unwrap().clone();
+        GrpoTrainer::new(c).unwrap()
+    };
+    let plain = build(serde_json::json!({}));
+    let marked = build(serde_json::json!({"marker": "<kw>"}));
+    let (a, b) = (&plain.prompts.prompts[0].text, &marked.prompts.prompts[0].text);
+    assert!(!a.ends_with("<kw>") && b == &format!("{a}<kw>"), "{a:?} / {b:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -222,6 +222,13 @@ fn trl_spellings_are_accepted() {
         assert_eq!(GrpoConfig::from_toml_file(&path).unwrap().eval.log_completions, kept);
     }
     assert!(GrpoConfig::default().loss.use_bias_correction_kl, "TRL 1.16's default");
+    std::fs::write(
+        &path,
+        format!("{toml}[chat_template_kwargs]\nenable_thinking = false\n"),
+    )
+    .unwrap();
+    let kwargs = GrpoConfig::from_toml_file(&path).unwrap().rollouts.chat_template_kwargs;
+    assert_eq!(kwargs.get("enable_thinking"), Some(&Value::Bool(false)));
     std::fs::write(&path, format!("{toml}max_tool_calling_iterations = -1\n")).unwrap();
     let bad = GrpoConfig::from_toml_file(&path).unwrap_err().to_string();
     assert!(

@@ -14,7 +14,7 @@ use super::{
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::SpecialTokens;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatOptions, Tokenizer};
 use crate::train::{TrainCore, TrainError};
 use serde_json::Value;
 
@@ -134,6 +134,7 @@ impl GrpoTrainerBuilder {
             turn_generations: config.multi_turn.turn_generations,
             max_conversation_length: config.multi_turn.max_conversation_length,
             prompt_field: config.rollouts.prompt_field.clone(),
+            chat_template_kwargs: config.rollouts.chat_template_kwargs.clone(),
         });
         let dataset = TrainCore::open_dataset(&config.train)?;
         let prompts = Arc::new(load_prompt_set(&config, &core.tokenizer, &dataset, tools.clone())?);
@@ -366,12 +367,17 @@ pub(super) fn load_prompt_set(
     ds: &Dataset,
     tools: Option<Value>,
 ) -> Result<PromptSet, TrainError> {
-    PromptSet::load_with_tools(
+    let chat = ChatOptions {
+        tools,
+        extra: config.rollouts.chat_template_kwargs.clone(),
+        ..Default::default()
+    };
+    PromptSet::load_with_chat(
         ds,
         tokenizer,
         &config.rollouts.prompt_field,
         config.rollouts.max_prompt_length,
         config.train.skip_invalid_rows,
-        tools,
+        chat,
     )
 }

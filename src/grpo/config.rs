@@ -188,6 +188,10 @@ pub struct Rollouts {
     /// TRL's other spelling of `steps_per_generation`: the rollouts of one generation
     /// (`prompts_per_step x num_generations x steps_per_generation`, per process).
     pub generation_batch_size: Option<usize>,
+    /// Variables every chat template rendering of the run sees (prompts and multi-turn
+    /// messages), as transformers' `apply_chat_template(**kwargs)`: e.g. `enable_thinking =
+    /// false` for Qwen3 (a `[chat_template_kwargs]` table in TOML).
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Rollouts {
@@ -239,6 +243,7 @@ impl Default for Rollouts {
             weight_sync_steps: 1,
             steps_per_generation: 1,
             generation_batch_size: None,
+            chat_template_kwargs: Default::default(),
         }
     }
 }

@@ -188,14 +188,13 @@ impl Talk {
         role: EnvRole,
         content: &str,
         tokenizer: &Tokenizer,
-        tools: Option<&Value>,
+        chat: &ChatOptions,
         ended_with: Option<&str>,
     ) -> Result<(), String> {
         let render = |messages: &[Value], add_generation_prompt: bool| {
             let opts = ChatOptions {
                 add_generation_prompt,
-                tools: tools.cloned(),
-                ..Default::default()
+                ..chat.clone()
             };
             tokenizer
                 .apply_chat_template(&Value::Array(messages.to_vec()), &opts)

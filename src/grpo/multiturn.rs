@@ -31,6 +31,8 @@ pub struct MultiTurn {
     pub max_conversation_length: usize,
     /// The dataset column holding the prompt's messages.
     pub prompt_field: String,
+    /// Variables every rendering of the conversation sees (`chat_template_kwargs`).
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl std::fmt::Debug for MultiTurn {
@@ -143,7 +145,11 @@ impl RolloutProducer {
             picked, turns, turn, ..
         } = *round;
         let env = turns.environment.as_ref();
-        let tools = env.tools();
+        let chat = crate::tokenizer::ChatOptions {
+            tools: env.tools(),
+            extra: turns.chat_template_kwargs.clone(),
+            ..Default::default()
+        };
         let mut going_on = Vec::new();
         for (row, (mut talk, out)) in live.into_iter().zip(outs).enumerate() {
             if let Err(e) = talk.absorb(out, &self.tokenizer) {
@@ -180,7 +186,7 @@ impl RolloutProducer {
                         })
                         .flatten()
                         .and_then(Result::ok);
-                    let added = talk.add_message(role, &content, &self.tokenizer, tools.as_ref(), end.as_deref());
+                    let added = talk.add_message(role, &content, &self.tokenizer, &chat, end.as_deref());
                     match added.and_then(|()| round.fits(prompt.ids.len(), &talk, row)) {
                         Ok(()) => going_on.push((row, talk)),
                         Err(e) => ended.push((talk, Err(e))),

@@ -58,11 +58,27 @@ impl PromptSet {
         skip_invalid: bool,
         tools: Option<Value>,
     ) -> Result<Self, TrainError> {
+        let chat = ChatOptions {
+            tools,
+            ..Default::default()
+        };
+        Self::load_with_chat(ds, tokenizer, field, max_len, skip_invalid, chat)
+    }
+
+    /// [`PromptSet::load`], chat prompts rendered with `chat`'s tools and template variables
+    /// (always with the generation prompt).
+    pub fn load_with_chat(
+        ds: &Dataset,
+        tokenizer: &Tokenizer,
+        field: &str,
+        max_len: usize,
+        skip_invalid: bool,
+        chat: ChatOptions,
+    ) -> Result<Self, TrainError> {
         let mut set = PromptSet::default();
         let opts = ChatOptions {
             add_generation_prompt: true,
-            tools,
-            ..Default::default()
+            ..chat
         };
         for (i, row) in ds.rows().enumerate() {
             let row = row.map_err(|e| TrainError::Data(e.to_string()))?;
