@@ -430,6 +430,42 @@ fn state_display_shows_curves_samples_and_the_tree() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `cfg` (with an `output_dir`) run straight to `max_steps` without checkpoints (`observe`
+/// sees every step), and run to step `at`, checkpointed, resumed and run to the end: the same
+/// rewards step by step and bit-identical weights.
+fn resume_is_exact(
+    cfg: &GrpoConfig,
+    at: u64,
+    mut observe: impl FnMut(&GrpoTrainer, &treetrain::grpo::GrpoStepMetrics),
+) {
+    let mut straight = GrpoTrainer::new(GrpoConfig {
+        train: TrainConfig {
+            output_dir: None,
+            ..cfg.train.clone()
+        },
+        ..cfg.clone()
+    })
+    .unwrap();
+    for _ in 0..cfg.max_steps {
+        let m = straight.step().unwrap();
+        observe(&straight, &m);
+    }
+    let mut first = GrpoTrainer::new(cfg.clone()).unwrap();
+    first.train_for(at).unwrap();
+    let ckpt = first.save_checkpoint().unwrap();
+    drop(first);
+    let mut resumed = GrpoTrainer::builder(cfg.clone()).resume(&ckpt).build().unwrap();
+    assert_eq!(resumed.state.global_step, at);
+    resumed.train_for(cfg.max_steps).unwrap();
+    assert_eq!(resumed.state.global_step, cfg.max_steps);
+    let rewards = |t: &GrpoTrainer| t.state.history.iter().map(|m| m.reward_mean).collect::<Vec<_>>();
+    assert_eq!(rewards(&resumed), rewards(&straight));
+    let a = straight.model().vs.variables();
+    for (k, v) in resumed.model().vs.variables() {
+        assert!(a[&k].equal(&v), "{k} differs after resuming at step {at}");
+    }
+}
+
 #[test]
 fn a_resumed_sync_run_continues_exactly() {
     let dir = std::env::temp_dir().join(format!("treetrain-grpo-resume-{}", std::process::id()));
@@ -440,30 +476,7 @@ fn a_resumed_sync_run_continues_exactly() {
         c.max_steps = 4;
         c
     };
-    let mut straight = GrpoTrainer::new(GrpoConfig {
-        train: TrainConfig {
-            output_dir: None,
-            ..cfg.train.clone()
-        },
-        ..cfg.clone()
-    })
-    .unwrap();
-    straight.train_for(4).unwrap();
-
-    let mut first = GrpoTrainer::new(cfg.clone()).unwrap();
-    first.train_for(2).unwrap();
-    let ckpt = first.save_checkpoint().unwrap();
-    drop(first);
-    let mut resumed = GrpoTrainer::builder(cfg).resume(&ckpt).build().unwrap();
-    assert_eq!(resumed.state.global_step, 2);
-    resumed.train_for(10).unwrap();
-    assert_eq!(resumed.state.global_step, 4);
-    let rewards = |t: &GrpoTrainer| t.state.history.iter().map(|m| m.reward_mean).collect::<Vec<_>>();
-    assert_eq!(rewards(&resumed), rewards(&straight));
-    let a = straight.model().vs.variables();
-    for (k, v) in resumed.model().vs.variables() {
-        assert!(a[&k].equal(&v), "{k} differs after resuming");
-    }
+    resume_is_exact(&cfg, 2, |_, _| {});
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1494,41 +1507,19 @@ fn steps_per_generation_slices_one_generation_and_resumes_mid_way() {
         c.max_steps = 6;
         c
     };
-    let mut straight = GrpoTrainer::new(GrpoConfig {
-        train: TrainConfig {
-            output_dir: None,
-            ..cfg.train.clone()
-        },
-        ..cfg.clone()
-    })
-    .unwrap();
     let mut seen = Vec::new();
-    for _ in 0..6 {
-        let m = straight.step().unwrap();
-        let batch = straight.last_batch.as_ref().unwrap();
+    resume_is_exact(&cfg, 3, |t, m| {
+        let batch = t.last_batch.as_ref().unwrap();
         assert_eq!(batch.groups.len(), 3);
         seen.push((
             m.generated_by,
             batch.groups.iter().map(|g| g.dataset_row).collect::<Vec<_>>(),
         ));
-    }
+    });
     // Slices a, b of one generation, trained a, b, a, b (num_iterations = 2); then a new one.
     assert_eq!((seen[0].0, seen[1].0, seen[3].0, seen[4].0), (0, 0, 0, 4), "{seen:?}");
     assert_ne!(seen[0].1, seen[1].1, "two slices of different prompts");
     assert_eq!((&seen[0].1, &seen[1].1), (&seen[2].1, &seen[3].1));
-
-    let mut first = GrpoTrainer::new(cfg.clone()).unwrap();
-    first.train_for(3).unwrap();
-    let ckpt = first.save_checkpoint().unwrap();
-    drop(first);
-    let mut resumed = GrpoTrainer::builder(cfg.clone()).resume(&ckpt).build().unwrap();
-    resumed.train_for(10).unwrap();
-    let rewards = |t: &GrpoTrainer| t.state.history.iter().map(|m| m.reward_mean).collect::<Vec<_>>();
-    assert_eq!(rewards(&resumed), rewards(&straight));
-    let a = straight.model().vs.variables();
-    for (k, v) in resumed.model().vs.variables() {
-        assert!(a[&k].equal(&v), "{k} differs after resuming mid-generation");
-    }
     let mut by_size = cfg.clone();
     by_size.rollouts.steps_per_generation = 1;
     by_size.rollouts.generation_batch_size = Some(3 * by_size.rollouts.num_generations * 2);
@@ -1573,4 +1564,47 @@ fn chat_template_kwargs_reach_the_prompts_rendering() {
     let (a, b) = (&plain.prompts.prompts[0].text, &marked.prompts.prompts[0].text);
     assert!(!a.ends_with("<kw>") && b == &format!("{a}<kw>"), "{a:?} / {b:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// TRL's logging and dropout switches: `log_unique_prompts` keeps one sample per prompt,
+/// `num_completions_to_print` prints that many under the step's log line, and
+/// `disable_dropout` leaves LoRA's dropout unused (no draws) where it would otherwise draw.
+#[test]
+fn logging_switches_and_disable_dropout() {
+    let mut t = GrpoTrainer::new({
+        let mut c = config();
+        c.rollouts.prompts_per_step = 3;
+        c.eval.log_completions = 8;
+        c.eval.log_unique_prompts = true;
+        c.eval.num_completions_to_print = Some(2);
+        c
+    })
+    .unwrap();
+    let m = t.step().unwrap();
+    let mut rows: Vec<usize> = t.state.samples.iter().map(|s| s.dataset_row).collect();
+    let first = rows[0];
+    rows.dedup();
+    assert_eq!(rows.len(), 3, "one sample for each of the 3 prompts: {rows:?}");
+    let line = treetrain::train::Trainer::log_line(&t, &m);
+    assert_eq!(line.lines().count(), 3, "{line}");
+    assert!(
+        line.lines().nth(1).unwrap().contains(&format!("row {first}:")),
+        "{line}"
+    );
+    let draws = |disable: bool| {
+        let mut t = GrpoTrainer::new({
+            let mut c = config();
+            c.rollouts.prompts_per_step = 2;
+            c.train.lora = Some(treetrain::model::lora::LoraConfig {
+                lora_dropout: 0.3,
+                ..Default::default()
+            });
+            c.loss.disable_dropout = disable;
+            c
+        })
+        .unwrap();
+        t.step().unwrap();
+        t.model().adapter.as_ref().unwrap().dropout_draws()
+    };
+    assert!(draws(false) > 0 && draws(true) == 0);
 }

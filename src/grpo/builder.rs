@@ -124,7 +124,7 @@ impl GrpoTrainerBuilder {
         let resume = config.train.checkpoint_to_resume(resume.as_deref())?;
         let rewards = run_rewards(&config, rewards, environment.as_deref());
         check_rewards(&rewards)?;
-        let mut core = TrainCore::load(&config.train, resume.as_deref())?;
+        let mut core = TrainCore::load(&training_settings(&config), resume.as_deref())?;
         core.set_schedule(&config.train, config.max_steps);
         core.logs.set_settings(&config);
         let tools = environment.as_ref().and_then(|e| e.tools());
@@ -166,26 +166,8 @@ impl GrpoTrainerBuilder {
         .with_multi_turn(multi_turn.clone());
         let state = starting_state(&config, &mut core, &rewards, &prompts, resume.as_deref())?;
         let source = rollout_source(&config, &core, producer, &state)?;
-        let reference = (config.loss.beta > 0.0).then(|| Reference::of(&core)).transpose()?;
-        if let (Some(r), Some(ckpt)) = (&reference, resume.as_deref()) {
-            r.restore(ckpt, state.global_step, &config.loss)?;
-        }
-        let pending = match resume.as_deref() {
-            Some(ckpt) => super::pending::read(ckpt)?,
-            None => Default::default(),
-        };
-        let held_out = match &config.eval.eval_dataset {
-            Some(path) => Some(load_prompt_set(
-                &config,
-                &core.tokenizer,
-                &Dataset::open_held_out(path)?,
-                tools,
-            )?),
-            None => None,
-        };
-        if let Some(h) = &held_out {
-            check_columns(&rewards, h, "eval_dataset")?;
-        }
+        let (reference, pending) = carried_state(&config, &core, resume.as_deref(), state.global_step)?;
+        let held_out = held_out_prompts(&config, &core, tools, &rewards)?;
         Ok(GrpoTrainer {
             state,
             prompts,
@@ -202,6 +184,55 @@ impl GrpoTrainerBuilder {
             multi_turn,
         })
     }
+}
+
+/// The shared settings the run loads its model with: `disable_dropout` zeroes LoRA's dropout.
+fn training_settings(config: &GrpoConfig) -> std::borrow::Cow<'_, crate::train::TrainConfig> {
+    match &config.train.lora {
+        Some(lora) if config.loss.disable_dropout && lora.lora_dropout != 0.0 => {
+            let mut train = config.train.clone();
+            train.lora = Some(crate::model::lora::LoraConfig {
+                lora_dropout: 0.0,
+                ..lora.clone()
+            });
+            std::borrow::Cow::Owned(train)
+        }
+        _ => std::borrow::Cow::Borrowed(&config.train),
+    }
+}
+
+/// The KL reference (`beta > 0`) and the batches generated for later steps, as the checkpoint
+/// being resumed (at `step`) left them.
+fn carried_state(
+    config: &GrpoConfig,
+    core: &TrainCore,
+    resume: Option<&Path>,
+    step: u64,
+) -> Result<(Option<Reference>, std::collections::VecDeque<super::RolloutBatch>), TrainError> {
+    let reference = (config.loss.beta > 0.0).then(|| Reference::of(core)).transpose()?;
+    if let (Some(r), Some(ckpt)) = (&reference, resume) {
+        r.restore(ckpt, step, &config.loss)?;
+    }
+    let pending = match resume {
+        Some(ckpt) => super::pending::read(ckpt)?,
+        None => Default::default(),
+    };
+    Ok((reference, pending))
+}
+
+/// The `eval_dataset` prompts (none without one), their reward columns checked.
+fn held_out_prompts(
+    config: &GrpoConfig,
+    core: &TrainCore,
+    tools: Option<Value>,
+    rewards: &[RewardFn],
+) -> Result<Option<PromptSet>, TrainError> {
+    let Some(path) = &config.eval.eval_dataset else {
+        return Ok(None);
+    };
+    let held_out = load_prompt_set(config, &core.tokenizer, &Dataset::open_held_out(path)?, tools)?;
+    check_columns(rewards, &held_out, "eval_dataset")?;
+    Ok(Some(held_out))
 }
 
 /// The run's rewards: the environment's first, then the given ones, else the built-ins named

@@ -349,6 +349,10 @@ pub struct Loss {
     pub vespo_k_neg: f64,
     /// `vespo`'s `lambda` for rollouts with a negative advantage.
     pub vespo_lambda_neg: f64,
+    /// Turn dropout off for the run (TRL's `disable_dropout`): the decoder applies none, so this
+    /// sets LoRA's `lora_dropout` to 0, and the log-probs of a rollout no longer depend on the
+    /// dropout draws.
+    pub disable_dropout: bool,
     /// TR-DPO: move the KL reference toward the policy every `ref_model_sync_steps` steps,
     /// `reference = alpha * policy + (1 - alpha) * reference` (needs `beta > 0`; with LoRA the
     /// reference is the base weights themselves, so it is refused, as TRL refuses it).
@@ -407,6 +411,7 @@ impl Default for Loss {
             vespo_k_neg: 3.0,
             vespo_lambda_neg: 2.0,
             off_policy_mask_threshold: None,
+            disable_dropout: false,
             sync_ref_model: false,
             ref_model_mixup_alpha: 0.6,
             ref_model_sync_steps: 512,
@@ -549,6 +554,11 @@ pub struct Eval {
     /// too: `true` keeps 8, `false` none).
     #[serde(deserialize_with = "count_or_bool")]
     pub log_completions: usize,
+    /// Of those, printed under each logged step's line (`None`: none printed).
+    pub num_completions_to_print: Option<usize>,
+    /// Keep one completion per prompt in the samples (the display, the printout and
+    /// TensorBoard's completions table).
+    pub log_unique_prompts: bool,
 }
 
 /// A count, or TRL's `true` (8) / `false` (0).
@@ -577,6 +587,8 @@ impl Default for Eval {
             eval_dataset: None,
             eval_samples: 4,
             log_completions: 8,
+            num_completions_to_print: None,
+            log_unique_prompts: false,
         }
     }
 }

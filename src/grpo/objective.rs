@@ -404,28 +404,11 @@ pub fn grpo_loss_of_logprobs(
     // 3. `beta` x k3 to the reference, then the terms summed under the averaging's weights.
     let (per_term, ref_kl_sum) = with_reference_kl(per_term, &logprobs, &ratio, other.reference, cfg, device)?;
     let mut loss = weigh_terms(per_term, weights, device)?;
-    // 4. The entropy bonus: the mean entropy over the step's trained terms, times the
-    //    coefficient, taken off the loss (not reweighted by the loss type).
-    let kept_entropy_sum = match term_entropies {
-        Some(e) => {
-            let entropies = e.differentiable.unwrap_or(e.measured);
-            let trained = match &kept {
-                Some(k) => entropies.f_mul(k)?,
-                None => entropies.shallow_clone(),
-            };
-            let sum = trained.f_sum(Kind::Float)?;
-            if cfg.entropy_coef != 0.0 {
-                let count = match (cfg.entropy_terms, &kept) {
-                    (Some(n), _) => n as f64,
-                    (None, Some(k)) => tch::no_grad(|| k.f_sum(Kind::Float)?.f_double_value(&[]))?,
-                    (None, None) => m as f64,
-                };
-                loss = loss.f_sub(&sum.f_mul_scalar(cfg.entropy_coef / count.max(1.0))?)?;
-            }
-            tch::no_grad(|| sum.f_double_value(&[]))?
-        }
-        None => 0.0,
-    };
+    // 4. The entropy bonus, taken off the loss.
+    let (bonus, kept_entropy_sum) = entropy_bonus(term_entropies, kept.as_ref(), cfg, m)?;
+    if let Some(bonus) = bonus {
+        loss = loss.f_sub(&bonus)?;
+    }
     // 5. The statistics, outside the graph.
     let (clips, approx_kl_sum) = clip_statistics(&ratio, &adv, &old, &logprobs, cfg);
     let [clip_fraction, clip_low_fraction, clip_high_fraction] = clips;
@@ -442,6 +425,36 @@ pub fn grpo_loss_of_logprobs(
         kept_entropy_sum,
         correction_sum,
     })
+}
+
+/// The entropy bonus (`entropy_coef` x the mean entropy over the step's trained terms, with
+/// its gradient; `None` when off) and the sum of the trained terms' entropies. Not reweighted
+/// by the loss type: the same bonus whatever the policy term's normalisation, as TRL.
+fn entropy_bonus(
+    term_entropies: Option<TermEntropies<'_>>,
+    kept: Option<&Tensor>,
+    cfg: &GrpoObjective,
+    m: usize,
+) -> Result<(Option<Tensor>, f64), ModelError> {
+    let Some(e) = term_entropies else {
+        return Ok((None, 0.0));
+    };
+    let entropies = e.differentiable.unwrap_or(e.measured);
+    let sum = match kept {
+        Some(k) => entropies.f_mul(k)?,
+        None => entropies.shallow_clone(),
+    }
+    .f_sum(Kind::Float)?;
+    let value = tch::no_grad(|| sum.f_double_value(&[]))?;
+    if cfg.entropy_coef == 0.0 {
+        return Ok((None, value));
+    }
+    let count = match (cfg.entropy_terms, kept) {
+        (Some(n), _) => n as f64,
+        (None, Some(k)) => tch::no_grad(|| k.f_sum(Kind::Float)?.f_double_value(&[]))?,
+        (None, None) => m as f64,
+    };
+    Ok((Some(sum.f_mul_scalar(cfg.entropy_coef / count.max(1.0))?), value))
 }
 
 /// Every term's policy loss `[M]` under `cfg.loss_type`, before masks, correction and KL.

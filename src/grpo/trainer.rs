@@ -367,7 +367,10 @@ impl GrpoTrainer {
         self.state.total_failures += m.reward_failures;
         // The samples: completions taken round-robin across groups.
         let mut samples = Vec::new();
-        let most = batch.groups.iter().map(|g| g.completions.len()).max().unwrap_or(0);
+        let most = match self.config.eval.log_unique_prompts {
+            true => 1,
+            false => batch.groups.iter().map(|g| g.completions.len()).max().unwrap_or(0),
+        };
         'fill: for i in 0..most {
             for g in &batch.groups {
                 if samples.len() >= self.config.eval.log_completions {
@@ -438,9 +441,20 @@ impl Trainer for GrpoTrainer {
         self.core.log_eval(&eval);
         Ok(Some(eval))
     }
-    /// Aligned step numbers and every reward function, for a terminal scrolling through a run.
+    /// Aligned step numbers and every reward function, for a terminal scrolling through a run;
+    /// then `num_completions_to_print` of the step's sample completions.
     fn log_line(&self, m: &GrpoStepMetrics) -> String {
         let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
+        let printed = self.config.eval.num_completions_to_print.unwrap_or(0);
+        let samples: String = (self.state.samples.iter().filter(|s| s.step == m.step).take(printed))
+            .map(|s| {
+                let total = s.total.map_or("failed".to_string(), |t| format!("{t:.2}"));
+                format!(
+                    "    row {}: {:?} -> {:?} (reward {total}, advantage {:+.2})\n",
+                    s.dataset_row, s.prompt, s.completion, s.advantage
+                )
+            })
+            .collect();
         format!(
             "step {:>4}: reward {:.3} ({}) flat {:.2} len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
             m.step,
@@ -456,7 +470,7 @@ impl Trainer for GrpoTrainer {
             m.staleness,
             m.generation_s,
             m.forward_backward_s
-        )
+        ) + &samples
     }
     /// A synced reference (`sync_ref_model`) is part of the run: its weights go with the
     /// checkpoint.
