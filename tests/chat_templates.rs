@@ -12,16 +12,19 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// TRL's templates are fetched (never committed): make sure they are there.
+/// TRL's templates are fetched (never committed): make sure they are there, fetched once
+/// however many tests of this file ask at the same time.
 fn templates_dir() -> PathBuf {
+    static FETCHED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let dir = root().join(".deps/chat_templates");
-    if !dir.join(".trl-1.16.0").exists() {
-        let ok = Command::new("bash")
-            .arg(root().join("scripts/fetch-chat-templates.sh"))
-            .status()
-            .unwrap();
-        assert!(ok.success(), "scripts/fetch-chat-templates.sh failed");
-    }
+    let ok = FETCHED.get_or_init(|| {
+        dir.join(".trl-1.16.0").exists()
+            || Command::new("bash")
+                .arg(root().join("scripts/fetch-chat-templates.sh"))
+                .status()
+                .is_ok_and(|s| s.success())
+    });
+    assert!(ok, "scripts/fetch-chat-templates.sh failed");
     dir
 }
 
