@@ -305,8 +305,9 @@ impl GrpoTrainer {
         let pack_s = t.elapsed().as_secs_f64();
         let lm = &self.core.model.lm;
         let training = self.core.model.training();
-        let entropy_coef = self.objective().entropy_coef;
-        let accumulated = with_entropy_floor(lm, &update.rows, self.objective(), world)
+        let objective = self.objective();
+        let entropy_coef = objective.entropy_coef;
+        let accumulated = with_entropy_floor(lm, &update.rows, objective, world)
             .and_then(|objective| accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective));
         drop(training);
         // Rows before the failure left gradients behind: the next step must not see them.

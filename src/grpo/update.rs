@@ -201,14 +201,10 @@ pub fn accumulate_gradients(
     rows: &[PackedRow],
     objective: &GrpoObjective,
 ) -> Result<UpdateStats, TrainError> {
-    let mut objective = *objective;
-    if objective.entropy_floor.is_none() {
-        let all = term_entropies(policy, rows, &objective)?;
-        objective.entropy_floor = entropy_floor(&all, &objective);
-        if let Some(f) = objective.entropy_floor {
-            objective.entropy_terms = Some(all.iter().filter(|&&e| f64::from(e) >= f).count());
-        }
-    }
+    let objective = match objective.entropy_floor {
+        Some(_) => *objective,
+        None => floored(&term_entropies(policy, rows, objective)?, *objective),
+    };
     accumulate_share(policy, reference, rows, StepTotals::of(rows), &objective)
 }
 
@@ -231,12 +227,18 @@ pub(crate) fn with_entropy_floor(
         .iter()
         .flat_map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
         .collect();
-    let floor = entropy_floor(&all, &objective);
-    Ok(GrpoObjective {
+    Ok(floored(&all, objective))
+}
+
+/// `objective` with the floor of the step's `entropies` ([`entropy_floor`]) and the count of
+/// terms at or above it, which the entropy bonus averages over.
+fn floored(entropies: &[f32], objective: GrpoObjective) -> GrpoObjective {
+    let floor = entropy_floor(entropies, &objective);
+    GrpoObjective {
         entropy_floor: floor,
-        entropy_terms: floor.map(|f| all.iter().filter(|&&e| f64::from(e) >= f).count()),
+        entropy_terms: floor.map(|f| entropies.iter().filter(|&&e| f64::from(e) >= f).count()),
         ..objective
-    })
+    }
 }
 
 /// Every loss term's policy entropy in `rows` (nats, under the sampling temperature; no
@@ -261,7 +263,7 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
 /// The entropy at quantile `1 - top_entropy_quantile` of `entropies` (`torch.quantile`'s
 /// linear interpolation, as TRL takes it): terms at or above it train. `None` when every term
 /// trains.
-pub(crate) fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64> {
+fn entropy_floor(entropies: &[f32], objective: &GrpoObjective) -> Option<f64> {
     let q = objective.top_entropy_quantile;
     if q >= 1.0 || entropies.is_empty() {
         return None;
