@@ -773,10 +773,7 @@ fn top_entropy_quantile_trains_the_highest_entropy_terms_in_both_packings() {
         }
     }
     let q = 0.2;
-    let mut sorted: Vec<f64> = terms.iter().map(|t| t.0).collect();
-    sorted.sort_by(f64::total_cmp);
-    let at = (1.0 - q) * (sorted.len() - 1) as f64;
-    let floor = sorted[at.floor() as usize] + (sorted[at.ceil() as usize] - sorted[at.floor() as usize]) * at.fract();
+    let floor = common::quantile(&terms.iter().map(|t| t.0).collect::<Vec<f64>>(), 1.0 - q);
     let mut kept = 0;
     let sum: f64 = terms
         .iter()

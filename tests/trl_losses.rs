@@ -3,6 +3,8 @@
 //! scripts/fixtures/make_grpo_loss_fixtures.py), in tree and flat packing: the loss and its
 //! gradient with respect to every completion token's log-prob.
 
+mod common;
+
 use serde_json::Value;
 use tch::{Kind, Tensor};
 use treetrain::grpo::{GrpoConfig, GrpoObjective, TermEntropies, TermLogprobs, grpo_loss_of_logprobs};
@@ -58,17 +60,6 @@ fn term_places(row: &PackedRow, rs: &[Rollout]) -> Vec<(usize, usize)> {
     places
 }
 
-/// `torch.quantile`'s linear interpolation at `q` (`None` at q = 0: every term trains).
-fn quantile(mut v: Vec<f32>, q: f64) -> Option<f64> {
-    if q <= 0.0 {
-        return None;
-    }
-    v.sort_by(f32::total_cmp);
-    let at = q * (v.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    Some(f64::from(v[lo]) + f64::from(v[hi] - v[lo]) * (at - lo as f64))
-}
-
 fn tree_row(rs: &[Rollout]) -> PackedRow {
     let mut t = PrefixTree::new();
     for (i, x) in rs.iter().enumerate() {
@@ -101,7 +92,11 @@ fn every_loss_type_and_option_equals_trl() {
         let (logps, refs, grads) = (per("log_probs"), per("ref_log_probs"), per("grad"));
         let (entropies, entropy_grads) = (per("entropies"), per("entropy_grad"));
         let objective = GrpoObjective {
-            entropy_floor: quantile(entropies.concat(), 1.0 - config.loss.top_entropy_quantile),
+            // Every term trains at `top_entropy_quantile = 1`: no floor.
+            entropy_floor: (config.loss.top_entropy_quantile < 1.0).then(|| {
+                let all: Vec<f64> = entropies.concat().into_iter().map(f64::from).collect();
+                common::quantile(&all, 1.0 - config.loss.top_entropy_quantile)
+            }),
             ..GrpoObjective::from(&config)
         };
         for row in [tree_row(&rs), pack_flat(&rs).unwrap()] {

@@ -153,3 +153,14 @@ impl Drop for Workers {
         }
     }
 }
+
+/// `torch.quantile`'s linear interpolation of `values` at `q` in [0, 1] (how TRL takes the
+/// entropy floor of `top_entropy_quantile`).
+#[allow(dead_code)]
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = q * (v.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+}
