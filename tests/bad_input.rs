@@ -170,16 +170,23 @@ fn convert_never_writes_over_the_model_it_reads() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A TOML config of the shipped SFT run with `extra` lines.
-fn sft_config(dir: &Path, extra: &str) -> String {
+/// `dir/sft.toml`: SFT of the tiny model on `dataset` with `settings` (top-level lines) and
+/// rows cut at `max_length` tokens; returns its path.
+fn sft_toml(dir: &Path, dataset: &Path, settings: &str, max_length: usize) -> String {
     let path = dir.join("sft.toml");
     let text = format!(
-        "model = {:?}\ndataset = {:?}\nmax_steps = 2\nbatch_size = 2\n{extra}\n[tokenize]\nmax_length = 64\n",
+        "model = {:?}\ndataset = {:?}\n{settings}\n[tokenize]\nmax_length = {max_length}\n",
         tiny(),
-        datasets().join("sft/train.parquet"),
+        dataset,
     );
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
+}
+
+/// A TOML config of the shipped SFT run with `extra` lines.
+fn sft_config(dir: &Path, extra: &str) -> String {
+    let settings = format!("max_steps = 2\nbatch_size = 2\n{extra}");
+    sft_toml(dir, &datasets().join("sft/train.parquet"), &settings, 64)
 }
 
 #[test]
@@ -642,17 +649,12 @@ fn smaller_faults_are_refused_or_read_as_transformers_does() {
 #[test]
 fn packed_rows_whose_attention_mask_cannot_fit_are_an_error_not_an_abort() {
     let dir = scratch("long-rows");
-    let path = dir.join("sft.toml");
     // bfd packs the shipped conversations into rows of 65,536 tokens: a dense mask of 8 such
     // rows is tens of GB (with checkpointing, the activations alone would fit).
-    let text = format!(
-        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 8\npacking = \"bfd\"\ngradient_checkpointing = true\n[tokenize]\nmax_length = 65536\n",
-        tiny(),
-        datasets().join("sft"),
-    );
-    std::fs::write(&path, text).unwrap();
+    let settings = "max_steps = 1\nbatch_size = 8\npacking = \"bfd\"\ngradient_checkpointing = true";
+    let path = sft_toml(&dir, &datasets().join("sft"), settings, 65536);
     fails_with(
-        &["sft", "--config", path.to_str().unwrap()],
+        &["sft", "--config", &path],
         &["attention mask of", "tokens needs", "GB of memory is available"],
     );
 }
@@ -665,15 +667,10 @@ fn a_batch_whose_activations_cannot_fit_is_refused_naming_the_rows_that_fit() {
     let row = serde_json::json!({"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "Answer: 15"}]});
     let data = dir.join("long.jsonl");
     std::fs::write(&data, format!("{row}\n").repeat(2000)).unwrap();
-    let path = dir.join("sft.toml");
-    let text = format!(
-        "model = {:?}\ndataset = {:?}\nmax_steps = 1\nbatch_size = 100000\neval_fraction = 0.0\n[tokenize]\nmax_length = 2048\n",
-        tiny(),
-        data,
-    );
-    std::fs::write(&path, text).unwrap();
+    let settings = "max_steps = 1\nbatch_size = 100000\neval_fraction = 0.0";
+    let path = sft_toml(&dir, &data, settings, 2048);
     fails_with(
-        &["sft", "--config", path.to_str().unwrap()],
+        &["sft", "--config", &path],
         &[
             "a training step over 2000 row(s)",
             "GB of activations",
