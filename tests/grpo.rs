@@ -1424,7 +1424,8 @@ fn the_entropy_bonus_trains_on_the_mean_entropy_and_adapts() {
 
 /// TR-DPO (`sync_ref_model`): the reference stays put between syncs and moves to
 /// `alpha * policy + (1 - alpha) * reference` at each; a checkpoint carries the synced
-/// reference and a resume continues with it, to the same weights as a straight run.
+/// reference and a resume continues with it, to the same weights as a straight run. (Its
+/// refusals are in tests/trl_losses.rs with the other options'.)
 #[test]
 fn a_synced_reference_mixes_in_the_policy_and_survives_a_resume() {
     let dir = std::env::temp_dir().join(format!("treetrain-grpo-sync-ref-{}", std::process::id()));
@@ -1473,18 +1474,6 @@ fn a_synced_reference_mixes_in_the_policy_and_survives_a_resume() {
         .unwrap()
         .to_string();
     assert!(err.contains("reference.safetensors is missing"), "{err}");
-    // Without the KL term, or with LoRA (the reference is the base itself), it is refused.
-    let mut no_kl = cfg.clone();
-    no_kl.loss.beta = 0.0;
-    assert!(no_kl.validate().unwrap_err().to_string().contains("sync_ref_model"));
-    let mut lora = cfg;
-    lora.train.lora = Some(Default::default());
-    assert!(
-        lora.validate()
-            .unwrap_err()
-            .to_string()
-            .contains("does not apply with lora")
-    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1521,14 +1510,6 @@ fn steps_per_generation_slices_one_generation_and_resumes_mid_way() {
     by_size.rollouts.steps_per_generation = 1;
     by_size.rollouts.generation_batch_size = Some(3 * by_size.rollouts.num_generations * 2);
     assert_eq!(by_size.rollouts.generation_steps().unwrap(), 2);
-    by_size.rollouts.generation_batch_size = Some(50);
-    assert!(
-        by_size
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("generation_batch_size")
-    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

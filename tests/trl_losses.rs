@@ -175,6 +175,12 @@ fn the_new_options_are_validated_by_name_and_reach_their_use() {
         "{vespo}"
     );
     assert!(err(serde_json::json!({"repetition_penalty": 0.0})).contains("repetition_penalty"));
+    // A synced reference needs the KL term, and cannot be LoRA's base (the policy's own).
+    assert!(err(serde_json::json!({"sync_ref_model": true})).contains("needs beta > 0"));
+    let lora = serde_json::json!({"sync_ref_model": true, "beta": 0.04, "lora": {}});
+    assert!(err(lora).contains("does not apply with lora"));
+    // 50 rollouts are no whole number of steps' 4 x 8.
+    assert!(err(serde_json::json!({"generation_batch_size": 50})).contains("generation_batch_size"));
     let penalised: GrpoConfig = serde_json::from_value(serde_json::json!({"repetition_penalty": 1.3})).unwrap();
     assert_eq!(
         penalised.sampling_config().repetition_penalty,
