@@ -110,6 +110,7 @@ mod metrics;
 mod multiturn;
 mod objective;
 mod pending;
+mod policy_terms;
 mod producer;
 mod reference;
 mod reward;
