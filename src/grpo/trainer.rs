@@ -111,7 +111,6 @@ pub struct GrpoTrainer {
     pub(super) reference: Option<super::reference::Reference>,
     pub(super) rewards: Arc<Vec<RewardFn>>,
     pub(super) held_out: Option<PromptSet>,
-    /// A batch with optimizer steps left (`num_iterations > 1`).
     /// Batches generated for later steps: the other slices of a generation
     /// (`steps_per_generation`) and the repeats of `num_iterations`. Checkpointed.
     pub(super) pending: std::collections::VecDeque<RolloutBatch>,
@@ -187,18 +186,14 @@ impl GrpoTrainer {
         }
     }
 
-    /// The next batch to train on: generated now (sync), or assembled from the oldest queued
-    /// groups that are at most `max_staleness` versions old (async; older ones are dropped and
-    /// counted).
+    /// The next batch from the source, gathered over ranks: generated now (sync), or assembled
+    /// from the oldest queued groups that are at most `max_staleness` versions old (async; older
+    /// ones are dropped and counted).
     fn next_batch(&mut self) -> Result<(RolloutBatch, f64, usize), TrainError> {
         let version = self.state.global_step;
         match &mut self.source {
             Source::Sync(p) => {
-                let mut batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
-                batch.scale_advantages(
-                    self.config.loss.scale_rewards,
-                    self.config.loss.multi_objective_aggregation,
-                );
+                let batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
@@ -221,13 +216,9 @@ impl GrpoTrainer {
                         self.state.forced_syncs += 1;
                     }
                 }
-                let mut batch =
+                let batch =
                     RolloutBatch::from_groups(self.state.batches_consumed, groups, self.state.reward_names.clone())
                         .gather(&self.core.world)?;
-                batch.scale_advantages(
-                    self.config.loss.scale_rewards,
-                    self.config.loss.multi_objective_aggregation,
-                );
                 self.state.batches_consumed += 1;
                 Ok((batch, wait, dropped))
             }
@@ -241,7 +232,10 @@ impl GrpoTrainer {
         if let Some(batch) = self.pending.pop_front() {
             return Ok((batch, 0.0, 0));
         }
-        let (batch, wait, dropped) = self.next_batch()?;
+        let (mut batch, wait, dropped) = self.next_batch()?;
+        // The step-wide stage of the advantages, over the whole generation before it is cut.
+        let loss = &self.config.loss;
+        batch.scale_advantages(loss.scale_rewards, loss.multi_objective_aggregation);
         let slices = batch.split(self.config.rollouts.generation_steps()?);
         for _ in 0..self.config.loss.num_iterations {
             self.pending.extend(slices.iter().cloned());
