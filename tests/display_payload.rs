@@ -90,6 +90,25 @@ fn the_training_core_types_render() {
     };
     assert!(o.text().contains("beta = 0.04\n") && o.text().contains("loss_type = dr_grpo\n"));
     assert!(o.html().contains("GRPO objective") && o.html().contains("<td>0.04</td>"));
+    assert!(
+        !o.text().contains("sapo") && !o.text().contains("entropy_coef"),
+        "only the options in use"
+    );
+    let sapo = treetrain::grpo::GrpoObjective {
+        loss_type: treetrain::grpo::LossType::Sapo,
+        entropy_coef: 0.01,
+        off_policy_mask_threshold: Some(0.5),
+        ..Default::default()
+    };
+    let text = sapo.text();
+    assert!(text.contains("sapo temperatures (pos, neg) = [1.0, 1.05]\n"), "{text}");
+    assert!(text.contains("off_policy_mask_threshold = 0.5\n") && text.contains("entropy_coef (this step) = 0.01\n"));
+    let control = treetrain::grpo::EntropyControl {
+        coef: Some(0.12),
+        last_entropy: None,
+    };
+    assert_eq!(control.text(), "coefficient: 0.1200\nlast step's entropy: not yet\n");
+    assert!(control.html().contains("Adaptive entropy bonus"));
     let e = treetrain::sft::SftEval {
         step: 5,
         loss: 1.25,

@@ -547,8 +547,9 @@ fn clip_statistics(
 }
 
 impl GrpoObjective {
+    /// The settings every objective has, then those of its loss type and the options it uses.
     fn rows(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut rows = vec![
             ("epsilon_low", self.epsilon_low.to_string()),
             ("epsilon_high", self.epsilon_high.to_string()),
             ("temperature", self.temperature.to_string()),
@@ -556,7 +557,23 @@ impl GrpoObjective {
             ("use_bias_correction_kl", self.bias_corrected_kl.to_string()),
             ("loss_type", crate::display::serde_name(&self.loss_type)),
             ("max_completion_length", self.max_completion_length.to_string()),
-        ]
+        ];
+        let [(k_pos, l_pos), (k_neg, l_neg)] = self.vespo_shape;
+        match self.loss_type {
+            LossType::Sapo => rows.push(("sapo temperatures (pos, neg)", format!("{:?}", self.sapo_temperatures))),
+            LossType::Vespo => rows.push((
+                "vespo k, lambda (pos; neg)",
+                format!("{k_pos}, {l_pos}; {k_neg}, {l_neg}"),
+            )),
+            _ => {}
+        }
+        if let Some(t) = self.off_policy_mask_threshold {
+            rows.push(("off_policy_mask_threshold", t.to_string()));
+        }
+        if self.entropy_coef != 0.0 {
+            rows.push(("entropy_coef (this step)", self.entropy_coef.to_string()));
+        }
+        rows
     }
 }
 

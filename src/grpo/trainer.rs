@@ -85,6 +85,27 @@ impl EntropyControl {
     }
 }
 
+impl crate::display::Rich for EntropyControl {
+    fn html(&self) -> String {
+        crate::display::rows_card("Adaptive entropy bonus", &self.rows())
+    }
+    fn text(&self) -> String {
+        crate::display::rows_text(&self.rows())
+    }
+}
+
+impl EntropyControl {
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let or_unset = |v: Option<f64>| v.map_or("not yet".to_string(), |v| format!("{v:.4}"));
+        vec![
+            ("coefficient", or_unset(self.coef)),
+            ("last step's entropy", or_unset(self.last_entropy)),
+        ]
+    }
+}
+
+crate::rich_display!(EntropyControl);
+
 pub(super) enum Source {
     Sync(Box<RolloutProducer>),
     Async(AsyncRollouts),
