@@ -320,9 +320,10 @@ fn static_cache_overflow_snapshot_and_rollback() {
     assert!(cache.is_empty());
 }
 
-/// Three turns of conversations continued from their cache, forked within conversations, rows
-/// finishing at different steps: every turn's greedy tokens and log-probs equal a recomputation
-/// of the whole conversation and a fresh generation that prefills it all.
+/// Four turns of conversations continued from their cache, forked within conversations, rows
+/// finishing at different steps, the last one rewound to a history rendered otherwise: every
+/// turn's greedy tokens and log-probs equal a recomputation of the whole conversation and a
+/// fresh generation that prefills it all.
 #[test]
 fn continued_conversations_equal_prefilling_the_whole_conversation() {
     let m = load("qwen3", Kind::Float);
@@ -380,12 +381,27 @@ fn continued_conversations_equal_prefilling_the_whole_conversation() {
     let third = g.continue_conversations(&m.lm, &mut conv, &turns, 1, &c).unwrap();
     let wholes: Vec<Vec<i64>> = turns.iter().map(|(_, w)| w.clone()).collect();
     check(&wholes, &third, 3);
-    // A sequence that does not extend the row, and one the cache cannot hold, are refused.
-    let wrong = vec![(
-        0usize,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
-    )];
-    let err = g.continue_conversations(&m.lm, &mut conv, &wrong, 1, &c).unwrap_err();
+    // Turn 4: histories rendered otherwise than generated: row 0 departs inside its last
+    // turn, row 1 inside its prompt. Each row is rewound to what it shares and goes on as if
+    // the whole sequence had been prefilled afresh.
+    let turns: Vec<(usize, Vec<i64>)> = [0usize, 1]
+        .iter()
+        .map(|&r| {
+            let held = conv.tokens(r).unwrap();
+            let keep = if r == 0 { held.len() - 2 } else { 3 };
+            let mut whole = held[..keep].to_vec();
+            whole.extend([50 + r as i64, 61, 62]);
+            (r, whole)
+        })
+        .collect();
+    let fourth = g.continue_conversations(&m.lm, &mut conv, &turns, 2, &c).unwrap();
+    let wholes: Vec<Vec<i64>> = turns.iter().flat_map(|(_, w)| [w.clone(), w.clone()]).collect();
+    check(&wholes, &fourth, 4);
+    // A sequence that adds nothing to the row, and one the cache cannot hold, are refused.
+    let short = conv.tokens(0).unwrap()[..4].to_vec();
+    let err = g
+        .continue_conversations(&m.lm, &mut conv, &[(0, short)], 1, &c)
+        .unwrap_err();
     assert!(err.to_string().contains("do not extend"), "{err}");
     let mut long = conv.tokens(0).unwrap().to_vec();
     long.extend(std::iter::repeat_n(9, 60));

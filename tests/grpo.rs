@@ -95,21 +95,25 @@ fn reward_rises_in_async_mode() {
 }
 
 #[test]
-fn sampling_and_training_log_probs_agree_at_any_temperature() {
-    // Old log-probs are the generator's untruncated log softmax(logits / T); the loss
-    // recomputes them at the same T, so an on-policy step has ratio 1.
-    let mut t = GrpoTrainer::new({
-        let mut c = config();
-        c.sampling.temperature = 0.7;
-        c.sampling.top_k = Some(20);
-        c.rollouts.prompts_per_step = 4;
-        c
-    })
-    .unwrap();
-    let m = t.step().unwrap();
-    assert!(m.approx_kl.abs() < 1e-6, "{m:?}");
-    assert_eq!(m.clip_ratio, 0.0);
-    assert!(m.entropy > 0.0 && m.completion_length > 0.0);
+fn sampling_and_training_log_probs_agree_under_any_truncation() {
+    // Old log-probs are the generator's, under the truncated distribution it drew from; the
+    // loss replays the truncation (and the tokenizer's limit) on its own logits at the same T,
+    // so an on-policy step has ratio 1.
+    for (top_k, top_p, min_p) in [(Some(20), None, None), (None, Some(0.8), None), (None, None, Some(0.1))] {
+        let mut t = GrpoTrainer::new({
+            let mut c = config();
+            c.sampling.temperature = 0.7;
+            (c.sampling.top_k, c.sampling.top_p, c.sampling.min_p) = (top_k, top_p, min_p);
+            c.rollouts.prompts_per_step = 4;
+            c
+        })
+        .unwrap();
+        assert!(t.objective().truncation.token_limit.is_some());
+        let m = t.step().unwrap();
+        assert!(m.approx_kl.abs() < 1e-6, "{top_k:?} {top_p:?} {min_p:?}: {m:?}");
+        assert_eq!(m.clip_ratio, 0.0);
+        assert!(m.entropy > 0.0 && m.completion_length > 0.0);
+    }
 }
 
 fn max_rel(a: &Tensor, b: &Tensor) -> f64 {

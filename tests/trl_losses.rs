@@ -209,7 +209,7 @@ fn trl_spellings_are_accepted() {
     assert_eq!(l.importance_sampling_clip_max, Some(2.5));
     std::fs::write(
         &path,
-        format!("{toml}num_generations_eval = 3\nmax_tool_calling_iterations = 5\n"),
+        format!("{toml}num_generations_eval = 3\nmax_tool_calling_iterations = 5\nfork_threshold_tokens = 64\n"),
     )
     .unwrap();
     let c = GrpoConfig::from_toml_file(&path).unwrap();
@@ -218,6 +218,7 @@ fn trl_spellings_are_accepted() {
         (3, 6),
         "n tool calls: n + 1 turns"
     );
+    assert_eq!(c.multi_turn.fork_threshold_tokens, 64);
     for (flag, kept) in [("true", 8), ("false", 0), ("3", 3)] {
         std::fs::write(&path, format!("{toml}log_completions = {flag}\n")).unwrap();
         assert_eq!(GrpoConfig::from_toml_file(&path).unwrap().eval.log_completions, kept);

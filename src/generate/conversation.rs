@@ -129,8 +129,10 @@ impl Generator {
     }
 
     /// Continues conversations. `turns[i] = (row, whole)`: row `row` of `conv` goes on, `whole`
-    /// being its whole token sequence so far, which must extend what the row was given and
-    /// generated. The part the cache lacks is prefilled, then each turn is forked into `forks`
+    /// being its whole token sequence so far. It extends what the row was given and generated,
+    /// or departs from it (a chat template that renders the history otherwise than the model saw
+    /// it): the row is then rewound to the tokens both share, its cache past them dropped. The
+    /// part the cache lacks is prefilled, then each turn is forked into `forks`
     /// rows that decode the next assistant turn. Afterwards `conv` holds exactly those rows
     /// (`turns.len() x forks`, turn by turn); the completions come in that order. Rows not
     /// named are dropped (finished conversations).
@@ -146,6 +148,12 @@ impl Generator {
         let rows: Vec<i64> = turns.iter().map(|(r, _)| *r as i64).collect();
         privateuse1::checked(model.device(), || {
             let mut state = tch::no_grad(|| conv.state.fork(&rows))?;
+            for (t, ((_, whole), tail)) in turns.iter().zip(&tails).enumerate() {
+                let keep = whole.len() - tail.len();
+                if (keep as i64) < state.next_pos[t] {
+                    tch::no_grad(|| state.rewind(t, &whole[..keep], model.config.vocab_size))?;
+                }
+            }
             tch::no_grad(|| self.extend(model, &mut state, &tails, cfg))?;
             let forked: Vec<i64> = (0..turns.len() as i64)
                 .flat_map(|t| std::iter::repeat_n(t, forks))
@@ -189,7 +197,8 @@ impl Generator {
             let (Some(cached), Some(so_far)) = (conv.cached_tokens(*row), conv.tokens(*row)) else {
                 return Err(bad(format!("row {row}: the conversations hold {} rows", conv.rows())));
             };
-            if whole.len() <= so_far.len() || !whole.starts_with(so_far) {
+            let matched = common_prefix(so_far, whole);
+            if matched == whole.len() {
                 return Err(bad(format!(
                     "row {row}: {} tokens that do not extend the row's {} (its prompt and what it generated) by a message",
                     whole.len(),
@@ -206,7 +215,7 @@ impl Generator {
                     &format!("conversation {index} + max_new_tokens {}", cfg.max_new_tokens),
                 )
                 .map_err(GenerateError::Config)?;
-            tails.push(whole[cached..].to_vec());
+            tails.push(whole[cached.min(matched)..].to_vec());
         }
         let longest = tails.iter().map(Vec::len).max().unwrap_or(0);
         let need = Conversations::slots_needed(longest, cfg);
@@ -219,4 +228,9 @@ impl Generator {
         }
         Ok(tails)
     }
+}
+
+/// How many tokens at the start `a` and `b` share.
+pub(crate) fn common_prefix(a: &[i64], b: &[i64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -17,6 +17,7 @@
 use tch::{Kind, Tensor};
 
 use super::sampling::SamplingConfig;
+use super::truncation::Truncation;
 use crate::device::Device;
 
 /// The chosen token of every row of a batch and its log-probabilities (see
@@ -93,10 +94,12 @@ pub fn choose_rows_with_tensors(
     // 3. The token: argmax (first of ties), or an inverse-CDF draw from the kept distribution.
     let (token, logprob) = if cfg.do_sample {
         let lp = scores.f_log_softmax(-1, Kind::Double)?;
-        let mut keep = truncation_mask(&lp, cfg)?;
-        if limit.is_some() {
-            keep = keep.f_logical_and(&lp.f_isfinite()?)?;
+        // The ids past the limit are already -inf in `lp`, which `kept` leaves out.
+        let keep = Truncation {
+            token_limit: None,
+            ..Truncation::of(cfg)
         }
+        .kept(&lp)?;
         let renorm = lp
             .f_masked_fill(&keep.f_logical_not()?, f64::NEG_INFINITY)?
             .f_log_softmax(-1, Kind::Double)?;
@@ -128,35 +131,6 @@ fn penalised(raw: &Tensor, seen: &Tensor, penalty: f64) -> Result<Tensor, tch::T
         .f_div_scalar(penalty)?
         .f_where_self(&positive, &raw.f_mul_scalar(penalty)?)?;
     penalty_applied.f_where_self(seen, raw)
-}
-
-/// Which tokens survive top-k, then top-p (over the survivors, most likely first; the first
-/// always stays), then min-p: the host sampler's rules, `[batch, vocab]` bool.
-fn truncation_mask(lp: &Tensor, cfg: &SamplingConfig) -> Result<Tensor, tch::TchError> {
-    let (batch, vocab) = lp.size2()?;
-    let device = Device::of(lp);
-    let mut keep = device.ones(&[batch, vocab], Kind::Bool)?;
-    let top_k = cfg.top_k.filter(|&k| k > 0);
-    let top_p = cfg.top_p.filter(|&p| p < 1.0);
-    if top_k.is_some() || top_p.is_some() {
-        let (sorted, order) = lp.f_sort(-1, true)?;
-        let rank = device.arange(vocab, Kind::Int64)?.f_view([1, vocab])?;
-        let mut kept = device.ones(&[batch, vocab], Kind::Bool)?;
-        if let Some(k) = top_k {
-            kept = kept.f_logical_and(&rank.f_lt(k as i64)?)?;
-        }
-        if let Some(p) = top_p {
-            let probs = sorted.f_exp()?.f_masked_fill(&kept.f_logical_not()?, 0.0)?;
-            let before = probs.f_cumsum(-1, Kind::Double)?.f_sub(&probs)?;
-            kept = kept.f_logical_and(&before.f_lt(p)?.f_logical_or(&rank.f_eq(0)?)?)?;
-        }
-        keep = keep.f_scatter(-1, &order, &kept)?;
-    }
-    if let Some(min_p) = cfg.min_p.filter(|&m| m > 0.0) {
-        let floor = lp.f_amax([-1], true)?.f_add_scalar(min_p.ln())?;
-        keep = keep.f_logical_and(&lp.f_ge_tensor(&floor)?)?;
-    }
-    Ok(keep)
 }
 
 /// The first token whose cumulative probability (vocabulary order) exceeds the row's uniform,

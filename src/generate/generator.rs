@@ -26,6 +26,22 @@ pub(super) struct Decoding<C: KvCache> {
 }
 
 impl Decoding<StaticCache> {
+    /// Drops what row `row` holds past its first `kept.len()` tokens (`kept`: those tokens):
+    /// its later cache slots stop being attended, its next position and the tokens it has seen
+    /// go back. The slots themselves stay used (every row advances the same slots).
+    pub(super) fn rewind(&mut self, row: usize, kept: &[i64], vocab: i64) -> Result<(), GenerateError> {
+        let r = row as i64;
+        let valid = self.valid.f_get(r)?;
+        let within = valid.f_cumsum(0, Kind::Int64)?.f_le(kept.len() as i64)?;
+        let _ = valid.shallow_clone().f_logical_and_(&within)?;
+        self.next_pos[row] = kept.len() as i64;
+        if let Some(seen) = &self.seen {
+            let fresh = seen_mask(&[kept.to_vec()], vocab, Device::of(seen))?;
+            seen.f_get(r)?.f_copy_(&fresh.f_get(0)?)?;
+        }
+        Ok(())
+    }
+
     /// The state of `rows` (indices into this one's rows, repeats allowed: a fork).
     pub(super) fn fork(&self, rows: &[i64]) -> Result<Self, GenerateError> {
         let index = Device::of(&self.valid).from_slice(rows)?;

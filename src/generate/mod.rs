@@ -16,8 +16,8 @@
 //!   seen token, as transformers applies it), seeded (no global RNG), EOS ids and stop sequences.
 //!   A decode step sends back only `3 x batch` numbers (ids and two log-probs), not the logits.
 //! - Each token's `logprobs` are under the distribution actually sampled from (after
-//!   truncation), `untruncated_logprobs` under `softmax(logits / temperature)`, which is what a
-//!   trainer recomputes; GRPO uses the latter.
+//!   truncation), `untruncated_logprobs` under `softmax(logits / temperature)`. GRPO trains
+//!   with the former and replays the truncation on its own logits ([`Truncation`]).
 //! - `generate_groups` prefills a prompt once and forks its cache rows into G slots;
 //!   `generate_dynamic` (a growing cache) is the comparison baseline.
 //! - The decode step does little besides reading the weights: q/k/v and gate/up run as one
@@ -41,13 +41,16 @@ mod device_sampling;
 mod generator;
 mod sampling;
 mod stop;
+mod truncation;
 mod view;
 
 pub use completion::{Completion, FinishReason};
 pub use config::{GenerateError, GenerationConfig};
 pub use conversation::Conversations;
+pub(crate) use conversation::common_prefix;
 pub use device_sampling::{BatchChoice, choose_rows, choose_rows_with_tensors, seen_mask};
 pub use generator::Generator;
 pub use sampling::{Choice, SamplingConfig, choose};
 pub use stop::StopStrings;
+pub use truncation::Truncation;
 pub use view::Completions;

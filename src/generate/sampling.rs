@@ -79,8 +79,8 @@ impl Default for SamplingConfig {
 /// - `logprob`: under the distribution actually sampled from (temperature, ids past
 ///   `token_limit` left out, then top-k / top-p / min-p truncation, renormalised). For greedy decoding it equals `untruncated_logprob`.
 /// - `untruncated_logprob`: under `softmax(logits / temperature)` without truncation (and
-///   without repetition penalty): the policy's distribution that a trainer recomputes, so GRPO
-///   importance ratios compare like with like. treetrain's GRPO uses this one as `old_log_probs`.
+///   without repetition penalty). treetrain's GRPO uses `logprob` as `old_log_probs` and
+///   replays the truncation ([`super::Truncation`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Choice {
     /// Token id.

@@ -133,6 +133,7 @@ impl GrpoTrainerBuilder {
             max_turns: config.multi_turn.max_turns,
             turn_generations: config.multi_turn.turn_generations,
             max_conversation_length: config.multi_turn.max_conversation_length,
+            fork_threshold_tokens: config.multi_turn.fork_threshold_tokens,
             prompt_field: config.rollouts.prompt_field.clone(),
             chat_template_kwargs: config.rollouts.chat_template_kwargs.clone(),
         });

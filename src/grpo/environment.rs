@@ -12,15 +12,15 @@
 //!   shared turns once). A prompt's group is all its conversations, leaves of that tree.
 //! - The reward is the environment's `Done` value, read by [`RewardFn::environment`] beside
 //!   any other reward function (which then sees the whole conversation as the completion).
+//! - A chat template that renders the history otherwise than the model saw it (Qwen3 drops
+//!   earlier turns' reasoning) is followed: the departure is realigned as context or forks a
+//!   new training row, by `fork_threshold_tokens` (`grpo::talk`, as TRL's async GRPO).
 //! - An environment that fails, panics, returns a non-finite reward, a message after the last
 //!   turn, or a message the chat template cannot render or the context cannot hold, fails that
 //!   conversation like a failing reward: it is reported with its conversation named and gets
 //!   advantage 0; the step goes on.
 
 use serde_json::{Map, Value};
-
-use crate::generate::{Completion, FinishReason};
-use crate::tokenizer::{ChatOptions, Tokenizer};
 
 /// Who speaks in a message the environment adds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -123,127 +123,5 @@ where
     }
     fn reply(&self, conversation: &Conversation) -> Result<EnvReply, String> {
         (self.reply)(conversation)
-    }
-}
-
-/// One conversation being rolled out: what the model saw, what it generated, what it trains.
-#[derive(Debug, Clone)]
-pub(super) struct Talk {
-    /// Index into the batch's prompts.
-    pub prompt: usize,
-    /// Messages so far (the prompt's, then assistant and environment turns).
-    pub messages: Vec<Value>,
-    /// The conversation as the template renders it so far (generation prompt included).
-    pub rendered: String,
-    /// Tokens after the prompt.
-    pub ids: Vec<i64>,
-    /// 1 on the assistant's generated tokens, 0 on messages.
-    pub trained: Vec<u8>,
-    /// Generator log-probs (untruncated) of generated tokens, 0 on messages.
-    pub logprobs: Vec<f32>,
-    /// How the latest turn ended.
-    pub finish: FinishReason,
-    /// Assistant turns taken.
-    pub turns: usize,
-}
-
-impl Talk {
-    /// A conversation that starts from its prompt's messages and rendering.
-    pub fn new(prompt: usize, messages: Vec<Value>, rendered: String) -> Self {
-        Talk {
-            prompt,
-            messages,
-            rendered,
-            ids: Vec::new(),
-            trained: Vec::new(),
-            logprobs: Vec::new(),
-            finish: FinishReason::Length,
-            turns: 0,
-        }
-    }
-
-    /// Appends an assistant turn the generator made; its text (special tokens removed) becomes
-    /// the assistant message.
-    pub fn absorb(&mut self, turn: &Completion, tokenizer: &Tokenizer) -> Result<(), String> {
-        let ids: Vec<u32> = turn.output_ids.iter().map(|&t| t as u32).collect();
-        let content = tokenizer
-            .decode(&ids, true)
-            .map_err(|e| format!("turn {} does not decode: {e}", self.turns + 1))?;
-        self.ids.extend(&turn.output_ids);
-        self.trained.extend(std::iter::repeat_n(1, turn.output_ids.len()));
-        self.logprobs.extend(&turn.untruncated_logprobs);
-        self.finish = turn.finish_reason;
-        self.turns += 1;
-        self.messages
-            .push(serde_json::json!({"role": "assistant", "content": content}));
-        Ok(())
-    }
-
-    /// Appends the environment's message: the template's text from the end of the assistant's
-    /// content to the next generation prompt, tokenized (the end-of-turn token the model
-    /// generated is not repeated). Refused when the template does not render the conversation
-    /// as an extension of what the model saw.
-    pub fn add_message(
-        &mut self,
-        role: EnvRole,
-        content: &str,
-        tokenizer: &Tokenizer,
-        chat: &ChatOptions,
-        ended_with: Option<&str>,
-    ) -> Result<(), String> {
-        let render = |messages: &[Value], add_generation_prompt: bool| {
-            let opts = ChatOptions {
-                add_generation_prompt,
-                ..chat.clone()
-            };
-            tokenizer
-                .apply_chat_template(&Value::Array(messages.to_vec()), &opts)
-                .map(|r| r.text)
-                .map_err(|e| format!("the chat template cannot render the conversation: {e}"))
-        };
-        let reply = self
-            .messages
-            .last()
-            .and_then(|m| m.get("content")?.as_str())
-            .unwrap_or("")
-            .to_string();
-        let with_reply = render(&self.messages, false)?;
-        let seen = format!("{}{reply}", self.rendered);
-        let closing = with_reply.strip_prefix(seen.as_str()).ok_or_else(|| {
-            "the chat template renders the assistant turn otherwise than the model generated it".to_string()
-        })?;
-        let role_name = match role {
-            EnvRole::User => "user",
-            EnvRole::Tool => "tool",
-        };
-        self.messages
-            .push(serde_json::json!({"role": role_name, "content": content}));
-        let next = render(&self.messages, true)?;
-        let message = next
-            .strip_prefix(with_reply.as_str())
-            .ok_or_else(|| "the chat template does not extend the conversation with the message".to_string())?;
-        let mut tail = format!("{closing}{message}");
-        if let Some(end) = ended_with.filter(|e| tail.starts_with(*e)) {
-            tail.drain(..end.len());
-        }
-        let ids = tokenizer
-            .encode(&tail, false)
-            .map_err(|e| format!("the message does not tokenize: {e}"))?;
-        self.ids.extend(ids.iter().map(|&t| i64::from(t)));
-        self.trained.extend(std::iter::repeat_n(0, ids.len()));
-        self.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
-        self.rendered = next;
-        Ok(())
-    }
-
-    /// The conversation after its prompt as one completion (all turns and messages).
-    pub fn completion(&self, prompt_index: usize) -> Completion {
-        Completion {
-            prompt_index,
-            output_ids: self.ids.clone(),
-            logprobs: self.logprobs.clone(),
-            untruncated_logprobs: self.logprobs.clone(),
-            finish_reason: self.finish,
-        }
     }
 }

@@ -4,7 +4,7 @@
 //! ([`StepTimes`]). Every field is written once; none starts as a placeholder.
 
 use super::advantage::mean_std;
-use super::{RewardFn, RolloutBatch, UpdateStats};
+use super::{DriftTally, RewardFn, RolloutBatch, UpdateStats};
 use crate::generate::FinishReason;
 use crate::train::StepOutcome;
 
@@ -115,6 +115,19 @@ pub struct GrpoStepMetrics {
     /// Whether the update was skipped (non-finite loss or gradient norm: the weights are left
     /// untouched, the step counts in `skipped_steps`).
     pub skipped: bool,
+    /// Multi-turn: share of turn transitions whose re-rendered history was realigned as
+    /// context (`fork_threshold_tokens`).
+    #[serde(default)]
+    pub realign_frac: f64,
+    /// Share of turn transitions that forked a new row.
+    #[serde(default)]
+    pub fork_frac: f64,
+    /// Held tokens a transition's departure moved, on average.
+    #[serde(default)]
+    pub drift_tokens_mean: f64,
+    /// The most any transition moved.
+    #[serde(default)]
+    pub drift_tokens_max: usize,
 }
 
 /// TensorBoard and CSV tags: TRL's `GRPOTrainer` metric names where it logs the same quantity
@@ -133,6 +146,10 @@ impl crate::train::Scalars for GrpoStepMetrics {
         ("clip_ratio_low", "clip_ratio/low_mean"),
         ("clip_ratio_high", "clip_ratio/high_mean"),
         ("sampling_correction", "sampling/importance_sampling_ratio/mean"),
+        ("realign_frac", "rollout/realign_frac"),
+        ("fork_frac", "rollout/fork_frac"),
+        ("drift_tokens_mean", "rollout/drift_tokens_mean"),
+        ("drift_tokens_max", "rollout/drift_tokens_max"),
     ];
     fn step(&self) -> u64 {
         self.step
@@ -174,6 +191,7 @@ pub(crate) struct RolloutMetrics {
     generation_s: f64,
     reward_s: f64,
     generation_tokens_per_s: f64,
+    drift: DriftTally,
 }
 
 impl RolloutMetrics {
@@ -207,6 +225,7 @@ impl RolloutMetrics {
             generation_s: batch.generation_s,
             reward_s: batch.reward_s,
             generation_tokens_per_s: batch.generated_tokens as f64 / batch.generation_s.max(1e-9),
+            drift: DriftTally::over(&batch.groups),
         }
     }
 }
@@ -280,6 +299,10 @@ impl GrpoStepMetrics {
             generation_tokens_per_s: rollout.generation_tokens_per_s,
             training_tokens_per_s: stats.raw_tokens as f64 / stats.forward_backward_s.max(1e-9),
             skipped: outcome.skipped,
+            realign_frac: share(rollout.drift.realigned, rollout.drift.transitions),
+            fork_frac: share(rollout.drift.forked, rollout.drift.transitions),
+            drift_tokens_mean: share(rollout.drift.drift_tokens, rollout.drift.transitions),
+            drift_tokens_max: rollout.drift.drift_max,
         }
     }
 }
@@ -303,4 +326,9 @@ pub(crate) fn reward_stats(batch: &RolloutBatch, rewards: &[RewardFn]) -> Vec<Re
             }
         })
         .collect()
+}
+
+/// `part / whole`, 0 when there is no whole.
+fn share(part: usize, whole: usize) -> f64 {
+    part as f64 / whole.max(1) as f64
 }

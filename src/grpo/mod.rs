@@ -2,12 +2,21 @@
 //! advantages, and a clipped-surrogate update over tree-packed rollouts; rollouts generated
 //! in line (sync) or by a generation thread with a bounded, staleness-checked queue (async).
 //!
-//! Old log-probs are the generator's *untruncated* log-probs: `log softmax(logits / T)` of the
-//! weights that sampled the token, before top-k / top-p / min-p truncation and repetition
-//! penalty. The loss recomputes the policy's log-probs at the same temperature, so in sync
-//! mode the importance ratio starts at 1 (up to floating-point differences between the
-//! static-cache decode and the packed forward) and in async mode it measures how far the
-//! weights moved since generation, which the clip bounds.
+//! Old log-probs are the generator's log-probs under the distribution each token was drawn
+//! from: `softmax(logits / T)` of the weights that sampled it, with the LM head's padding rows
+//! (past the tokenizer) and top-k / top-p / min-p left out and renormalised. The loss scores
+//! the policy (and the reference, and the policy at update start) under the same truncation,
+//! replayed from that model's own logits with the sampled token always kept
+//! ([`Truncation`](crate::generate::Truncation)): the ratio `q_θ(x) / q_old(x)` is then an
+//! unbiased importance weight for the expected reward of the policy as it samples, where the
+//! ratio of untruncated log-probs would weight every kept token by the dropped mass
+//! (`tests/truncated_sampling.rs`). In sync mode the ratio starts at 1 (up to floating-point
+//! differences between the static-cache decode and the packed forward); in async mode it
+//! measures how far the weights moved since generation, which the clip bounds. The repetition
+//! penalty is not replayed: with it, the ratio also carries the penalty's reweighting from the
+//! first update, and `importance_sampling_correction` moves that into its capped weight.
+//! Entropies (metrics, `top_entropy_quantile`, the entropy bonus) are the untruncated
+//! distribution's, as TRL's.
 //!
 //! ```
 //! use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
@@ -115,6 +124,7 @@ mod producer;
 mod reference;
 mod reward;
 mod rollouts;
+mod talk;
 mod trainer;
 mod update;
 mod view;
@@ -139,7 +149,9 @@ pub use objective::{
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reference::REFERENCE_FILE;
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
-pub use rollouts::{PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup};
+pub use rollouts::{
+    DriftTally, ForkedRow, PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup,
+};
 pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};

@@ -10,9 +10,10 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::RolloutProducer;
-use super::environment::{Conversation, EnvReply, Environment, Talk};
+use super::environment::{Conversation, EnvReply, Environment};
 use super::reward::{RewardInput, score_group};
-use super::rollouts::{RolloutBatch, ScoredGroup};
+use super::rollouts::{DriftTally, ForkedRow, RolloutBatch, ScoredGroup};
+use super::talk::{Reconcile, Talk};
 use crate::generate::{Conversations, FinishReason, GenerationConfig};
 use crate::model::CausalLm;
 use crate::train::TrainError;
@@ -33,6 +34,9 @@ pub struct MultiTurn {
     pub prompt_field: String,
     /// Variables every rendering of the conversation sees (`chat_template_kwargs`).
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Re-rendered histories that depart inside the latest turn by fewer held tokens than
+    /// this are realigned, others fork a row (`grpo::talk`).
+    pub fork_threshold_tokens: usize,
 }
 
 impl std::fmt::Debug for MultiTurn {
@@ -48,6 +52,9 @@ impl std::fmt::Debug for MultiTurn {
 
 /// A conversation that ended: its record and its outcome (reward, or why it failed).
 type Ended = (Talk, Result<f32, String>);
+
+/// A conversation that goes on (its cache row) and how its tokens followed the rendering.
+type GoingOn = (usize, Talk, super::talk::Drift);
 
 impl RolloutProducer {
     /// Multi-turn rollouts of the prompts `picked`, scored and grouped per prompt.
@@ -84,6 +91,7 @@ impl RolloutProducer {
             .generator
             .start_conversations(model, &prompt_ids, self.group, &cfg)?;
         let mut ended: Vec<Ended> = Vec::new();
+        let mut drift = vec![DriftTally::default(); picked.len()];
         for turn in 1..=turns.max_turns {
             let round = Round {
                 picked,
@@ -96,12 +104,15 @@ impl RolloutProducer {
             if going_on.is_empty() {
                 break;
             }
+            for (_, talk, d) in &going_on {
+                drift[talk.prompt].add(*d);
+            }
             // Continuation rows depend on the outcomes, so each rank draws from streams of its
             // own (the first turn's rows are the whole batch's, as in single-turn runs).
             cfg.sampling.seed ^= SplitMix64::new(((self.shard.rank as u64) << 32) | turn as u64).next_u64();
             let whole: Vec<(usize, Vec<i64>)> = going_on
                 .iter()
-                .map(|(row, talk)| {
+                .map(|(row, talk, _)| {
                     let ids = prompt_ids[talk.prompt].iter().chain(&talk.ids).copied().collect();
                     (*row, ids)
                 })
@@ -111,21 +122,20 @@ impl RolloutProducer {
                 .continue_conversations(model, &mut conv, &whole, turns.turn_generations, &cfg)?;
             live = going_on
                 .into_iter()
-                .flat_map(|(_, talk)| std::iter::repeat_n(talk, turns.turn_generations))
+                .flat_map(|(_, talk, _)| std::iter::repeat_n(talk, turns.turn_generations))
                 .collect();
         }
         let generation_s = start.elapsed().as_secs_f64();
-        let generated_tokens = ended
-            .iter()
-            .map(|(t, _)| t.trained.iter().filter(|&&m| m == 1).count())
-            .sum();
+        let generated_tokens = ended.iter().map(|(t, _)| t.generated_tokens()).sum();
         let start = Instant::now();
         let groups = picked
             .iter()
             .enumerate()
             .map(|(k, &p)| {
                 let mine: Vec<&Ended> = ended.iter().filter(|(t, _)| t.prompt == k).collect();
-                self.score_conversations(p, &mine, turns.environment.name(), version)
+                let mut group = self.score_conversations(p, &mine, turns.environment.name(), version);
+                group.drift = drift[k];
+                group
             })
             .collect();
         Ok(self.batch(version, groups, generation_s, start, generated_tokens))
@@ -140,7 +150,7 @@ impl RolloutProducer {
         live: Vec<Talk>,
         outs: &[crate::generate::Completion],
         ended: &mut Vec<Ended>,
-    ) -> Vec<(usize, Talk)> {
+    ) -> Vec<GoingOn> {
         let Round {
             picked, turns, turn, ..
         } = *round;
@@ -186,9 +196,13 @@ impl RolloutProducer {
                         })
                         .flatten()
                         .and_then(Result::ok);
-                    let added = talk.add_message(role, &content, &self.tokenizer, &chat, end.as_deref());
-                    match added.and_then(|()| round.fits(prompt.ids.len(), &talk, row)) {
-                        Ok(()) => going_on.push((row, talk)),
+                    let reconcile = Reconcile {
+                        prompt_text: &prompt.text,
+                        fork_threshold: turns.fork_threshold_tokens,
+                    };
+                    let added = talk.add_message(role, &content, &self.tokenizer, &chat, end.as_deref(), &reconcile);
+                    match added.and_then(|d| round.fits(&prompt.ids, &talk, row).map(|()| d)) {
+                        Ok(d) => going_on.push((row, talk, d)),
                         Err(e) => ended.push((talk, Err(e))),
                     }
                 }
@@ -232,7 +246,19 @@ impl RolloutProducer {
         }
         let completions = ended.iter().map(|(t, _)| t.completion(t.prompt)).collect();
         let masks = ended.iter().map(|(t, _)| t.trained.clone()).collect();
-        self.scored_group(p, version, completions, texts, rewards, masks)
+        let mut group = self.scored_group(p, version, completions, texts, rewards, masks);
+        group.forked_rows = ended
+            .iter()
+            .enumerate()
+            .flat_map(|(conversation, (t, _))| {
+                t.closed.iter().map(move |c| ForkedRow {
+                    conversation,
+                    completion: c.completion.clone(),
+                    trained_mask: c.trained.clone(),
+                })
+            })
+            .collect();
+        group
     }
 }
 
@@ -251,9 +277,9 @@ struct Round<'a> {
 impl Round<'_> {
     /// Refuses a conversation (cache row `row`) whose next turn would overrun its context:
     /// more tokens than `max_conversation_length`, or more cache slots than are left.
-    fn fits(&self, prompt_len: usize, talk: &Talk, row: usize) -> Result<(), String> {
+    fn fits(&self, prompt_ids: &[i64], talk: &Talk, row: usize) -> Result<(), String> {
         let (conv, turns, cfg) = (self.conv, self.turns, self.cfg);
-        let whole = prompt_len + talk.ids.len();
+        let whole = prompt_ids.len() + talk.ids.len();
         let total = whole + cfg.max_new_tokens;
         if total > turns.max_conversation_length {
             return Err(format!(
@@ -261,7 +287,10 @@ impl Round<'_> {
                 turns.max_conversation_length
             ));
         }
-        let tail = whole - conv.cached_tokens(row).unwrap_or(0).min(whole);
+        // A row whose tokens departed from the rendering is rewound to what both share.
+        let ids: Vec<i64> = prompt_ids.iter().chain(&talk.ids).copied().collect();
+        let shared = crate::generate::common_prefix(conv.tokens(row).unwrap_or(&[]), &ids);
+        let tail = whole - conv.cached_tokens(row).unwrap_or(0).min(shared);
         let need = Conversations::slots_needed(tail, cfg);
         if need > conv.slots_left() {
             return Err(format!(

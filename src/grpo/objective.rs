@@ -8,6 +8,7 @@ use tch::{Kind, Tensor};
 use super::policy_terms::{importance_ratio, off_policy_mask, policy_terms, sampling_weights};
 use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::device::Device;
+use crate::generate::Truncation;
 use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
@@ -35,9 +36,14 @@ pub struct GrpoObjective {
     pub entropy_floor: Option<f64>,
     /// LM-head chunking for the per-term log-probs.
     pub chunks: LogprobChunks,
-    /// Policy log-probs are taken under `softmax(logits / temperature)`: the distribution the
-    /// generator's untruncated log-probs (the old log-probs) were measured under.
+    /// Policy log-probs are taken under `softmax(logits / temperature)` with the sampler's
+    /// `truncation` replayed: the distribution the generator's log-probs (the old log-probs)
+    /// were drawn from.
     pub temperature: f64,
+    /// The sampler's top-k / top-p / min-p and token limit (the limit is the tokenizer's,
+    /// set by the trainer): the policy, the reference and the policy at update start are
+    /// scored under the same truncation, each from its own logits.
+    pub truncation: Truncation,
     /// Weight of the per-term KL estimate to a frozen reference (`k3`, Schulman): 0 = off.
     pub beta: f64,
     /// The KL estimate times the importance ratio (TRL's `use_bias_correction_kl`).
@@ -81,6 +87,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             }),
             chunks: LogprobChunks::default(),
             temperature: c.sampling.temperature,
+            truncation: Truncation::of(&c.sampling_config()),
             beta: c.loss.beta,
             bias_corrected_kl: c.loss.use_bias_correction_kl,
             loss_type: c.loss.loss_type,
@@ -116,6 +123,7 @@ impl Default for GrpoObjective {
             sampling_correction: None,
             chunks: LogprobChunks::default(),
             temperature: 1.0,
+            truncation: Truncation::default(),
             beta: 0.0,
             bias_corrected_kl: false,
             loss_type: LossType::Dapo,
@@ -333,7 +341,7 @@ fn loss_of_terms(
     // The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
     // step's entropy floor was taken from the same function (`update::term_entropies`), so a
     // term compares its own bits.
-    let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks)?;
+    let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks, &cfg.truncation)?;
     let measured = entropies.f_index_select(0, &terms.of_term)?;
     // The bonus trains on the entropies themselves: then they come with their gradient too.
     let differentiable = match cfg.entropy_coef != 0.0 {
@@ -572,6 +580,9 @@ impl GrpoObjective {
         }
         if self.entropy_coef != 0.0 {
             rows.push(("entropy_coef (this step)", self.entropy_coef.to_string()));
+        }
+        if self.truncation != Truncation::default() {
+            rows.push(("truncation (replayed)", self.truncation.to_string()));
         }
         rows
     }

@@ -269,6 +269,8 @@ impl RolloutProducer {
             rewards,
             advantages,
             trained_masks,
+            forked_rows: Vec::new(),
+            drift: Default::default(),
         }
     }
 }

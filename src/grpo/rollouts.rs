@@ -190,14 +190,83 @@ pub struct ScoredGroup {
     /// messages (empty: single-turn, every completion token trained).
     #[serde(default)]
     pub trained_masks: Vec<Vec<u8>>,
+    /// Multi-turn: rows that conversations closed when the chat template re-rendered their
+    /// history (`fork_threshold_tokens`); each trains with its conversation's advantage.
+    #[serde(default)]
+    pub forked_rows: Vec<ForkedRow>,
+    /// Multi-turn: how its conversations' tokens followed the re-rendered history.
+    #[serde(default)]
+    pub drift: DriftTally,
+}
+
+/// Over a group's turn transitions (an environment message after an assistant turn): how
+/// many were realigned or forked, and how many held tokens the departures moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DriftTally {
+    /// Transitions counted.
+    pub transitions: usize,
+    /// Realigned ones.
+    pub realigned: usize,
+    /// Forked ones.
+    pub forked: usize,
+    /// Held tokens moved, summed.
+    pub drift_tokens: usize,
+    /// The most moved at one transition.
+    pub drift_max: usize,
+}
+
+impl DriftTally {
+    /// Counts one transition.
+    pub(super) fn add(&mut self, drift: super::talk::Drift) {
+        use super::talk::Drift;
+        self.transitions += 1;
+        let moved = match drift {
+            Drift::Clean => 0,
+            Drift::Realigned(n) => {
+                self.realigned += 1;
+                n
+            }
+            Drift::Forked(n) => {
+                self.forked += 1;
+                n
+            }
+        };
+        self.drift_tokens += moved;
+        self.drift_max = self.drift_max.max(moved);
+    }
+
+    /// The tallies of `groups` together.
+    pub(crate) fn over<'a>(groups: impl IntoIterator<Item = &'a ScoredGroup>) -> Self {
+        groups.into_iter().fold(DriftTally::default(), |a, g| DriftTally {
+            transitions: a.transitions + g.drift.transitions,
+            realigned: a.realigned + g.drift.realigned,
+            forked: a.forked + g.drift.forked,
+            drift_tokens: a.drift_tokens + g.drift.drift_tokens,
+            drift_max: a.drift_max.max(g.drift.drift_max),
+        })
+    }
+}
+
+/// A row a multi-turn conversation closed by a fork: the turns so far, trained with the
+/// advantage of conversation `conversation` (an index into its group's completions).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ForkedRow {
+    /// The conversation it belongs to.
+    pub conversation: usize,
+    /// Its tokens after the prompt.
+    pub completion: Completion,
+    /// 1 on the tokens the model generated.
+    pub trained_mask: Vec<u8>,
 }
 
 impl ScoredGroup {
     /// Tokens the model generated for completion `i` (multi-turn: its turns, not the
     /// environment's messages).
     pub fn generated_tokens(&self, i: usize) -> usize {
+        let trained = |mask: &[u8]| mask.iter().filter(|&&m| m == 1).count();
+        let forked = self.forked_rows.iter().filter(|f| f.conversation == i);
         match self.trained_masks.get(i) {
-            Some(mask) => mask.iter().filter(|&&m| m == 1).count(),
+            Some(mask) => trained(mask) + forked.map(|f| trained(&f.trained_mask)).sum::<usize>(),
             None => self.completions.get(i).map_or(0, |c| c.output_ids.len()),
         }
     }
@@ -224,42 +293,41 @@ pub struct RolloutBatch {
 
 impl RolloutBatch {
     /// The rollouts to train on, group by group: prompt tokens untrained, completion tokens
-    /// trained with the generator's untruncated log-probs as old log-probs.
+    /// trained with the generator's log-probs (under the distribution each token was drawn
+    /// from) as old log-probs.
     pub fn rollouts(&self) -> Vec<Rollout> {
         self.rollouts_for_update(false)
     }
 
     /// [`RolloutBatch::rollouts`], leaving out completions cut at the length limit when
-    /// `mask_truncated` (their advantages still came from the whole group).
+    /// `mask_truncated` (their advantages still came from the whole group; a multi-turn
+    /// conversation's forked rows go with it).
     pub fn rollouts_for_update(&self, mask_truncated: bool) -> Vec<Rollout> {
-        self.groups
-            .iter()
-            .flat_map(|g| {
-                g.completions
-                    .iter()
-                    .zip(&g.advantages)
-                    .enumerate()
-                    .filter(move |(_, (c, _))| !(mask_truncated && c.finish_reason == FinishReason::Length))
-                    .map(move |(i, (c, &advantage))| {
-                        let p = g.prompt_ids.len();
-                        let input_ids: Vec<i64> = g.prompt_ids.iter().chain(&c.output_ids).copied().collect();
-                        let mut old_log_probs = vec![0.0; p];
-                        old_log_probs.extend(&c.untruncated_logprobs);
-                        let mut completion_mask = vec![0; p];
-                        match g.trained_masks.get(i) {
-                            Some(mask) => completion_mask.extend(mask),
-                            None => completion_mask.extend(std::iter::repeat_n(1, c.output_ids.len())),
-                        }
-                        Rollout {
-                            completion_mask,
-                            old_log_probs,
-                            input_ids,
-                            advantage,
-                            group_id: format!("{}/{}", g.origin, g.dataset_row),
-                        }
-                    })
-            })
-            .collect()
+        let mut out = Vec::new();
+        for g in &self.groups {
+            let kept = |i: usize| !(mask_truncated && g.completions[i].finish_reason == FinishReason::Length);
+            let rows = (0..g.completions.len()).map(|i| (i, &g.completions[i], g.trained_masks.get(i)));
+            let forked = g
+                .forked_rows
+                .iter()
+                .map(|f| (f.conversation, &f.completion, Some(&f.trained_mask)));
+            for (i, c, mask) in rows.chain(forked).filter(|(i, _, _)| kept(*i)) {
+                let p = g.prompt_ids.len();
+                let mut completion_mask = vec![0; p];
+                match mask {
+                    Some(mask) => completion_mask.extend(mask),
+                    None => completion_mask.extend(std::iter::repeat_n(1, c.output_ids.len())),
+                }
+                out.push(Rollout {
+                    completion_mask,
+                    old_log_probs: std::iter::repeat_n(0.0, p).chain(c.logprobs.iter().copied()).collect(),
+                    input_ids: g.prompt_ids.iter().chain(&c.output_ids).copied().collect(),
+                    advantage: g.advantages[i],
+                    group_id: format!("{}/{}", g.origin, g.dataset_row),
+                });
+            }
+        }
+        out
     }
 
     /// All rollouts' total rewards (None: failed).

@@ -185,6 +185,8 @@ impl GrpoTrainer {
     /// The loss of the run.
     pub fn objective(&self) -> GrpoObjective {
         let mut objective = GrpoObjective::from(&self.config);
+        // The sampler never draws the LM head's padding rows: the loss leaves them out too.
+        objective.truncation.token_limit = self.core.special.token_limit;
         if self.config.loss.use_adaptive_entropy {
             objective.entropy_coef = self.state.entropy_control.applied(&self.config.loss);
         }

@@ -250,7 +250,9 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
     }
     for row in rows {
         let terms = tch::no_grad(|| distinct_terms(policy, row, objective.temperature))?;
-        let (_, per_pair) = tch::no_grad(|| terms.logprobs_and_entropies(policy.lm_head_weight(), objective.chunks))?;
+        let (_, per_pair) = tch::no_grad(|| {
+            terms.logprobs_and_entropies(policy.lm_head_weight(), objective.chunks, &objective.truncation)
+        })?;
         let per_term = per_pair
             .f_index_select(0, &terms.of_term)
             .and_then(|t| Device::to_host(&t))
@@ -301,8 +303,8 @@ pub(crate) fn accumulate_share(
     };
     let mut clipped = [0.0; 3];
     for row in rows {
-        let logprobs_of =
-            |m: &CausalLm| tch::no_grad(|| row_logprobs_at(m, row, objective.chunks, objective.temperature));
+        let (chunks, temperature, truncation) = (objective.chunks, objective.temperature, &objective.truncation);
+        let logprobs_of = |m: &CausalLm| tch::no_grad(|| row_logprobs_at(m, row, chunks, temperature, truncation));
         let reference_lp = reference
             .filter(|_| objective.beta > 0.0)
             .map(logprobs_of)

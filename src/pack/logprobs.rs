@@ -5,6 +5,7 @@ use tch::{Kind, Tensor};
 
 use super::PackedRow;
 use crate::device::Device;
+use crate::generate::Truncation;
 use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs, target_logprobs_and_entropy};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
@@ -78,9 +79,19 @@ impl TermPairs {
 }
 
 impl DistinctTerms {
-    /// Log-prob of every loss term `[M]`.
-    pub fn logprobs(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
-        Ok(target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?.index_select(0, &self.of_term))
+    /// Log-prob of every loss term `[M]` under the distribution the sampler drew from:
+    /// `softmax(logits / T)` with `truncation` replayed ([`Truncation::logprobs`]).
+    pub fn logprobs(
+        &self,
+        lm_head: &Tensor,
+        chunks: LogprobChunks,
+        truncation: &Truncation,
+    ) -> Result<Tensor, ModelError> {
+        let per_pair = match truncation.truncates(lm_head.size()[0]) {
+            true => self.truncated_pass(lm_head, chunks, truncation)?.0,
+            false => target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?,
+        };
+        Ok(per_pair.f_index_select(0, &self.of_term)?)
     }
 
     /// The policy's entropy at every pair `[U]` (f32) with its gradient, for an entropy bonus:
@@ -109,32 +120,75 @@ impl DistinctTerms {
         Ok(Tensor::f_cat(&out, 0)?)
     }
 
-    /// Log-prob of every loss term `[M]` and the policy's entropy at every pair `[U]` (f32,
-    /// without gradient), from one pass over the LM head.
+    /// Log-prob of every loss term `[M]` (as [`DistinctTerms::logprobs`]) and the policy's
+    /// untruncated entropy at every pair `[U]` (f32, without gradient), from one pass over the
+    /// LM head.
     pub fn logprobs_and_entropies(
         &self,
         lm_head: &Tensor,
         chunks: LogprobChunks,
+        truncation: &Truncation,
     ) -> Result<(Tensor, Tensor), ModelError> {
-        let (per_pair, entropies) = target_logprobs_and_entropy(&self.hidden, lm_head, &self.targets, chunks)?;
+        let (per_pair, entropies) = match truncation.truncates(lm_head.size()[0]) {
+            true => self.truncated_pass(lm_head, chunks, truncation)?,
+            false => target_logprobs_and_entropy(&self.hidden, lm_head, &self.targets, chunks)?,
+        };
         Ok((per_pair.f_index_select(0, &self.of_term)?, entropies))
+    }
+
+    /// Per pair `[U]`, the truncated log-probs and the entropies. Whole rows of logits at a
+    /// time (the kept set depends on the whole row), as many rows as one chunk of
+    /// `chunks.tokens x chunks.vocab` logits holds.
+    fn truncated_pass(
+        &self,
+        lm_head: &Tensor,
+        chunks: LogprobChunks,
+        truncation: &Truncation,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
+        let device = Device::of(&self.hidden);
+        if n == 0 {
+            return Ok((device.zeros(&[0], Kind::Float)?, device.zeros(&[0], Kind::Float)?));
+        }
+        let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
+        let w = lm_head.f_to_kind(Kind::Float)?;
+        let targets = device.put(&self.targets)?;
+        let (mut logprobs, mut entropies) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        while start < n {
+            let len = rows.min(n - start);
+            let h = self.hidden.f_narrow(0, start, len)?.f_to_kind(Kind::Float)?;
+            let logits = h.f_matmul(&w.f_tr()?)?;
+            logprobs.push(truncation.logprobs(&logits, &targets.f_narrow(0, start, len)?)?);
+            entropies.push(tch::no_grad(|| -> Result<Tensor, tch::TchError> {
+                let lp = logits.f_log_softmax(-1, Kind::Float)?;
+                lp.f_exp()?
+                    .f_mul(&lp)?
+                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
+                    .f_neg()
+            })?);
+            start += len;
+        }
+        Ok((Tensor::f_cat(&logprobs, 0)?, Tensor::f_cat(&entropies, 0)?))
     }
 }
 
 /// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
 /// then the LM head only at the predicting positions.
 pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
-    row_logprobs_at(model, row, chunks, 1.0)
+    row_logprobs_at(model, row, chunks, 1.0, &Truncation::default())
 }
 
-/// [`row_logprobs`] under `softmax(logits / temperature)`.
+/// [`row_logprobs`] under the distribution a sampler with `temperature` and `truncation` draws
+/// from ([`DistinctTerms::logprobs`]).
 pub fn row_logprobs_at(
     model: &CausalLm,
     row: &PackedRow,
     chunks: LogprobChunks,
     temperature: f64,
+    truncation: &Truncation,
 ) -> Result<Tensor, ModelError> {
-    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks)
+    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks, truncation)
 }
 
 /// `sum_i weights[i] * entropy_i` of per-pair entropies `[U]`.

@@ -252,6 +252,11 @@ pub struct MultiTurnLimits {
     /// Most tokens of a whole conversation (prompt, turns, messages); its KV cache holds this
     /// many slots. A conversation that would grow past it fails (advantage 0).
     pub max_conversation_length: usize,
+    /// A chat template that renders the history otherwise than the model saw it (Qwen3 drops
+    /// earlier turns' reasoning): a departure inside the latest assistant turn that moves fewer
+    /// held tokens than this is realigned as context; an earlier or larger one forks a new
+    /// training row (TRL's async `fork_threshold_tokens`; `grpo::talk`).
+    pub fork_threshold_tokens: usize,
 }
 
 impl Default for MultiTurnLimits {
@@ -260,6 +265,7 @@ impl Default for MultiTurnLimits {
             max_turns: 4,
             turn_generations: 1,
             max_conversation_length: 1024,
+            fork_threshold_tokens: 1024,
         }
     }
 }
