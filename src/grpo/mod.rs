@@ -124,6 +124,7 @@ mod producer;
 mod reference;
 mod reward;
 mod rollouts;
+mod row_loss;
 mod talk;
 mod trainer;
 mod update;
@@ -143,8 +144,7 @@ pub use eval::{EvalBreakdown, EvalResult};
 pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
 pub use objective::{
-    GrpoLoss, GrpoObjective, SamplingCorrection, TermEntropies, TermLogprobs, TermWeights, grpo_loss,
-    grpo_loss_backward, grpo_loss_of_logprobs,
+    GrpoLoss, GrpoObjective, SamplingCorrection, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs,
 };
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reference::REFERENCE_FILE;
@@ -152,6 +152,7 @@ pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, Rewa
 pub use rollouts::{
     DriftTally, ForkedRow, PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup,
 };
+pub use row_loss::{LmHead, grpo_loss, grpo_loss_backward};
 pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};

@@ -70,23 +70,7 @@ impl RolloutProducer {
         let mut cfg = cfg.clone();
         cfg.max_cache_len = Some(turns.max_conversation_length as i64);
         let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
-        let mut live = Vec::with_capacity(picked.len() * self.group);
-        for (k, &p) in picked.iter().enumerate() {
-            let prompt = &self.prompts.prompts[p];
-            let messages = match prompt.row.get(&turns.prompt_field) {
-                Some(Value::Array(m)) => m.clone(),
-                _ => {
-                    return Err(TrainError::Data(format!(
-                        "prompt row {}: multi-turn rollouts need `{}` to be a list of chat messages",
-                        prompt.dataset_row, turns.prompt_field
-                    )));
-                }
-            };
-            live.extend(std::iter::repeat_n(
-                Talk::new(k, messages, prompt.text.clone()),
-                self.group,
-            ));
-        }
+        let mut live = self.first_talks(picked, turns)?;
         let (mut conv, mut outs) = self
             .generator
             .start_conversations(model, &prompt_ids, self.group, &cfg)?;
@@ -139,6 +123,23 @@ impl RolloutProducer {
             })
             .collect();
         Ok(self.batch(version, groups, generation_s, start, generated_tokens))
+    }
+
+    /// `group` conversations of each prompt `picked`, from its messages.
+    fn first_talks(&self, picked: &[usize], turns: &MultiTurn) -> Result<Vec<Talk>, TrainError> {
+        let mut live = Vec::with_capacity(picked.len() * self.group);
+        for (k, &p) in picked.iter().enumerate() {
+            let prompt = &self.prompts.prompts[p];
+            let Some(Value::Array(messages)) = prompt.row.get(&turns.prompt_field) else {
+                return Err(TrainError::Data(format!(
+                    "prompt row {}: multi-turn rollouts need `{}` to be a list of chat messages",
+                    prompt.dataset_row, turns.prompt_field
+                )));
+            };
+            let talk = Talk::new(k, messages.clone(), prompt.text.clone());
+            live.extend(std::iter::repeat_n(talk, self.group));
+        }
+        Ok(live)
     }
 
     /// Absorbs every live conversation's latest turn and asks the environment; ended ones go

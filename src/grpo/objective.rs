@@ -6,11 +6,12 @@
 use tch::{Kind, Tensor};
 
 use super::policy_terms::{importance_ratio, off_policy_mask, policy_terms, sampling_weights};
+use super::row_loss::LmHead;
 use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::device::Device;
 use crate::generate::Truncation;
-use crate::model::{Activations, CausalLm, LogprobChunks, ModelError};
-use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
+use crate::model::{Activations, LogprobChunks, ModelError};
+use crate::pack::PackedRow;
 
 /// The GRPO objective: clipping (DAPO-style asymmetric bounds allowed), sampling temperature,
 /// the KL penalty and how the loss terms of a step are averaged. Built from a run's
@@ -36,6 +37,8 @@ pub struct GrpoObjective {
     pub entropy_floor: Option<f64>,
     /// LM-head chunking for the per-term log-probs.
     pub chunks: LogprobChunks,
+    /// The LM head's backward fused chunk by chunk (default) or kept whole until backward.
+    pub lm_head: LmHead,
     /// Policy log-probs are taken under `softmax(logits / temperature)` with the sampler's
     /// `truncation` replayed: the distribution the generator's log-probs (the old log-probs)
     /// were drawn from.
@@ -86,6 +89,7 @@ impl From<&GrpoConfig> for GrpoObjective {
                 clip_max: c.loss.importance_sampling_clip_max,
             }),
             chunks: LogprobChunks::default(),
+            lm_head: LmHead::Fused,
             temperature: c.sampling.temperature,
             truncation: Truncation::of(&c.sampling_config()),
             beta: c.loss.beta,
@@ -122,6 +126,7 @@ impl Default for GrpoObjective {
             entropy_floor: None,
             sampling_correction: None,
             chunks: LogprobChunks::default(),
+            lm_head: LmHead::Fused,
             temperature: 1.0,
             truncation: Truncation::default(),
             beta: 0.0,
@@ -276,95 +281,10 @@ fn k3(sampled: &Tensor, other: &Tensor) -> Tensor {
     d.exp() - &d - 1.0
 }
 
-/// The clipped GRPO surrogate over a packed row:
-/// `ratio = exp(logp - old_logp)`, per term `-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`,
-/// summed and divided by `normalizer` (the number of loss terms of the whole accumulation window;
-/// defaults to this row's). Identical for tree and flat packing of the same rollouts.
-pub fn grpo_loss(
-    model: &CausalLm,
-    row: &PackedRow,
-    cfg: &GrpoObjective,
-    normalizer: Option<f64>,
-) -> Result<GrpoLoss, ModelError> {
-    let norm = normalizer.unwrap_or(row.token_index.len().max(1) as f64);
-    grpo_loss_with_reference(
-        model,
-        row,
-        cfg,
-        TermWeights::Uniform(1.0 / norm),
-        TermLogprobs::default(),
-    )
-}
-
-/// The clipped surrogate with per-term `weights`, plus `beta * k3(policy, reference)` per term
-/// when `reference` holds the frozen reference model's log-probs of the row's terms `[M]` and
-/// `cfg.beta > 0`: `loss = sum_t weight_t * term_t`.
-pub(crate) fn grpo_loss_with_reference(
-    model: &CausalLm,
-    row: &PackedRow,
-    cfg: &GrpoObjective,
-    weights: TermWeights,
-    other: TermLogprobs<'_>,
-) -> Result<GrpoLoss, ModelError> {
-    let terms = distinct_terms(model, row, cfg.temperature)?;
-    loss_of_terms(model, row, &terms, cfg, weights, other)
-}
-
-/// `grpo_loss_with_reference`, back-propagated into the policy's gradients (accumulated;
-/// layer activations kept or recomputed as `cfg.activations` says). Under `tch::no_grad` only
-/// the loss and its statistics are computed.
-pub fn grpo_loss_backward(
-    model: &CausalLm,
-    row: &PackedRow,
-    cfg: &GrpoObjective,
-    weights: TermWeights,
-    other: TermLogprobs<'_>,
-) -> Result<GrpoLoss, ModelError> {
-    let pairs = TermPairs::of(row)?;
-    let (ids, pos, layout) = row.layout(model.device())?;
-    model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
-        let terms = pairs.select(hidden, cfg.temperature)?;
-        let out = loss_of_terms(model, row, &terms, cfg, weights, other)?;
-        Ok((Some(out.loss.shallow_clone()), out))
-    })
-}
-
-/// The loss of a row's `terms` (its distinct pairs' hidden states from the policy's forward).
-fn loss_of_terms(
-    model: &CausalLm,
-    row: &PackedRow,
-    terms: &DistinctTerms,
-    cfg: &GrpoObjective,
-    weights: TermWeights,
-    other: TermLogprobs<'_>,
-) -> Result<GrpoLoss, ModelError> {
-    // The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
-    // step's entropy floor was taken from the same function (`update::term_entropies`), so a
-    // term compares its own bits.
-    let (logprobs, entropies) = terms.logprobs_and_entropies(model.lm_head_weight(), cfg.chunks, &cfg.truncation)?;
-    let measured = entropies.f_index_select(0, &terms.of_term)?;
-    // The bonus trains on the entropies themselves: then they come with their gradient too.
-    let differentiable = match cfg.entropy_coef != 0.0 {
-        true => Some(
-            terms
-                .entropies_with_grad(model.lm_head_weight(), cfg.chunks)?
-                .f_index_select(0, &terms.of_term)?,
-        ),
-        false => None,
-    };
-    let term_entropies = TermEntropies {
-        measured: &measured,
-        differentiable: differentiable.as_ref(),
-    };
-    let mut out = grpo_loss_of_logprobs(row, logprobs, Some(term_entropies), cfg, weights, other)?;
-    out.entropy_sum = weighted_sum(&entropies, &terms.counts)?;
-    Ok(out)
-}
-
 /// The GRPO loss of `row` from the policy's log-prob of each of its loss terms (`logprobs`
 /// `[M]`, f32, differentiable) and, for `top_entropy_quantile` and the entropy bonus, each
 /// term's entropy:
-/// everything [`grpo_loss_backward`] computes after the model's forward, so an objective can
+/// everything [`super::grpo_loss_backward`] computes after the model's forward, so an objective can
 /// be checked (or driven) on log-probs alone. `entropy_sum` is left 0 here.
 pub fn grpo_loss_of_logprobs(
     row: &PackedRow,

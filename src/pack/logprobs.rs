@@ -173,6 +173,71 @@ impl DistinctTerms {
     }
 }
 
+impl DistinctTerms {
+    /// The same pairs over a leaf copy of the hidden states (no graph to the model; its
+    /// `grad()` collects what [`DistinctTerms::backward_head`] back-propagates).
+    pub(crate) fn detached_leaf(&self) -> DistinctTerms {
+        DistinctTerms {
+            hidden: self.hidden.detach().set_requires_grad(true),
+            targets: self.targets.shallow_clone(),
+            of_term: self.of_term.shallow_clone(),
+            counts: self.counts.clone(),
+        }
+    }
+
+    /// Back-propagates `sum_u grad_logprobs[u] logprob_u (+ grad_entropies[u] entropy_u)` over
+    /// the pairs `[U]` into the hidden states and into `lm_head` when it trains, one chunk of
+    /// whole logit rows at a time (as many rows as `chunks.tokens x chunks.vocab` logits hold):
+    /// each chunk's graph is freed before the next is built. The log-probs are those of
+    /// [`DistinctTerms::logprobs`] under `truncation`, the entropies untruncated.
+    pub(crate) fn backward_head(
+        &self,
+        lm_head: &Tensor,
+        chunks: LogprobChunks,
+        truncation: &Truncation,
+        grad_logprobs: &Tensor,
+        grad_entropies: Option<&Tensor>,
+    ) -> Result<(), ModelError> {
+        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
+        let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
+        let device = Device::of(&self.hidden);
+        let targets = device.put(&self.targets)?;
+        let grad_entropies = grad_entropies.filter(|g| g.defined());
+        let w = lm_head.f_to_kind(Kind::Float)?;
+        let mut start = 0;
+        while start < n {
+            let len = rows.min(n - start);
+            let logits = self
+                .hidden
+                .f_narrow(0, start, len)?
+                .f_to_kind(Kind::Float)?
+                .f_matmul(&w.f_tr()?)?;
+            let t = targets.f_narrow(0, start, len)?;
+            let log_softmax = logits.f_log_softmax(-1, Kind::Float)?;
+            let logprobs = match truncation.truncates(vocab) {
+                true => truncation.logprobs(&logits, &t)?,
+                false => log_softmax
+                    .f_gather(-1, &t.f_view([-1, 1])?, false)?
+                    .f_squeeze_dim(-1)?,
+            };
+            let mut surrogate = logprobs
+                .f_mul(&grad_logprobs.f_narrow(0, start, len)?)?
+                .f_sum(Kind::Float)?;
+            if let Some(g) = grad_entropies {
+                let entropy = log_softmax
+                    .f_exp()?
+                    .f_mul(&log_softmax)?
+                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
+                    .f_neg()?;
+                surrogate = surrogate.f_add(&entropy.f_mul(&g.f_narrow(0, start, len)?)?.f_sum(Kind::Float)?)?;
+            }
+            surrogate.f_backward()?;
+            start += len;
+        }
+        Ok(())
+    }
+}
+
 /// Log-prob under `model` of every loss term of `row` `[M]`: one forward of the packed row,
 /// then the LM head only at the predicting positions.
 pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
