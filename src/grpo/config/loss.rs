@@ -72,7 +72,6 @@ pub enum SamplingCorrectionMode {
 #[serde(default)]
 pub struct Loss {
     /// Lower clip of the importance ratio (TRL's `epsilon`, accepted as an alias).
-    #[serde(alias = "epsilon")]
     pub epsilon_low: f64,
     /// Upper clip of the importance ratio.
     pub epsilon_high: f64,
@@ -88,16 +87,12 @@ pub struct Loss {
     /// policy's own log-probs at the start of the update (one more forward per row, without
     /// gradient), and each term's policy loss is weighted by the capped ratio of those to the
     /// sampling log-probs. Off by default (it costs that forward).
-    #[serde(alias = "vllm_importance_sampling_correction")]
     pub importance_sampling_correction: bool,
     /// How the correction ratio is capped.
-    #[serde(alias = "vllm_importance_sampling_mode")]
     pub importance_sampling_mode: SamplingCorrectionMode,
     /// Upper bound of the correction ratio (TRL's default 3.0; `None`: none).
-    #[serde(alias = "vllm_importance_sampling_clip_max", alias = "vllm_importance_sampling_cap")]
     pub importance_sampling_clip_max: Option<f64>,
     /// Lower bound of the correction ratio (`None`: none).
-    #[serde(alias = "vllm_importance_sampling_clip_min")]
     pub importance_sampling_clip_min: Option<f64>,
     /// Train only the loss terms whose policy entropy is in the top `top_entropy_quantile` of
     /// the step's (TRL's ρ, "Beyond the 80/20 Rule"; 0.2 recommended, 1.0 keeps all). The other

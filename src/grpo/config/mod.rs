@@ -278,7 +278,6 @@ pub struct Eval {
     pub eval_dataset: Option<PathBuf>,
     /// Completions per held-out prompt (0: one greedy completion; TRL's
     /// `num_generations_eval`, accepted as an alias).
-    #[serde(alias = "num_generations_eval")]
     pub eval_samples: usize,
     /// Completions kept for the state display's sample table (TRL's boolean spelling is read
     /// too: `true` keeps 8, `false` none).
