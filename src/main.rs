@@ -66,9 +66,13 @@ fn main() -> Result<()> {
     // TREETRAIN_PRIVATEUSE1_LIB names registers its device now. `env` reports a failure; every
     // other command stops on it.
     let backend = treetrain::device::privateuse1::load_from_env();
+    // And before anything asks libtorch about CUDA (it caches the first answer): the CUDA
+    // library TREETRAIN_TORCH_CUDA names.
+    let cuda = treetrain::device::load_torch_cuda_from_env();
     let command = Cli::parse().command;
     if !matches!(command, Command::Env { check_device: None, .. }) {
         backend?;
+        cuda.transpose()?;
     }
     match command {
         Command::Env {

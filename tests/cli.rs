@@ -263,6 +263,51 @@ fn generate_greedy_matches_transformers_and_reports_each_completion() {
 }
 
 /// An empty scratch folder for test `name`.
+/// `TREETRAIN_TORCH_CUDA` is read by every command before anything asks libtorch about CUDA:
+/// a folder without `libtorch_cuda.so` stops the command with that reason (the same command
+/// runs without it), and a CUDA device libtorch cannot see is refused with why.
+#[test]
+fn every_command_reads_the_cuda_library_setting_first() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("tests/fixtures/models/qwen3");
+    let input = scratch_dir("torch-cuda").join("rows.jsonl");
+    std::fs::write(&input, "{\"input_ids\": [5, 17, 99, 3]}\n").unwrap();
+    let args = |device: &'static str| {
+        let (m, i) = (model.display().to_string(), input.display().to_string());
+        vec![
+            "score".to_string(),
+            "--model".into(),
+            m,
+            "--input".into(),
+            i,
+            "--device".into(),
+            device.into(),
+        ]
+    };
+    let run = |args: &[String], env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_treetrain"));
+        c.args(args).env_remove("TREETRAIN_TORCH_CUDA");
+        if let Some(dir) = env {
+            c.env("TREETRAIN_TORCH_CUDA", dir);
+        }
+        let out = c.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert!(run(&args("cpu"), None).0);
+    for command in [args("cpu"), vec!["shapes".to_string()]] {
+        let (ok, err) = run(&command, Some("/nonexistent/torch/lib"));
+        assert!(
+            !ok && err.contains("libtorch_cuda.so") && err.contains("no such file"),
+            "{command:?}: {err}"
+        );
+    }
+    let (ok, err) = run(&args("cuda"), None);
+    assert!(
+        !ok && err.contains("libtorch sees 0 CUDA device(s): ") && err.contains("driver"),
+        "{err}"
+    );
+}
+
 fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("treetrain-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,5 +1,5 @@
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{DeviceError, HostProbe};
 
@@ -86,6 +86,19 @@ impl CudaInfo {
             unavailable_reason,
         }
     }
+}
+
+/// The variable naming a torch 2.11.0 CUDA `lib` folder whose `libtorch_cuda.so` treetrain
+/// loads into its CPU-only libtorch.
+pub const TORCH_CUDA_ENV: &str = "TREETRAIN_TORCH_CUDA";
+
+/// Loads [`TORCH_CUDA_ENV`]'s `libtorch_cuda.so` when the variable is set (`None` when it is
+/// not). Every entry point that may touch CUDA calls it before its first CUDA query (the CLI at
+/// start, [`super::DeviceSpec::resolve`], a model loaded onto a CUDA device): loading again is
+/// harmless, as `dlopen` counts references.
+pub fn load_torch_cuda_from_env() -> Option<Result<PathBuf, DeviceError>> {
+    let dir = PathBuf::from(std::env::var_os(TORCH_CUDA_ENV)?);
+    Some(load_torch_cuda(&dir).map(|()| dir))
 }
 
 /// Loads `libtorch_cuda.so` from a full torch 2.11.0 CUDA `lib` folder into this process.

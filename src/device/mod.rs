@@ -22,7 +22,7 @@ pub mod privateuse1;
 mod probe;
 
 pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
-pub use cuda::{CudaDevice, CudaInfo, load_torch_cuda};
+pub use cuda::{CudaDevice, CudaInfo, TORCH_CUDA_ENV, load_torch_cuda, load_torch_cuda_from_env};
 pub use dtype::{Dtype, DtypeSetting, UnknownDtype, parse_kind};
 pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};

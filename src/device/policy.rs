@@ -164,6 +164,9 @@ impl DeviceSpec {
     /// silent CPU run): a CUDA index libtorch does not see, a PrivateUse1 device with no backend
     /// loaded ([`privateuse1::LIBRARY_ENV`]) or past its device count.
     pub fn resolve(self) -> Result<Device, DeviceError> {
+        if matches!(self, DeviceSpec::Auto | DeviceSpec::Cuda(_)) {
+            super::load_torch_cuda_from_env().transpose()?;
+        }
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
             DeviceSpec::Mps => Ok(Device::Mps),
@@ -177,9 +180,14 @@ impl DeviceSpec {
                 if i < n {
                     Ok(Device::Cuda(i))
                 } else {
+                    let why =
+                        super::Accelerators::detect_with(&super::HostProbe::system(), &super::TorchFacts::query())
+                            .cuda
+                            .unavailable_reason
+                            .unwrap_or_else(|| "`treetrain env` says why".into());
                     Err(DeviceError::UnknownDevice {
                         name: self.to_string(),
-                        reason: format!("libtorch sees {n} CUDA device(s) (`treetrain env` says why)"),
+                        reason: format!("libtorch sees {n} CUDA device(s): {why}"),
                     })
                 }
             }

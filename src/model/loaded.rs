@@ -63,6 +63,9 @@ impl Model {
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         privateuse1::checked(opts.device, || {
             refuse_adapter_folder(dir)?;
+            if let Device::Cuda(_) = opts.device {
+                crate::device::load_torch_cuda_from_env().transpose()?;
+            }
             // Nothing runs on a device that computes wrong (see `model::check_device`).
             if opts.device != Device::Cpu && super::device_check_enabled() {
                 super::check_device(opts.device)?;
