@@ -41,7 +41,17 @@ fn main() {
     compile_c10d_shim(&libtorch);
     compile_privateuse1_shim(&libtorch);
     compile_cpu_kernels(&libtorch);
-    build_cuda_graph_library(&libtorch);
+    let graph = ("src/generate/cuda_graph.cpp", "libtreetrain_cuda_graph.so");
+    build_cuda_library(
+        &libtorch,
+        graph,
+        "cuda_runtime_api.h",
+        None,
+        "TREETRAIN_CUDA_GRAPH_LIB_BUILT",
+    );
+    let nccl = ("src/train/distributed/nccl.cpp", "libtreetrain_nccl.so");
+    let stubs = Some("src/train/distributed/cuda_stubs");
+    build_cuda_library(&libtorch, nccl, "nccl.h", stubs, "TREETRAIN_NCCL_LIB_BUILT");
 }
 
 /// A C++ build against libtorch's headers, as torch-sys builds its own wrapper.
@@ -94,31 +104,44 @@ fn compile_cpu_kernels(libtorch: &std::path::Path) {
     println!("cargo:rustc-link-arg={}", gomp.display());
 }
 
-/// `libtreetrain_cuda_graph.so` (src/generate/cuda_graph.cpp) into OUT_DIR, when the CUDA
-/// runtime's headers are at `TREETRAIN_CUDA_INCLUDE` (scripts/setup-cuda-headers.sh): a shared
-/// library of its own whose CUDA symbols resolve only when it is loaded into a process running
-/// CUDA libtorch, so nothing here links CUDA. Its path reaches the crate as
-/// `TREETRAIN_CUDA_GRAPH_LIB_BUILT` (empty when it was not built).
-fn build_cuda_graph_library(libtorch: &std::path::Path) {
-    let source = "src/generate/cuda_graph.cpp";
+/// A shared library of treetrain's own that runs on CUDA: `lib` (e.g. the CUDA-graph one,
+/// src/generate/cuda_graph.cpp, or the NCCL one, src/train/distributed/nccl.cpp) into OUT_DIR,
+/// when the headers it needs (`header`: the CUDA runtime's, NCCL's) are at
+/// `TREETRAIN_CUDA_INCLUDE` (scripts/setup-cuda-headers.sh). Its CUDA symbols resolve only when
+/// it is loaded into a process running CUDA libtorch, so nothing here links CUDA. `stubs`: a
+/// folder searched last (declarations the CUDA headers at hand lack). Its path reaches the
+/// crate as `env` (empty when it was not built).
+fn build_cuda_library(
+    libtorch: &std::path::Path,
+    (source, lib): (&str, &str),
+    header: &str,
+    stubs: Option<&str>,
+    env: &str,
+) {
     println!("cargo:rerun-if-changed={source}");
     println!("cargo:rerun-if-env-changed=TREETRAIN_CUDA_INCLUDE");
     let cuda = std::env::var_os("TREETRAIN_CUDA_INCLUDE").map(PathBuf::from);
-    let Some(cuda) = cuda.filter(|c| c.join("cuda_runtime_api.h").exists()) else {
-        println!(
-            "cargo:warning=CUDA runtime headers not found (TREETRAIN_CUDA_INCLUDE): no CUDA-graph library; run scripts/setup-libtorch.sh"
-        );
-        println!("cargo:rustc-env=TREETRAIN_CUDA_GRAPH_LIB_BUILT=");
+    // The folder setup-cuda-headers.sh replaces whole: a new one (new headers) rebuilds.
+    if let Some(dir) = cuda.as_ref().filter(|c| c.exists()) {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    let Some(cuda) = cuda.filter(|c| c.join(header).exists()) else {
+        println!("cargo:warning={header} not found (TREETRAIN_CUDA_INCLUDE): no {lib}; run scripts/setup-libtorch.sh");
+        println!("cargo:rustc-env={env}=");
         return;
     };
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("libtreetrain_cuda_graph.so");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join(lib);
     let mut build = torch_build(libtorch, source);
     build.include(&cuda).opt_level(2).pic(true);
+    if let Some(stubs) = stubs {
+        println!("cargo:rerun-if-changed={stubs}");
+        build.include(stubs);
+    }
     let mut command = build.get_compiler().to_command();
     command.args(["-shared", "-o"]).arg(&out).arg(source);
     let status = command.status().expect("run the C++ compiler");
     assert!(status.success(), "compiling {source} failed");
-    println!("cargo:rustc-env=TREETRAIN_CUDA_GRAPH_LIB_BUILT={}", out.display());
+    println!("cargo:rustc-env={env}={}", out.display());
 }
 
 /// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.

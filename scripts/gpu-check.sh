@@ -40,8 +40,10 @@ prepare() {
         strip "$bin/$b" 2>/dev/null || true
     done
     strip "$bin/treetrain" 2>/dev/null || true
-    # The CUDA-graph library build.rs made (loaded from beside the executable there).
-    cp "$(ls -t target/release/build/treetrain-*/out/libtreetrain_cuda_graph.so | head -1)" "$bin/"
+    # The CUDA-graph and NCCL libraries build.rs made (loaded from beside the executable there).
+    for lib in libtreetrain_cuda_graph.so libtreetrain_nccl.so; do
+        cp "$(ls -t target/release/build/treetrain-*/out/$lib | head -1)" "$bin/"
+    done
     du -sh "$bin"
 }
 

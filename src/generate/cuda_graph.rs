@@ -11,8 +11,7 @@
 //! process that already runs CUDA libtorch. It is found through `TREETRAIN_CUDA_GRAPH_LIB`,
 //! beside the running executable (or its parent folder), or where the build put it.
 
-use std::ffi::{CString, c_char, c_int, c_void};
-use std::path::PathBuf;
+use std::ffi::{c_char, c_int, c_void};
 
 use tch::{Kind, Tensor};
 
@@ -20,6 +19,7 @@ use super::{GenerateError, GenerationConfig};
 use crate::device::Device;
 use crate::model::{CausalLm, KvCache, StaticCache};
 use crate::util::ErrBuf;
+use crate::util::runtime_library::{LibrarySpec, RuntimeLibrary};
 
 /// The environment variable naming the graph library explicitly.
 pub const LIBRARY_ENV: &str = "TREETRAIN_CUDA_GRAPH_LIB";
@@ -30,82 +30,29 @@ type NewFn = unsafe extern "C" fn(c_int, *mut *mut c_void, *mut c_char, usize) -
 type StepFn = unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
 
+/// The library where the build put it and how it is found.
+const SPEC: LibrarySpec = LibrarySpec {
+    env: LIBRARY_ENV,
+    name: LIBRARY_NAME,
+    built: env!("TREETRAIN_CUDA_GRAPH_LIB_BUILT"),
+    needs: "CUDA graphs need a CUDA libtorch in the process",
+};
+
 /// The loaded library's entry points.
 struct Library {
-    handle: *mut c_void,
     new: NewFn,
     begin: StepFn,
     end: StepFn,
     replay: StepFn,
     free: FreeFn,
-}
-
-impl Drop for Library {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from dlopen and no graph of this library outlives it (a
-        // CudaGraph owns its Library and frees its graph first).
-        unsafe { libc::dlclose(self.handle) };
-    }
-}
-
-/// Where to look for the library, in order.
-fn candidates() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::env::var_os(LIBRARY_ENV).map(PathBuf::from).into_iter().collect();
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        out.push(dir.join(LIBRARY_NAME));
-        out.extend(dir.parent().map(|p| p.join(LIBRARY_NAME)));
-    }
-    let built = env!("TREETRAIN_CUDA_GRAPH_LIB_BUILT");
-    if !built.is_empty() {
-        out.push(PathBuf::from(built));
-    }
-    out
-}
-
-fn dl_error() -> String {
-    // SAFETY: dlerror returns a thread-local C string or null.
-    unsafe {
-        let e = libc::dlerror();
-        match e.is_null() {
-            true => "unknown dlopen error".into(),
-            false => std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned(),
-        }
-    }
+    // Last: its functions are dropped before it closes.
+    _lib: RuntimeLibrary,
 }
 
 impl Library {
     fn load() -> Result<Self, GenerateError> {
-        let fail = |m: String| GenerateError::CudaGraph(m);
-        let Some(path) = candidates().into_iter().find(|p| p.exists()) else {
-            return Err(fail(format!(
-                "{LIBRARY_NAME} not found (set {LIBRARY_ENV}, or put it beside the executable; this build {})",
-                match env!("TREETRAIN_CUDA_GRAPH_LIB_BUILT") {
-                    "" => "did not make it: no CUDA headers (scripts/setup-libtorch.sh unpacks them)",
-                    _ => "made it, but it is not where the build left it",
-                }
-            )));
-        };
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| fail(e.to_string()))?;
-        // SAFETY: dlopen of a NUL-terminated path; RTLD_NOW resolves its CUDA symbols against
-        // the CUDA libtorch already in the process, or fails here with the missing name.
-        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(fail(format!(
-                "loading {}: {} (CUDA graphs need a CUDA libtorch in the process)",
-                path.display(),
-                dl_error()
-            )));
-        }
-        let symbol = |name: &std::ffi::CStr| {
-            // SAFETY: dlsym on a live handle with a NUL-terminated name.
-            let s = unsafe { libc::dlsym(handle, name.as_ptr()) };
-            match s.is_null() {
-                true => Err(fail(format!("{} lacks {name:?}", path.display()))),
-                false => Ok(s),
-            }
-        };
+        let lib = SPEC.open().map_err(GenerateError::CudaGraph)?;
+        let symbol = |name| lib.symbol(name).map_err(GenerateError::CudaGraph);
         // SAFETY: each symbol is the extern "C" function of cuda_graph.cpp with this signature.
         unsafe {
             Ok(Library {
@@ -114,7 +61,7 @@ impl Library {
                 end: std::mem::transmute::<*mut c_void, StepFn>(symbol(c"tt_cuda_graph_end")?),
                 replay: std::mem::transmute::<*mut c_void, StepFn>(symbol(c"tt_cuda_graph_replay")?),
                 free: std::mem::transmute::<*mut c_void, FreeFn>(symbol(c"tt_cuda_graph_free")?),
-                handle,
+                _lib: lib,
             })
         }
     }

@@ -100,6 +100,9 @@ pub struct TrainConfig {
     /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
     /// before failing with an error naming the rank (torch's default: 30 minutes).
     pub distributed_timeout_s: f64,
+    /// The c10d backend of a multi-process run: `auto` (NCCL for a CUDA run when its library
+    /// loads, else Gloo, said once), `gloo` or `nccl` (stops when NCCL cannot be had).
+    pub distributed_backend: crate::train::distributed::CommBackend,
     /// Recompute each decoder layer's activations in backward instead of keeping them
     /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
     /// more forward of the stack per step). Same gradients.
@@ -138,6 +141,7 @@ impl Default for TrainConfig {
             eval_steps: None,
             logging_steps: Some(1),
             distributed_timeout_s: 1800.0,
+            distributed_backend: Default::default(),
             gradient_checkpointing: false,
             lora: None,
         }

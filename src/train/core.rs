@@ -55,7 +55,7 @@ impl TrainCore {
     /// first ([`World::from_env`]).
     pub fn load(config: &TrainConfig, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
         config.validate()?;
-        let world = World::from_env(config.distributed_timeout())?;
+        let world = World::from_env(config.distributed_timeout(), config.distributed_backend, config.device)?;
         Self::load_in(config, checkpoint, world)
     }
 

@@ -5,6 +5,7 @@ pub(crate) mod clock;
 mod ffi;
 pub(crate) mod off_or;
 mod rng;
+pub(crate) mod runtime_library;
 mod text_value;
 
 pub(crate) use atomic_file::write_atomically;

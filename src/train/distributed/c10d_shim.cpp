@@ -1,5 +1,6 @@
 // treetrain's bridge to PyTorch's own c10d (the engine torchrun users already run): stores,
-// ProcessGroupGloo, and the few collectives data parallelism needs. Rust holds tensors as tch's
+// ProcessGroupGloo (or a ProcessGroupNCCL made by libtreetrain_nccl.so, nccl.cpp, and adopted
+// here), and the few collectives data parallelism needs. Rust holds tensors as tch's
 // `at::Tensor*`; every entry point catches C++ exceptions and returns them as text, so a failed
 // collective (peer gone, timeout, port in use) becomes a typed Rust error, never an abort.
 //
@@ -7,6 +8,7 @@
 // torch wheel; setup-libtorch.sh unpacks Debian's libgloo-dev for them. Without them this file
 // still compiles and every call says how to get them.
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -37,41 +39,42 @@ struct tt_store {
   c10::intrusive_ptr<c10d::Store> store;
 };
 
+// A process group: Gloo's or NCCL's, as the c10d::Backend both are. `device` is where its
+// collectives run: the host for Gloo, the bound GPU for NCCL.
 struct tt_group {
-#ifdef USE_C10D_GLOO
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-#endif
+  c10::intrusive_ptr<c10d::Backend> pg;
   std::chrono::milliseconds timeout;
   int rank;
   int size;
+  at::Device device;
 };
 
 namespace {
 
-#ifdef USE_C10D_GLOO
 void wait(tt_group* g, const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work->wait(g->timeout)) {
     throw std::runtime_error("collective did not finish within the timeout");
   }
 }
 
-// Gloo reduces host tensors only: a tensor elsewhere (CUDA, a PrivateUse1 device) is reduced
-// through a host copy and copied back in place. `staged` reports that it happened.
+// A tensor where the group's collectives run: itself, or a copy (Gloo reads host memory only,
+// NCCL device memory only). `staged` reports a tensor off the host copied to it for Gloo.
+at::Tensor on_group_device(tt_group* g, const at::Tensor& t, bool* staged) {
+  if (t.device() == g->device) return t.contiguous();
+  if (g->device.is_cpu()) *staged = true;
+  return t.to(g->device).contiguous();
+}
+
 void allreduce_flat(tt_group* g, at::Tensor& flat, bool average, bool* staged) {
-  at::Tensor host = flat;
-  if (!flat.device().is_cpu()) {
-    host = flat.to(at::kCPU);
-    *staged = true;
-  }
-  std::vector<at::Tensor> ts{host};
+  at::Tensor work = on_group_device(g, flat, staged);
+  std::vector<at::Tensor> ts{work};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = g->timeout;
   wait(g, g->pg->allreduce(ts, opts));
-  if (average) host.div_(g->size);
-  if (!host.is_same(flat)) flat.copy_(host);
+  if (average) work.div_(g->size);
+  if (!work.is_same(flat)) flat.copy_(work);
 }
-#endif
 
 void require_gloo() {
 #ifndef USE_C10D_GLOO
@@ -142,10 +145,21 @@ tt_group* tt_group_gloo(tt_store* s, const char* prefix, int rank, int size, con
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
-    out = new tt_group{pg, millis(timeout_s), rank, size};
+    out = new tt_group{pg, millis(timeout_s), rank, size, at::Device(at::kCPU)};
 #endif
   });
   return out;
+}
+
+// The store's c10d::Store (borrowed), for a library that makes its own process group.
+void* tt_store_raw(tt_store* s) { return s->store.get(); }
+
+// Takes over `backend`, an owning c10d::Backend* another treetrain library made (the NCCL
+// one), as a group whose collectives run on CUDA device `cuda_device`.
+tt_group* tt_group_adopt(void* backend, int rank, int size, int cuda_device, double timeout_s) {
+  auto pg = c10::intrusive_ptr<c10d::Backend>::reclaim(static_cast<c10d::Backend*>(backend));
+  at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+  return new tt_group{pg, millis(timeout_s), rank, size, device};
 }
 
 void tt_group_free(tt_group* g) { delete g; }
@@ -154,12 +168,9 @@ void tt_group_free(tt_group* g) { delete g; }
 int tt_all_reduce(tt_group* g, at::Tensor** ts, size_t n, int average, int* staged, char* err,
                   size_t len) {
   return guarded(err, len, [&] {
-    require_gloo();
-#ifdef USE_C10D_GLOO
     bool moved = false;
     for (size_t i = 0; i < n; ++i) allreduce_flat(g, *ts[i], average != 0, &moved);
     *staged = moved ? 1 : 0;
-#endif
   });
 }
 
@@ -169,8 +180,6 @@ int tt_all_reduce(tt_group* g, at::Tensor** ts, size_t n, int average, int* stag
 int tt_all_reduce_grads(tt_group* g, at::Tensor** params, size_t n, size_t bucket_bytes, int average,
                         int* staged, char* err, size_t len) {
   return guarded(err, len, [&] {
-    require_gloo();
-#ifdef USE_C10D_GLOO
     bool moved = false;
     std::vector<at::Tensor> bucket;
     size_t bytes = 0;
@@ -200,39 +209,33 @@ int tt_all_reduce_grads(tt_group* g, at::Tensor** params, size_t n, size_t bucke
     }
     flush();
     *staged = moved ? 1 : 0;
-#endif
   });
 }
 
 // Broadcast of each tensor from `root`, in place.
 int tt_broadcast(tt_group* g, at::Tensor** ts, size_t n, int root, int* staged, char* err, size_t len) {
   return guarded(err, len, [&] {
-    require_gloo();
-#ifdef USE_C10D_GLOO
     bool moved = false;
     for (size_t i = 0; i < n; ++i) {
       at::Tensor& t = *ts[i];
-      at::Tensor host = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
-      moved = moved || !t.device().is_cpu();
-      std::vector<at::Tensor> v{host};
+      at::Tensor work = on_group_device(g, t, &moved);
+      std::vector<at::Tensor> v{work};
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
       opts.timeout = g->timeout;
       wait(g, g->pg->broadcast(v, opts));
-      if (!host.is_same(t)) t.copy_(host);
+      if (!work.is_same(t)) t.copy_(work);
     }
     *staged = moved ? 1 : 0;
-#endif
   });
 }
 
-// All-gather of one host tensor per rank (the same shape and dtype everywhere) into `out`,
-// shaped [size, *input.shape].
+// All-gather of one tensor per rank (the same shape and dtype everywhere) into `out`, shaped
+// [size, *input.shape].
 int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, size_t len) {
   return guarded(err, len, [&] {
-    require_gloo();
-#ifdef USE_C10D_GLOO
-    at::Tensor in = input->contiguous();
+    bool moved = false;
+    at::Tensor in = on_group_device(g, *input, &moved);
     std::vector<at::Tensor> inputs{in};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < g->size; ++r) outputs[0].push_back(at::empty_like(in));
@@ -240,18 +243,14 @@ int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, si
     opts.timeout = g->timeout;
     wait(g, g->pg->allgather(outputs, inputs, opts));
     out->copy_(at::stack(outputs[0]));
-#endif
   });
 }
 
 int tt_barrier(tt_group* g, char* err, size_t len) {
   return guarded(err, len, [&] {
-    require_gloo();
-#ifdef USE_C10D_GLOO
     c10d::BarrierOptions opts;
     opts.timeout = g->timeout;
     wait(g, g->pg->barrier(opts));
-#endif
   });
 }
 

@@ -1,4 +1,5 @@
-//! Safe handles over the C++ shim (`c10d_shim.cpp`): a c10d store and a Gloo process group.
+//! Safe handles over the C++ shim (`c10d_shim.cpp`): a c10d store and a process group (Gloo's,
+//! or NCCL's made by `libtreetrain_nccl.so`).
 //! Every call returns the C++ exception's first line as a [`DistError`] naming this rank.
 
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -54,6 +55,14 @@ unsafe extern "C" {
         len: usize,
     ) -> *mut tt_group;
     fn tt_group_free(g: *mut tt_group);
+    fn tt_store_raw(s: *mut tt_store) -> *mut c_void;
+    fn tt_group_adopt(
+        backend: *mut c_void,
+        rank: c_int,
+        size: c_int,
+        cuda_device: c_int,
+        timeout_s: f64,
+    ) -> *mut tt_group;
     fn tt_all_reduce(
         g: *mut tt_group,
         ts: *const AtTensor,
@@ -191,13 +200,16 @@ pub enum GlooDevice {
     Interface(String),
 }
 
-/// A Gloo process group: `size` ranks meeting in a store.
+/// A process group of `size` ranks meeting in a store: Gloo's (host memory) or NCCL's (one
+/// GPU a rank).
 pub struct ProcessGroup {
     ptr: *mut tt_group,
     rank: usize,
     size: usize,
     // The group holds the store through a prefix store; kept so it outlives the group.
     _store: Store,
+    // The library that made an NCCL group; closed after the group is freed.
+    _nccl: Option<super::nccl::NcclLibrary>,
 }
 
 // SAFETY: c10d process groups are thread-safe; treetrain calls one from one thread at a time.
@@ -261,6 +273,44 @@ impl ProcessGroup {
             rank,
             size,
             _store: store,
+            _nccl: None,
+        })
+    }
+
+    /// An NCCL group of `size` ranks in `store` under `prefix`, this rank on CUDA device
+    /// `device` (`libtreetrain_nccl.so` loaded, its NCCL versions checked). Tensors on the host
+    /// are reduced through the device.
+    pub fn nccl(
+        store: Store,
+        prefix: &str,
+        (rank, size): (usize, usize),
+        device: usize,
+        timeout: Duration,
+    ) -> Result<Self, DistError> {
+        let fail = |m: String| DistError::new(rank, "NCCL process group", m);
+        let library = super::nccl::NcclLibrary::load().map_err(fail)?;
+        library.checked_versions().map_err(fail)?;
+        // SAFETY: a live store; the shim lends its c10d::Store, which the group references.
+        let raw = unsafe { tt_store_raw(store.ptr) };
+        let backend = library
+            .group(raw, prefix, (rank, size), device, timeout)
+            .map_err(fail)?;
+        // SAFETY: `backend` is an owning c10d::Backend* the shim takes over.
+        let ptr = unsafe {
+            tt_group_adopt(
+                backend,
+                rank as c_int,
+                size as c_int,
+                device as c_int,
+                timeout.as_secs_f64(),
+            )
+        };
+        Ok(ProcessGroup {
+            ptr,
+            rank,
+            size,
+            _store: store,
+            _nccl: Some(library),
         })
     }
 
@@ -371,7 +421,8 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // SAFETY: made by the shim, freed once, before its store.
+        // SAFETY: made by the shim, freed once, before its store and its library (fields drop
+        // after this).
         unsafe { tt_group_free(self.ptr) }
     }
 }

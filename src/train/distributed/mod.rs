@@ -12,14 +12,19 @@
 //!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]) and clipped after;
 //! - rank 0 alone logs, displays and writes checkpoints.
 //!
-//! Tensors off the host (CUDA, a PrivateUse1 device) are reduced through host memory, said
-//! once in the log: this build has no NCCL (the CPU libtorch layout has no ProcessGroupNCCL).
+//! The collectives run on Gloo or, for CUDA runs, on NCCL (`distributed_backend`, [`CommBackend`]:
+//! `auto` takes NCCL when the run's device is a GPU and `libtreetrain_nccl.so` loads with the
+//! NCCL version it was built for, [`nccl`]). Under Gloo, tensors off the host (CUDA, a
+//! PrivateUse1 device) are reduced through host memory, said once in the log.
 
+mod backend;
 mod error;
 mod group;
 mod launch;
+pub mod nccl;
 mod world;
 
+pub use backend::{BackendChoice, CommBackend};
 pub use error::DistError;
 pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, launch};

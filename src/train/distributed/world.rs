@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
+use super::backend::{BackendChoice, CommBackend};
 use super::{DistError, GlooDevice, ProcessGroup, Reduce, Store};
+use crate::device::DeviceSpec;
 
 /// Gradients are all-reduced in flat buckets of about this many bytes (DDP's default is 25 MB;
 /// smaller buckets bound the extra memory of the flat copy).
@@ -171,18 +173,19 @@ impl World {
         }
     }
 
-    /// The world torchrun (or `treetrain launch`) described in the environment, joined; one
-    /// process when none is. `timeout` bounds the rendezvous and every collective.
-    pub fn from_env(timeout: Duration) -> Result<Self, DistError> {
+    /// The world torchrun (or `treetrain launch`) described in the environment, joined over
+    /// `backend` for a run on `device`; one process when none is. `timeout` bounds the
+    /// rendezvous and every collective.
+    pub fn from_env(timeout: Duration, backend: CommBackend, device: DeviceSpec) -> Result<Self, DistError> {
         match LaunchEnv::from_env()? {
             None => Ok(World::single()),
-            Some(env) => World::join(&env, timeout),
+            Some(env) => World::join(&env, timeout, backend.choose(device, env.local_rank, env.rank)?),
         }
     }
 
-    /// Joins the group `env` describes: rank 0 hosts the TCP store on `MASTER_ADDR:MASTER_PORT`
-    /// unless the launcher's agent already does.
-    pub fn join(env: &LaunchEnv, timeout: Duration) -> Result<Self, DistError> {
+    /// Joins the group `env` describes over the `chosen` backend: rank 0 hosts the TCP store on
+    /// `MASTER_ADDR:MASTER_PORT` unless the launcher's agent already does.
+    pub(crate) fn join(env: &LaunchEnv, timeout: Duration, chosen: BackendChoice) -> Result<Self, DistError> {
         let listener = match (env.rank, env.agent_store) {
             (0, false) => Some(bind(&env.master_addr, env.master_port)?),
             _ => None,
@@ -194,7 +197,21 @@ impl World {
         let attempt = format!("treetrain/attempt_{}", env.attempt);
         let joined = store.add(&format!("{attempt}/joined"), 1, env.rank)?;
         let prefix = format!("{attempt}/group_{}", (joined - 1) / env.size as i64);
-        let group = ProcessGroup::gloo(store, &prefix, env.rank, env.size, &env.gloo_device(), timeout)?;
+        let group = match &chosen {
+            BackendChoice::Nccl { device, .. } => {
+                ProcessGroup::nccl(store, &prefix, (env.rank, env.size), *device, timeout)?
+            }
+            BackendChoice::Gloo(_) => {
+                ProcessGroup::gloo(store, &prefix, env.rank, env.size, &env.gloo_device(), timeout)?
+            }
+        };
+        if env.rank == 0 {
+            match chosen {
+                BackendChoice::Nccl { said, .. } => eprintln!("treetrain: collectives through {said}"),
+                BackendChoice::Gloo(Some(why)) => eprintln!("treetrain: collectives through Gloo, not NCCL: {why}"),
+                BackendChoice::Gloo(None) => {}
+            }
+        }
         Ok(Self::with_group(env.rank, env.size, env.local_rank, Some(group)))
     }
 
@@ -256,7 +273,7 @@ impl World {
     fn note_staged(&self, staged: bool) {
         if staged && self.is_main() && !self.staged_said.swap(true, Ordering::Relaxed) {
             eprintln!(
-                "treetrain: rank {}: tensors off the host are reduced through host memory (Gloo reads host memory only; this build has no NCCL or device-native backend)",
+                "treetrain: rank {}: tensors off the host are reduced through host memory (Gloo reads host memory only; NCCL reduces CUDA tensors in place: distributed_backend)",
                 self.rank
             );
         }
