@@ -130,6 +130,7 @@ fn main() {
     let args = &cli.common;
     let full = args.full;
     let (n_prompts, new, repeats) = if full { (cli.prompts, cli.new, 3) } else { (2, 4, 1) };
+    common::require(args.device());
     let dir = args.model_dir(treetrain::shipped::tiny_model_dir().expect("tiny model"));
     let (device, kind) = (args.device(), args.kind());
     let model = Model::load(

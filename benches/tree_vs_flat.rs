@@ -352,6 +352,7 @@ fn packer_throughput(groups: usize, pairs: usize, python: Option<&str>) -> serde
 
 fn main() {
     let args = parse_args();
+    common::require(args.device);
     common::allocator(common::AllocatorMode::Time);
     let hf = HfConfig::from_file(&args.config).expect("config.json");
     let model = Model::seeded(

@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
-# The GPU check: what treetrain does on one CUDA device, in one call, with binaries built on
-# a CPU machine (the GPU machine has torch 2.11.0+cu130 in Python but no Rust toolchain and no
-# network). Two steps:
+# The GPU check: what treetrain does on one CUDA device, in one call of under 6 minutes (so a
+# rerun fits the ~15 minutes a lent GPU gives), with binaries and CPU references made on a CPU
+# machine (the GPU machine has torch 2.11.0+cu130 in Python, no Rust toolchain, no network).
 #
-#   scripts/gpu-check.sh prepare     # here: release binaries into target/gpu-check/ (~31 MB)
-#   scripts/gpu-check.sh run OUT     # there, from the repo root: writes OUT/gpu-check.json + log
+#   scripts/gpu-check.sh prepare        # here: release binaries, libraries, CPU references
+#                                       # into target/gpu-check/ (carried with the tree)
+#   scripts/gpu-check.sh run OUT        # there, from the repo root
+#   scripts/gpu-check.sh dry-run OUT    # here: the same plan on the CPU (CUDA steps fail with
+#                                       # "no driver" within their limits): plumbing, budget
+#                                       # and files, checked by tests/gpu_check.rs
+#   scripts/gpu-check.sh references     # (part of prepare) the CPU references alone
+# TREETRAIN_GPU_CHECK_BIN names another folder of binaries (the test's debug builds).
 #
-# `run` finds that torch's lib folder, loads its libtorch_cuda.so (TREETRAIN_TORCH_CUDA), and
-# checks, each bounded in time:
-#   1. `treetrain env`: CUDA found, the device named.
-#   2. Parity with the CPU on the shipped SFT model: `score` log-probs (fp32, 1e-4), greedy
-#      `generate` tokens (fp32), one SFT step's loss (fp32, 1e-4 relative); one GRPO step runs
-#      with `dtype = "auto"` (bf16 mixed precision there, the CUDA policy).
-#   3. Tree vs flat, TRL's release case: a random Qwen3-1.7B (benches/configs/qwen3-1.7b.json),
-#      4 rollouts of L = 32768 tokens, bf16, forward + backward of the GRPO loss, activations
-#      recomputed (gradient checkpointing), timed interleaved on the shared-prompt and
-#      nested-fork scenarios.
-#   4. Peak CUDA memory of one step of that case, one process per side (the caching allocator
-#      keeps what it reserved): flat and tree with checkpointing, tree without.
-#   5. Greedy decode, static cache, bf16, 8 prompts x 64 new tokens on the same random
-#      Qwen3-1.7B: treetrain vs transformers' static cache (the transformers there), interleaved,
-#      and against the bandwidth bound (weight bytes a step / a measured read rate there).
-#   6. The decode step as a captured CUDA graph (libtreetrain_cuda_graph.so, carried beside the
-#      binaries): `generate --cuda-graph` gives the tokens of `generate` on the shipped model,
-#      and the generation bench times graph against no graph on a random SmolLM2-135M, fp32,
-#      batch 8 (where a step is launch-bound), same tokens checked.
-# Each step's status and seconds go into OUT/gpu-check.json, the benches' own JSON beside it.
+# OUT receives three files, whatever happens: gpu-check.json (rewritten after every step: the
+# plan, each step's status and seconds, the environment, the parity verdicts), gpu-check.log and
+# details.tar.gz (the benches' JSON and the outputs compared); the work folder is outside OUT.
+# Steps, most valuable first, each under `timeout`:
+#   1. environment: `treetrain env`; GPU, driver, torch, CUDA, cuDNN and NCCL versions.
+#   2. parity with the CPU references carried from `prepare` (fp32, shipped SFT model): `score`
+#      log-probs (1e-4), greedy `generate` tokens, one SFT step's loss (1e-4 relative).
+#   3. TRL's release case, tree vs flat: random Qwen3-1.7B, 4 rollouts x 32,768 tokens at
+#      f = 0.9375 (shared prompt and nested fork), bf16, checkpointing.
+#   4. one GRPO step in bf16 mixed precision (`dtype = "auto"`).
+#   5. one SFT step on NCCL (`distributed_backend = "nccl"`, world size 1 on cuda:0).
+#   6. greedy `generate` as a captured CUDA graph: the tokens of step 2's.
+#   7. greedy decode against transformers' static cache (compilation off), last.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin=$root/target/gpu-check
+bin=${TREETRAIN_GPU_CHECK_BIN:-$root/target/gpu-check}
+# The sum of the steps' limits: under 6 minutes.
+budget=345
 
 prepare() {
     cd "$root"
@@ -37,60 +38,37 @@ prepare() {
     cp target/release/treetrain "$bin/"
     for b in tree_vs_flat generation; do
         cp "$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)" "$bin/$b"
-        strip "$bin/$b" 2>/dev/null || true
     done
-    strip "$bin/treetrain" 2>/dev/null || true
+    strip "$bin"/treetrain "$bin"/tree_vs_flat "$bin"/generation 2>/dev/null || true
     # The CUDA-graph and NCCL libraries build.rs made (loaded from beside the executable there).
     for lib in libtreetrain_cuda_graph.so libtreetrain_nccl.so; do
         cp "$(ls -t target/release/build/treetrain-*/out/$lib | head -1)" "$bin/"
     done
+    references "$bin/ref"
     du -sh "$bin"
 }
 
-# `check NAME SECONDS CMD...`: runs CMD within SECONDS, its output into the log, its status into
-# the results.
-check() {
-    local name=$1 limit=$2
-    shift 2
-    local start status=0
-    start=$(date +%s)
-    echo "== $name: $*" >>"$log"
-    timeout "$limit" "$@" >>"$log" 2>&1 || status=$?
-    results+=("\"$name\": {\"status\": $status, \"seconds\": $(($(date +%s) - start))}")
-    echo "$name: status $status ($(($(date +%s) - start)) s)"
+# The shipped model's inputs and CPU outputs the GPU's are compared with.
+references() {
+    local ref=$1 tt=$bin/treetrain model=$root/datasets/tiny-qwen3-sft
+    mkdir -p "$ref"
+    printf '{"input_ids": [1, 5, 9, 200, 31, 7, 8]}\n{"input_ids": [3, 4, 5, 6]}\n' >"$ref/rows.jsonl"
+    "$tt" score --model "$model" --input "$ref/rows.jsonl" --device cpu >"$ref/score.jsonl"
+    "$tt" generate --model "$model" --input "$ref/rows.jsonl" --greedy --max-new-tokens 16 --device cpu \
+        >"$ref/generate.jsonl"
+    sft_toml "$ref/sft.toml" cpu "$ref/sft" gloo
+    "$tt" sft --config "$ref/sft.toml" >/dev/null
 }
 
-run() {
-    local out=$1
-    mkdir -p "$out"
-    log=$out/gpu-check.log
-    : >"$log"
-    results=()
-    local torch_lib
-    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-    export TREETRAIN_TORCH_CUDA=$torch_lib
-    export LD_LIBRARY_PATH=$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    # The bench binaries were built elsewhere: their data, scripts and target/bench are here.
-    export TREETRAIN_BENCH_ROOT=$root TREETRAIN_DATASETS=$root/datasets
-    local tt=$bin/treetrain model=$root/datasets/tiny-qwen3-sft work=$out/work
-    mkdir -p "$work"
-    check env 60 "$tt" env --json
-    "$tt" env --json >"$out/env.json" 2>>"$log" || true
-    # 2. Parity: the same inputs on cpu and cuda.
-    printf '{"input_ids": [1, 5, 9, 200, 31, 7, 8]}\n{"input_ids": [3, 4, 5, 6]}\n' >"$work/rows.jsonl"
-    for device in cpu cuda; do
-        check "score_$device" 120 "$tt" score --model "$model" --input "$work/rows.jsonl" --device "$device"
-        "$tt" score --model "$model" --input "$work/rows.jsonl" --device "$device" >"$work/score_$device.jsonl" 2>>"$log" || true
-        "$tt" generate --model "$model" --input "$work/rows.jsonl" --greedy --max-new-tokens 16 --device "$device" \
-            >"$work/generate_$device.jsonl" 2>>"$log" || true
-        [ "$device" = cuda ] && check generate_cuda_graph 120 sh -c "'$tt' generate --model '$model' \
-            --input '$work/rows.jsonl' --greedy --max-new-tokens 16 --device cuda --cuda-graph >'$work/generate_graph.jsonl'"
-        cat >"$work/sft_$device.toml" <<TOML
-model = "$model"
+# `sft_toml FILE DEVICE OUTPUT BACKEND`: one fp32 SFT step of the shipped model.
+sft_toml() {
+    cat >"$1" <<TOML
+model = "$root/datasets/tiny-qwen3-sft"
 dataset = "$root/datasets/sft/train.parquet"
-output_dir = "$work/sft_$device"
-device = "$device"
+output_dir = "$3"
+device = "$2"
 dtype = "fp32"
+distributed_backend = "$4"
 packing = "bfd"
 batch_size = 8
 max_steps = 1
@@ -99,76 +77,126 @@ eval_fraction = 0.0
 [tokenize]
 max_length = 256
 TOML
-        check "sft_step_$device" 300 "$tt" sft --config "$work/sft_$device.toml"
-    done
-    python3 - "$work" >>"$log" 2>&1 <<'PY' || true
-import json, sys
-w = sys.argv[1]
-rows = lambda f: [json.loads(l) for l in open(f"{w}/{f}") if l.strip()]
-sc, sg = rows("score_cpu.jsonl"), rows("score_cuda.jsonl")
-d = max(abs(a - b) for x, y in zip(sc, sg) for a, b in zip(x["logprobs"], y["logprobs"]))
-gc, gg = rows("generate_cpu.jsonl"), rows("generate_cuda.jsonl")
-try:
-    gr = rows("generate_graph.jsonl")
-except OSError:
-    gr = None
-loss = lambda d: json.loads(open(f"{w}/sft_{d}/log.jsonl").readline())["loss"]
-out = {"score_max_abs_diff": d, "score_ok": d <= 1e-4,
-       "generate_same_tokens": [a["output_ids"] for a in gc] == [b["output_ids"] for b in gg],
-       "cuda_graph_same_tokens": gr is not None and [a["output_ids"] for a in gg] == [b["output_ids"] for b in gr],
-       "sft_loss_cpu": loss("cpu"), "sft_loss_cuda": loss("cuda")}
-out["sft_ok"] = abs(out["sft_loss_cpu"] - out["sft_loss_cuda"]) <= 1e-4 * abs(out["sft_loss_cpu"])
-json.dump(out, open(f"{w}/parity.json", "w"))
-print("parity:", out)
-PY
-    cat >"$work/grpo.toml" <<TOML
-model = "$model"
-dataset = "$root/datasets/grpo/train.parquet"
-output_dir = "$work/grpo"
-device = "cuda"
-dtype = "auto"
-num_generations = 8
-prompts_per_step = 16
-max_completion_length = 16
-max_steps = 1
-learning_rate = 0.001
-[[rewards]]
-name = "exact_answer"
-weight = 1.0
-TOML
-    check grpo_step_cuda 300 "$tt" grpo --config "$work/grpo.toml"
-    # 3. TRL's release case on the GPU.
-    local qwen=$root/benches/configs/qwen3-1.7b.json release="shared prompt f=0.75"
-    local case=(--config "$qwen" --len 32768 --device cuda --dtype bf16)
-    check tree_vs_flat_qwen3_1.7b_l32768 240 "$bin/tree_vs_flat" --bench "${case[@]}" \
-        --repeats 2 --warmup 1 --checkpointing --only "f=0.75" --json "$out/tree_vs_flat.json"
-    # 4. Peak CUDA memory, one process per side.
-    check peak_flat_checkpointing 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
-        --checkpointing --peak-only flat --json "$out/peak_flat_checkpointing.json"
-    check peak_tree_checkpointing 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
-        --checkpointing --peak-only tree --json "$out/peak_tree_checkpointing.json"
-    check peak_tree_kept 90 "$bin/tree_vs_flat" --bench "${case[@]}" --only "$release" \
-        --peak-only tree --json "$out/peak_tree_kept.json"
-    # 5. Decode vs transformers' static cache (a random Qwen3-1.7B checkpoint made once, fp32).
-    check decode_qwen3_1.7b_bf16 240 "$bin/generation" --bench --config "$qwen" --device cuda \
-        --dtype bf16 --prompts 8 --new 64 --pairs 2 --python python3
-    cp "$root/target/bench/generation.json" "$out/generation.json" 2>/dev/null || true
-    # 6. The decode step as a CUDA graph against the same steps without one.
-    check decode_cuda_graph_smollm2 180 "$bin/generation" --bench --config "$root/benches/configs/smollm2-135m.json" \
-        --device cuda --prompts 8 --new 64 --static-only --cuda-graph --python /nonexistent
-    cp "$root/target/bench/generation.json" "$out/generation_cuda_graph.json" 2>/dev/null || true
+}
+
+# `check NAME SECONDS CMD...`: runs CMD within SECONDS (output into the log), records its status
+# and seconds, and rewrites the results.
+check() {
+    local name=$1 limit=$2
+    shift 2
+    local start status=0
+    start=$(date +%s)
+    echo "== $name (limit $limit s): $*" >>"$log"
+    timeout "$limit" "$@" >>"$log" 2>&1 || status=$?
+    steps+=("{\"name\": \"$name\", \"limit\": $limit, \"status\": $status, \"seconds\": $(($(date +%s) - start))}")
+    echo "$name: status $status ($(($(date +%s) - start)) s of $limit)"
+    write_results
+}
+
+write_results() {
+    local IFS=,
     {
-        echo "{"
-        local IFS=,
-        echo "${results[*]},"
-        echo "\"parity\": $(cat "$work/parity.json" 2>/dev/null || echo null)"
-        echo "}"
+        echo "{\"mode\": \"$mode\", \"budget_seconds\": $budget, \"planned_seconds\": $planned,"
+        echo "\"steps\": [${steps[*]}],"
+        echo "\"environment\": $(cat "$work/versions.json" 2>/dev/null || echo null),"
+        echo "\"parity\": $(cat "$work/parity.json" 2>/dev/null || echo null)}"
     } >"$out/gpu-check.json"
-    echo "wrote $out/gpu-check.json and $log"
+}
+
+# The limits of the plan below, in order; their sum is checked against the budget first.
+limits=(15 15 20 20 35 110 40 30 15 45)
+
+run() {
+    mode=$1 out=$2
+    mkdir -p "$out"
+    out=$(cd "$out" && pwd)
+    log=$out/gpu-check.log
+    work=$(mktemp -d "${TMPDIR:-/tmp}/treetrain-gpu-check.XXXXXX")
+    trap 'tar -czf "$out/details.tar.gz" -C "$work" . 2>/dev/null; rm -rf "$work"' EXIT
+    : >"$log"
+    steps=()
+    planned=0
+    for l in "${limits[@]}"; do planned=$((planned + l)); done
+    [ "$planned" -le "$budget" ] || { echo "plan of $planned s over the $budget s budget" >&2; exit 2; }
+    write_results
+    local py=python3 torch_lib=""
+    if [ "$mode" = run ]; then
+        torch_lib=$($py -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+        export TREETRAIN_TORCH_CUDA=$torch_lib
+        export LD_LIBRARY_PATH=$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+    # The bench binaries were built elsewhere: their data, scripts and target/bench are here.
+    export TREETRAIN_BENCH_ROOT=$root TREETRAIN_DATASETS=$root/datasets
+    local tt=$bin/treetrain model=$root/datasets/tiny-qwen3-sft ref=$bin/ref
+    # 1. The environment.
+    check env "${limits[0]}" sh -c "'$tt' env --json >'$work/env.json'"
+    check versions "${limits[1]}" "$py" "$root/scripts/gpu_versions.py" "$work/versions.json"
+    # 2. Parity with the CPU references.
+    check score "${limits[2]}" sh -c "'$tt' score --model '$model' --input '$ref/rows.jsonl' --device cuda >'$work/score.jsonl'"
+    check generate "${limits[3]}" sh -c "'$tt' generate --model '$model' --input '$ref/rows.jsonl' --greedy \
+        --max-new-tokens 16 --device cuda >'$work/generate.jsonl'"
+    sft_toml "$work/sft.toml" cuda "$work/sft" gloo
+    check sft_step "${limits[4]}" "$tt" sft --config "$work/sft.toml"
+    # 3. TRL's release case at f = 0.9375, both scenarios.
+    check release_tree_vs_flat "${limits[5]}" "$bin/tree_vs_flat" --bench \
+        --config "$root/benches/configs/qwen3-1.7b.json" --len 32768 --device cuda --dtype bf16 \
+        --repeats 1 --warmup 1 --checkpointing --only "f=0.9375" --json "$work/tree_vs_flat.json"
+    # 4. One GRPO step in bf16 mixed precision.
+    sed -e "s#^model = .*#model = \"$model\"#" -e "s#^dataset = .*#dataset = \"$root/datasets/grpo/train.parquet\"#" \
+        -e "s#^output_dir = .*#output_dir = \"$work/grpo\"#" -e "s#^max_steps = .*#max_steps = 1#" \
+        -e "/^eval_/d" "$root/datasets/grpo.toml" >"$work/grpo.toml"
+    printf 'device = "cuda"\ndtype = "auto"\n' | cat - "$work/grpo.toml" >"$work/grpo_cuda.toml"
+    check grpo_step_bf16 "${limits[6]}" "$tt" grpo --config "$work/grpo_cuda.toml"
+    # 5. NCCL, world size 1 on cuda:0.
+    sft_toml "$work/sft_nccl.toml" cuda "$work/sft_nccl" nccl
+    check nccl_sft_step "${limits[7]}" "$tt" launch --nproc-per-node 1 -- sft --config "$work/sft_nccl.toml"
+    # 6. The decode step as a CUDA graph.
+    check generate_cuda_graph "${limits[8]}" sh -c "'$tt' generate --model '$model' --input '$ref/rows.jsonl' \
+        --greedy --max-new-tokens 16 --device cuda --cuda-graph >'$work/generate_graph.jsonl'"
+    parity
+    # 7. Decode against transformers (a random Qwen3-1.7B made once, bf16), last.
+    check decode_vs_transformers "${limits[9]}" "$bin/generation" --bench \
+        --config "$root/benches/configs/qwen3-1.7b.json" --device cuda --dtype bf16 --prompts 8 --new 64 \
+        --pairs 2 --python "$py"
+    cp "$root/target/bench/generation.json" "$work/" 2>/dev/null || true
+    write_results
+    echo "wrote $out/gpu-check.json, $log and $out/details.tar.gz"
+}
+
+# The parity verdicts of step 2 and the graph's tokens, from the outputs at hand.
+parity() {
+    python3 - "$work" "$bin/ref" >"$work/parity.json" 2>>"$log" <<'PY' || echo null >"$work/parity.json"
+import json, sys
+w, ref = sys.argv[1], sys.argv[2]
+def rows(path):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip()]
+    except OSError:
+        return None
+def first_loss(folder):
+    try:
+        return json.loads(open(f"{folder}/log.jsonl").readline())["loss"]
+    except (OSError, ValueError, KeyError):
+        return None
+sc, sg = rows(f"{ref}/score.jsonl"), rows(f"{w}/score.jsonl")
+d = max(abs(a - b) for x, y in zip(sc, sg) for a, b in zip(x["logprobs"], y["logprobs"])) if sc and sg else None
+tokens = lambda r: r and [x["output_ids"] for x in r]
+gc, gg, gr = tokens(rows(f"{ref}/generate.jsonl")), tokens(rows(f"{w}/generate.jsonl")), tokens(rows(f"{w}/generate_graph.jsonl"))
+lc, lg = first_loss(f"{ref}/sft"), first_loss(f"{w}/sft")
+print(json.dumps({
+    "score_max_abs_diff": d, "score_ok": d is not None and d <= 1e-4,
+    "generate_same_tokens": bool(gg) and gc == gg,
+    "cuda_graph_same_tokens": bool(gr) and gr == gg,
+    "sft_loss_cpu": lc, "sft_loss_cuda": lg,
+    "sft_ok": lc is not None and lg is not None and abs(lc - lg) <= 1e-4 * abs(lc),
+}))
+PY
+    write_results
 }
 
 case "${1:-}" in
     prepare) prepare ;;
-    run) run "${2:?usage: scripts/gpu-check.sh run OUT_DIR}" ;;
-    *) echo "usage: scripts/gpu-check.sh prepare | run OUT_DIR" >&2; exit 2 ;;
+    references) references "$bin/ref" ;;
+    run | dry-run) run "$1" "${2:?usage: scripts/gpu-check.sh $1 OUT_DIR}" ;;
+    *) echo "usage: scripts/gpu-check.sh prepare | run OUT_DIR | dry-run OUT_DIR" >&2; exit 2 ;;
 esac

@@ -215,6 +215,19 @@ pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
     dir
 }
 
+/// Stops the bench (exit 1, the reason on stderr) when `device` is a CUDA device this process
+/// cannot use, before any model is made: a random checkpoint of a large config takes a minute
+/// and gigabytes to write.
+#[allow(dead_code)]
+pub fn require(device: treetrain::device::Device) {
+    if let treetrain::device::Device::Cuda(i) = device
+        && let Err(e) = treetrain::device::DeviceSpec::Cuda(i).resolve()
+    {
+        eprintln!("{e}");
+        std::process::exit(1);
+    }
+}
+
 /// Median of `v` (NaN when empty).
 #[allow(dead_code)]
 pub fn median(v: &[f64]) -> f64 {

@@ -29,7 +29,9 @@ mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], 
 kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
               pad_token_id=0, eos_token_id=None)
 if cache == "static":
-    kwargs["cache_implementation"] = "static"
+    # Eager steps: on CUDA a static cache would otherwise compile itself (minutes of warm-up
+    # the comparison is not about).
+    kwargs.update(cache_implementation="static", disable_compile=True)
 
 
 def timed(**kw):

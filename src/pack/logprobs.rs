@@ -245,7 +245,7 @@ pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) ->
 }
 
 /// [`row_logprobs`] under the distribution a sampler with `temperature` and `truncation` draws
-/// from ([`DistinctTerms::logprobs`]).
+/// from (the truncation replayed: [`Truncation::logprobs`]).
 pub fn row_logprobs_at(
     model: &CausalLm,
     row: &PackedRow,
