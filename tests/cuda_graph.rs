@@ -4,7 +4,9 @@
 //! (the torch 2.11.0 wheel of the torchrun venv), reporting the missing GPU as an error. The
 //! capture and replay themselves run in scripts/gpu-check.sh on a GPU.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use tch::{Kind, Tensor};
 use treetrain::device::Device;
@@ -66,20 +68,9 @@ fn a_graph_off_cuda_is_a_config_error() {
     );
 }
 
-/// torch/lib of the torchrun venv (scripts/setup-torchrun.sh), from `TREETRAIN_TORCHRUN`.
-fn cuda_torch_lib() -> Option<PathBuf> {
-    let torchrun = PathBuf::from(std::env::var_os("TREETRAIN_TORCHRUN")?);
-    let lib = torchrun.parent()?.parent()?.join("lib");
-    std::fs::read_dir(&lib)
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("site-packages/torch/lib"))
-        .find(|p| p.join("libtorch_cuda.so").exists())
-}
-
 #[test]
 fn the_graph_library_loads_into_a_cuda_libtorch_and_reports_the_missing_gpu() {
-    let Some(lib) = cuda_torch_lib() else {
+    let Some(lib) = common::cuda_torch_lib() else {
         eprintln!("skipped: TREETRAIN_TORCHRUN (scripts/setup-torchrun.sh) names no CUDA torch");
         return;
     };

@@ -4,7 +4,10 @@
 //! on random tree-shaped rollouts in tree and flat packing, with the entropy bonus, the KL term,
 //! truncated sampling, the top-entropy mask, sequence-level ratios and gradient checkpointing.
 
-use tch::{Kind, Tensor};
+mod common;
+
+use common::take_grads;
+use tch::Kind;
 use treetrain::generate::Truncation;
 use treetrain::grpo::{GrpoObjective, ImportanceSampling, LmHead, accumulate_gradients, pack_rollouts};
 use treetrain::model::{Activations, LoadOptions, LogprobChunks, Model};
@@ -36,20 +39,6 @@ fn rollouts() -> Vec<Rollout> {
         }
     }
     out
-}
-
-/// The gradients left in `m`'s variables, by name, which are then cleared.
-fn take_grads(m: &Model) -> Vec<(String, Tensor)> {
-    let mut grads: Vec<(String, Tensor)> =
-        m.vs.variables()
-            .into_iter()
-            .map(|(k, v)| (k, v.grad().copy()))
-            .collect();
-    grads.sort_by(|a, b| a.0.cmp(&b.0));
-    for (_, mut v) in m.vs.variables() {
-        v.zero_grad();
-    }
-    grads
 }
 
 #[test]

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::take_grads;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -881,20 +883,6 @@ fn the_sampling_correction_follows_trls_four_modes_in_both_packings() {
             assert!(got.clip_ratio == 0.0, "ratio 1 against the policy at update start");
         }
     }
-}
-
-/// The gradients left in `m`'s variables, by name, which are then cleared.
-fn take_grads(m: &Model) -> Vec<(String, Tensor)> {
-    let mut grads: Vec<(String, Tensor)> =
-        m.vs.variables()
-            .into_iter()
-            .map(|(k, v)| (k, v.grad().copy()))
-            .collect();
-    grads.sort_by(|a, b| a.0.cmp(&b.0));
-    for (_, mut v) in m.vs.variables() {
-        v.zero_grad();
-    }
-    grads
 }
 
 /// TRL's loss with `beta` and `use_bias_correction_kl`, built here from each rollout's own

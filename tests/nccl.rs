@@ -6,23 +6,13 @@
 //! version of the venv's `libnccl.so.2`, and making a group on `cuda:0` reports the missing GPU
 //! as an error, not a crash. A collective on a GPU runs in scripts/gpu-check.sh.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
 use treetrain::device::DeviceSpec;
 use treetrain::train::distributed::nccl::{NcclLibrary, version_string};
 use treetrain::train::distributed::{BackendChoice, CommBackend, ProcessGroup, Store};
-
-/// torch/lib of the torchrun venv (scripts/setup-torchrun.sh), from `TREETRAIN_TORCHRUN`.
-fn cuda_torch_lib() -> Option<PathBuf> {
-    let torchrun = PathBuf::from(std::env::var_os("TREETRAIN_TORCHRUN")?);
-    let lib = torchrun.parent()?.parent()?.join("lib");
-    std::fs::read_dir(&lib)
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("site-packages/torch/lib"))
-        .find(|p| p.join("libtorch_cuda.so").exists())
-}
 
 #[test]
 fn the_nccl_library_resolves_against_a_cuda_libtorch_and_reports_the_missing_gpu() {
@@ -46,7 +36,7 @@ fn the_nccl_library_resolves_against_a_cuda_libtorch_and_reports_the_missing_gpu
         CommBackend::Gloo.choose(DeviceSpec::Cuda(0), 0, 0).unwrap(),
         BackendChoice::Gloo(None)
     );
-    let Some(lib) = cuda_torch_lib() else {
+    let Some(lib) = common::cuda_torch_lib() else {
         eprintln!("skipped the CUDA half: TREETRAIN_TORCHRUN (scripts/setup-torchrun.sh) names no CUDA torch");
         return;
     };

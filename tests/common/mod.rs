@@ -164,3 +164,31 @@ pub fn quantile(values: &[f64], q: f64) -> f64 {
     let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
     v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
 }
+
+/// The gradients left in `m`'s variables, by name, which are then cleared.
+#[allow(dead_code)]
+pub fn take_grads(m: &Model) -> Vec<(String, Tensor)> {
+    let mut grads: Vec<(String, Tensor)> =
+        m.vs.variables()
+            .into_iter()
+            .map(|(k, v)| (k, v.grad().copy()))
+            .collect();
+    grads.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, mut v) in m.vs.variables() {
+        v.zero_grad();
+    }
+    grads
+}
+
+/// torch/lib of the torchrun venv (scripts/setup-torchrun.sh), from `TREETRAIN_TORCHRUN`: a
+/// CUDA libtorch (torch 2.11.0 from PyPI) to load without a GPU.
+#[allow(dead_code)]
+pub fn cuda_torch_lib() -> Option<PathBuf> {
+    let torchrun = PathBuf::from(std::env::var_os("TREETRAIN_TORCHRUN")?);
+    let lib = torchrun.parent()?.parent()?.join("lib");
+    std::fs::read_dir(&lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages/torch/lib"))
+        .find(|p| p.join("libtorch_cuda.so").exists())
+}
