@@ -36,6 +36,11 @@ RENAMES = {
     "clip_ratio_low": "clip_ratio/low_mean",
     "clip_ratio_high": "clip_ratio/high_mean",
     "sampling_correction": "sampling/importance_sampling_ratio/mean",
+    # TRL's async GRPO (`experimental/async_grpo`): the multi-turn drift tally.
+    "realign_frac": "rollout/realign_frac",
+    "fork_frac": "rollout/fork_frac",
+    "drift_tokens_mean": "rollout/drift_tokens_mean",
+    "drift_tokens_max": "rollout/drift_tokens_max",
 }
 
 

@@ -102,7 +102,7 @@ fn the_training_core_types_render() {
     };
     let text = sapo.text();
     assert!(text.contains("sapo temperatures (pos, neg) = [1.0, 1.05]\n"), "{text}");
-    assert!(text.contains("off_policy_mask_threshold = 0.5\n") && text.contains("entropy_coef (this step) = 0.01\n"));
+    assert!(text.contains("off_policy_mask_threshold = 0.5\n") && text.contains("entropy_coef (this step) = 0.0100\n"));
     let control = treetrain::grpo::EntropyControl {
         coef: Some(0.12),
         last_entropy: None,

@@ -201,7 +201,7 @@ fn the_replay_scores_a_sampled_token_as_the_sampler_did() {
             token_limit,
             ..Default::default()
         };
-        let t = Truncation::of(&cfg);
+        let t = cfg.truncation();
         for _ in 0..50 {
             let logits: Vec<f32> = (0..vocab).map(|_| (rng.next_f64() * 6.0 - 3.0) as f32).collect();
             let c = choose(&logits, &[], &cfg, &mut rng);

@@ -17,8 +17,8 @@
 use tch::{Kind, Tensor};
 
 use super::sampling::SamplingConfig;
-use super::truncation::Truncation;
 use crate::device::Device;
+use crate::model::Truncation;
 
 /// The chosen token of every row of a batch and its log-probabilities (see
 /// [`super::Choice`] for what each means).
@@ -97,7 +97,7 @@ pub fn choose_rows_with_tensors(
         // The ids past the limit are already -inf in `lp`, which `kept` leaves out.
         let keep = Truncation {
             token_limit: None,
-            ..Truncation::of(cfg)
+            ..cfg.truncation()
         }
         .kept(&lp)?;
         let renorm = lp

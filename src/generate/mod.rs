@@ -41,9 +41,9 @@ mod device_sampling;
 mod generator;
 mod sampling;
 mod stop;
-mod truncation;
 mod view;
 
+pub use crate::model::Truncation;
 pub use completion::{Completion, FinishReason};
 pub use config::{GenerateError, GenerationConfig};
 pub use conversation::Conversations;
@@ -52,5 +52,4 @@ pub use device_sampling::{BatchChoice, choose_rows, choose_rows_with_tensors, se
 pub use generator::Generator;
 pub use sampling::{Choice, SamplingConfig, choose};
 pub use stop::StopStrings;
-pub use truncation::Truncation;
 pub use view::Completions;

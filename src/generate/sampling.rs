@@ -1,5 +1,6 @@
 //! Turning one row of logits into the next token, with the log-probabilities GRPO needs.
 
+use crate::model::Truncation;
 use crate::util::SplitMix64;
 
 /// How the next token is chosen.
@@ -49,6 +50,21 @@ impl SamplingConfig {
             return bad("repetition_penalty", self.repetition_penalty, "finite and > 0");
         }
         Ok(())
+    }
+
+    /// What this sampling leaves out of `softmax(logits / temperature)`, for a trainer to
+    /// replay (none for greedy decoding); settings that keep everything (`top_k = 0`,
+    /// `top_p = 1`, `min_p = 0`) are left out.
+    pub fn truncation(&self) -> Truncation {
+        if !self.do_sample {
+            return Truncation::default();
+        }
+        Truncation {
+            token_limit: self.token_limit,
+            top_k: self.top_k.filter(|&k| k > 0),
+            top_p: self.top_p.filter(|&p| p < 1.0),
+            min_p: self.min_p.filter(|&m| m > 0.0),
+        }
     }
 
     /// The random stream of row `row` (counted from `first_row`).

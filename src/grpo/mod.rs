@@ -7,7 +7,7 @@
 //! (past the tokenizer) and top-k / top-p / min-p left out and renormalised. The loss scores
 //! the policy (and the reference, and the policy at update start) under the same truncation,
 //! replayed from that model's own logits with the sampled token always kept
-//! ([`Truncation`](crate::generate::Truncation)): the ratio `q_θ(x) / q_old(x)` is then an
+//! ([`Truncation`](crate::model::Truncation)): the ratio `q_θ(x) / q_old(x)` is then an
 //! unbiased importance weight for the expected reward of the policy as it samples, where the
 //! ratio of untruncated log-probs would weight every kept token by the dropped mass
 //! (`tests/truncated_sampling.rs`). In sync mode the ratio starts at 1 (up to floating-point

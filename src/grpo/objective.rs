@@ -9,7 +9,7 @@ use super::policy_terms::{importance_ratio, off_policy_mask, policy_terms, sampl
 use super::row_loss::LmHead;
 use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::device::Device;
-use crate::generate::Truncation;
+use crate::model::Truncation;
 use crate::model::{Activations, LogprobChunks, ModelError};
 use crate::pack::PackedRow;
 
@@ -91,7 +91,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             chunks: LogprobChunks::default(),
             lm_head: LmHead::Fused,
             temperature: c.sampling.temperature,
-            truncation: Truncation::of(&c.sampling_config()),
+            truncation: c.sampling_config().truncation(),
             beta: c.loss.beta,
             bias_corrected_kl: c.loss.use_bias_correction_kl,
             loss_type: c.loss.loss_type,
@@ -499,7 +499,7 @@ impl GrpoObjective {
             rows.push(("off_policy_mask_threshold", t.to_string()));
         }
         if self.entropy_coef != 0.0 {
-            rows.push(("entropy_coef (this step)", self.entropy_coef.to_string()));
+            rows.push(("entropy_coef (this step)", format!("{:.4}", self.entropy_coef)));
         }
         if self.truncation != Truncation::default() {
             rows.push(("truncation (replayed)", self.truncation.to_string()));

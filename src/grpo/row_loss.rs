@@ -15,6 +15,7 @@
 use tch::{Kind, Tensor};
 
 use super::objective::{GrpoLoss, GrpoObjective, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
+use crate::device::Device;
 use crate::model::{CausalLm, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
@@ -154,11 +155,9 @@ fn fused_head_loss(
     out.loss.f_backward()?;
     // 3. Each chunk of the head again, back-propagated with the gradient of its pairs: the
     //    terms' gradients summed per pair.
-    let per_pair = Tensor::f_zeros(entropies.size(), (Kind::Float, entropies.device()))?.f_index_add(
-        0,
-        &terms.of_term,
-        &lp_leaf.grad(),
-    )?;
+    let per_pair = Device::of(&entropies)
+        .zeros(&entropies.size(), Kind::Float)?
+        .f_index_add(0, &terms.of_term, &lp_leaf.grad())?;
     let leaf = terms.detached_leaf();
     let entropy_grad = entropy_leaf.as_ref().map(Tensor::grad);
     leaf.backward_head(head, cfg.chunks, &cfg.truncation, &per_pair, entropy_grad.as_ref())?;

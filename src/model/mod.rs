@@ -47,6 +47,7 @@ mod rope;
 mod save;
 mod seeded;
 mod special;
+mod truncation;
 mod view;
 mod weights;
 
@@ -70,5 +71,6 @@ pub use recompute::Activations;
 pub use save::{kind_name, refuse_overlap};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
+pub use truncation::Truncation;
 pub(crate) use weights::load_into;
 pub use weights::{all_finite, weight_files, weights_fingerprint, write_safetensors};

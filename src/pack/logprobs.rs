@@ -5,7 +5,7 @@ use tch::{Kind, Tensor};
 
 use super::PackedRow;
 use crate::device::Device;
-use crate::generate::Truncation;
+use crate::model::Truncation;
 use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs, target_logprobs_and_entropy};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several

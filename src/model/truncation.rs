@@ -1,6 +1,7 @@
 //! The sampler's truncation replayed on a trainer's logits, so that an importance ratio
 //! compares the distribution a token was drawn from with the same distribution under the
-//! current weights.
+//! current weights. (Here, below both the generator and the packed scoring that use it; a
+//! sampling config gives its own with `generate::SamplingConfig::truncation`.)
 //!
 //! With `top_k`, `top_p`, `min_p` or a `token_limit`, a token is drawn from the truncated,
 //! renormalised `q(x) = p(x) / sum_{y in K} p(y)` over the kept set `K`, not from
@@ -19,10 +20,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::SamplingConfig;
 use crate::device::Device;
 
-/// What the sampler leaves out of `softmax(logits / T)`; nothing when sampling is greedy.
+/// What a sampler leaves out of `softmax(logits / T)`; nothing when sampling is greedy.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Truncation {
     /// Ids at or above this are never drawn (the tokenizer's vocabulary size).
@@ -36,20 +36,6 @@ pub struct Truncation {
 }
 
 impl Truncation {
-    /// The truncation of `cfg` (none for greedy decoding); settings that keep everything
-    /// (`top_k = 0`, `top_p = 1`, `min_p = 0`) are left out.
-    pub fn of(cfg: &SamplingConfig) -> Self {
-        if !cfg.do_sample {
-            return Truncation::default();
-        }
-        Truncation {
-            token_limit: cfg.token_limit,
-            top_k: cfg.top_k.filter(|&k| k > 0),
-            top_p: cfg.top_p.filter(|&p| p < 1.0),
-            min_p: cfg.min_p.filter(|&m| m > 0.0),
-        }
-    }
-
     /// Whether anything of a `vocab`-row distribution is left out.
     pub fn truncates(&self, vocab: i64) -> bool {
         self.top_k.is_some_and(|k| (k as i64) < vocab)
@@ -86,7 +72,7 @@ impl Truncation {
                 let before = probs.f_cumsum(-1, Kind::Double)?.f_sub(&probs)?;
                 kept = kept.f_logical_and(&before.f_lt(p)?.f_logical_or(&rank.f_eq(0)?)?)?;
             }
-            keep = keep.f_logical_and(&Tensor::f_zeros_like(&keep)?.f_scatter(-1, &order, &kept)?)?;
+            keep = keep.f_logical_and(&device.zeros(&[n, vocab], Kind::Bool)?.f_scatter(-1, &order, &kept)?)?;
         }
         if let Some(min_p) = self.min_p {
             let floor = lp.f_amax([-1], true)?.f_add_scalar(min_p.ln())?;
