@@ -85,12 +85,21 @@ impl Truncation {
     /// temperature; differentiable): the target's log-prob under the distribution renormalised
     /// over the kept set, the target always counted in it (see the module docs).
     pub fn logprobs(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
+        let log_probs = tch::no_grad(|| logits.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float))?;
+        self.logprobs_with(logits, &log_probs, targets)
+    }
+
+    /// [`Truncation::logprobs`] given the rows' `log_softmax` `log_probs` already at hand (only
+    /// its values are read, to find the kept set).
+    pub fn logprobs_with(
+        &self,
+        logits: &Tensor,
+        log_probs: &Tensor,
+        targets: &Tensor,
+    ) -> Result<Tensor, tch::TchError> {
         let logits = logits.f_to_kind(Kind::Float)?;
         let targets = targets.f_to_kind(Kind::Int64)?.f_view([-1, 1])?;
-        let keep = tch::no_grad(|| -> Result<Tensor, tch::TchError> {
-            let kept = self.kept(&logits.f_log_softmax(-1, Kind::Float)?)?;
-            kept.f_scatter_value(-1, &targets, 1)
-        })?;
+        let keep = tch::no_grad(|| self.kept(&log_probs.detach())?.f_scatter_value(-1, &targets, 1))?;
         let masked = logits.f_masked_fill(&keep.f_logical_not()?, f64::NEG_INFINITY)?;
         let target = logits.f_gather(-1, &targets, false)?.f_squeeze_dim(-1)?;
         target.f_sub(&masked.f_logsumexp([-1], false)?)

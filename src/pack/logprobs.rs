@@ -95,25 +95,14 @@ impl DistinctTerms {
     }
 
     /// The policy's entropy at every pair `[U]` (f32) with its gradient, for an entropy bonus:
-    /// each token chunk's full logits `[chunk, vocab]` are kept until backward, as a plain
-    /// `log_softmax` over the vocabulary keeps them.
+    /// each chunk's full logits are kept until backward, as a plain `log_softmax` over the
+    /// vocabulary keeps them.
     pub fn entropies_with_grad(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
-        let n = self.hidden.size()[0];
-        let w = lm_head.f_to_kind(Kind::Float)?;
         let mut out = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let len = chunks.tokens.max(1).min(n - start);
-            let h = self.hidden.f_narrow(0, start, len)?.f_to_kind(Kind::Float)?;
-            let lp = h.f_matmul(&w.f_tr()?)?.f_log_softmax(-1, Kind::Float)?;
-            out.push(
-                lp.f_exp()?
-                    .f_mul(&lp)?
-                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
-                    .f_neg()?,
-            );
-            start += len;
-        }
+        self.for_each_logit_chunk(lm_head, chunks, |_, logits| {
+            out.push(entropy_of(&logits.f_log_softmax(-1, Kind::Float)?)?);
+            Ok(())
+        })?;
         if out.is_empty() {
             return Ok(Device::of(&self.hidden).zeros(&[0], Kind::Float)?);
         }
@@ -136,41 +125,64 @@ impl DistinctTerms {
         Ok((per_pair.f_index_select(0, &self.of_term)?, entropies))
     }
 
-    /// Per pair `[U]`, the truncated log-probs and the entropies. Whole rows of logits at a
-    /// time (the kept set depends on the whole row), as many rows as one chunk of
-    /// `chunks.tokens x chunks.vocab` logits holds.
+    /// Per pair `[U]`, the truncated log-probs and the entropies, from whole rows of logits
+    /// (the kept set depends on the whole row).
     fn truncated_pass(
         &self,
         lm_head: &Tensor,
         chunks: LogprobChunks,
         truncation: &Truncation,
     ) -> Result<(Tensor, Tensor), ModelError> {
-        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
         let device = Device::of(&self.hidden);
-        if n == 0 {
+        if self.hidden.size()[0] == 0 {
             return Ok((device.zeros(&[0], Kind::Float)?, device.zeros(&[0], Kind::Float)?));
         }
-        let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
-        let w = lm_head.f_to_kind(Kind::Float)?;
         let targets = device.put(&self.targets)?;
         let (mut logprobs, mut entropies) = (Vec::new(), Vec::new());
+        self.for_each_logit_chunk(lm_head, chunks, |start, logits| {
+            let log_probs = tch::no_grad(|| logits.f_log_softmax(-1, Kind::Float))?;
+            let t = targets.f_narrow(0, start, logits.size()[0])?;
+            logprobs.push(truncation.logprobs_with(logits, &log_probs, &t)?);
+            entropies.push(entropy_of(&log_probs)?);
+            Ok(())
+        })?;
+        Ok((Tensor::f_cat(&logprobs, 0)?, Tensor::f_cat(&entropies, 0)?))
+    }
+
+    /// Calls `f(start, logits)` on consecutive chunks of whole rows of logits `h W^T` (f32
+    /// `[len, vocab]`, rows `start..start + len`), as many rows as `chunks.tokens x
+    /// chunks.vocab` logits hold.
+    fn for_each_logit_chunk(
+        &self,
+        lm_head: &Tensor,
+        chunks: LogprobChunks,
+        mut f: impl FnMut(i64, &Tensor) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
+        let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
+        let w = lm_head.f_to_kind(Kind::Float)?.f_tr()?;
         let mut start = 0;
         while start < n {
             let len = rows.min(n - start);
-            let h = self.hidden.f_narrow(0, start, len)?.f_to_kind(Kind::Float)?;
-            let logits = h.f_matmul(&w.f_tr()?)?;
-            logprobs.push(truncation.logprobs(&logits, &targets.f_narrow(0, start, len)?)?);
-            entropies.push(tch::no_grad(|| -> Result<Tensor, tch::TchError> {
-                let lp = logits.f_log_softmax(-1, Kind::Float)?;
-                lp.f_exp()?
-                    .f_mul(&lp)?
-                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
-                    .f_neg()
-            })?);
+            let logits = self
+                .hidden
+                .f_narrow(0, start, len)?
+                .f_to_kind(Kind::Float)?
+                .f_matmul(&w)?;
+            f(start, &logits)?;
             start += len;
         }
-        Ok((Tensor::f_cat(&logprobs, 0)?, Tensor::f_cat(&entropies, 0)?))
+        Ok(())
     }
+}
+
+/// `-sum_v p_v log p_v` `[n]` of each row of log-probs `log_probs` `[n, vocab]`.
+fn entropy_of(log_probs: &Tensor) -> Result<Tensor, tch::TchError> {
+    log_probs
+        .f_exp()?
+        .f_mul(log_probs)?
+        .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
+        .f_neg()
 }
 
 impl DistinctTerms {
@@ -198,43 +210,26 @@ impl DistinctTerms {
         grad_logprobs: &Tensor,
         grad_entropies: Option<&Tensor>,
     ) -> Result<(), ModelError> {
-        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
-        let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
-        let device = Device::of(&self.hidden);
-        let targets = device.put(&self.targets)?;
+        let truncates = truncation.truncates(lm_head.size()[0]);
+        let targets = Device::of(&self.hidden).put(&self.targets)?;
         let grad_entropies = grad_entropies.filter(|g| g.defined());
-        let w = lm_head.f_to_kind(Kind::Float)?;
-        let mut start = 0;
-        while start < n {
-            let len = rows.min(n - start);
-            let logits = self
-                .hidden
-                .f_narrow(0, start, len)?
-                .f_to_kind(Kind::Float)?
-                .f_matmul(&w.f_tr()?)?;
+        self.for_each_logit_chunk(lm_head, chunks, |start, logits| {
+            let len = logits.size()[0];
             let t = targets.f_narrow(0, start, len)?;
-            let log_softmax = logits.f_log_softmax(-1, Kind::Float)?;
-            let logprobs = match truncation.truncates(vocab) {
-                true => truncation.logprobs(&logits, &t)?,
-                false => log_softmax
-                    .f_gather(-1, &t.f_view([-1, 1])?, false)?
-                    .f_squeeze_dim(-1)?,
+            let log_probs = logits.f_log_softmax(-1, Kind::Float)?;
+            let logprobs = match truncates {
+                true => truncation.logprobs_with(logits, &log_probs, &t)?,
+                false => log_probs.f_gather(-1, &t.f_view([-1, 1])?, false)?.f_squeeze_dim(-1)?,
             };
             let mut surrogate = logprobs
                 .f_mul(&grad_logprobs.f_narrow(0, start, len)?)?
                 .f_sum(Kind::Float)?;
             if let Some(g) = grad_entropies {
-                let entropy = log_softmax
-                    .f_exp()?
-                    .f_mul(&log_softmax)?
-                    .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?
-                    .f_neg()?;
+                let entropy = entropy_of(&log_probs)?;
                 surrogate = surrogate.f_add(&entropy.f_mul(&g.f_narrow(0, start, len)?)?.f_sum(Kind::Float)?)?;
             }
-            surrogate.f_backward()?;
-            start += len;
-        }
-        Ok(())
+            Ok(surrogate.f_backward()?)
+        })
     }
 }
 
