@@ -102,22 +102,47 @@ fn kept_head_loss(
     // term compares its own bits.
     let head = model.lm_head_weight();
     let (logprobs, entropies) = terms.logprobs_and_entropies(head, cfg.chunks, &cfg.truncation)?;
-    let measured = entropies.f_index_select(0, &terms.of_term)?;
     // The bonus trains on the entropies themselves: then they come with their gradient too.
     let differentiable = match cfg.entropy_coef != 0.0 {
-        true => Some(
-            terms
-                .entropies_with_grad(head, cfg.chunks)?
-                .f_index_select(0, &terms.of_term)?,
-        ),
+        true => Some(terms.entropies_with_grad(head, cfg.chunks)?),
         false => None,
     };
+    let on = PolicyTerms {
+        logprobs,
+        entropies: &entropies,
+        differentiable: differentiable.as_ref(),
+    };
+    objective_on(row, terms, on, cfg, weights, other)
+}
+
+/// What the objective is taken on: the policy's log-prob of each loss term `[M]` and its
+/// entropy at each pair `[U]`, measured and (for the entropy bonus) differentiable.
+struct PolicyTerms<'a> {
+    logprobs: Tensor,
+    entropies: &'a Tensor,
+    differentiable: Option<&'a Tensor>,
+}
+
+/// The objective on `on`, the pairs' entropies fanned out to the terms of `terms`.
+fn objective_on(
+    row: &PackedRow,
+    terms: &DistinctTerms,
+    on: PolicyTerms<'_>,
+    cfg: &GrpoObjective,
+    weights: TermWeights,
+    other: TermLogprobs<'_>,
+) -> Result<GrpoLoss, ModelError> {
+    let measured = on.entropies.f_index_select(0, &terms.of_term)?;
+    let differentiable = on
+        .differentiable
+        .map(|e| e.f_index_select(0, &terms.of_term))
+        .transpose()?;
     let term_entropies = TermEntropies {
         measured: &measured,
         differentiable: differentiable.as_ref(),
     };
-    let mut out = grpo_loss_of_logprobs(row, logprobs, Some(term_entropies), cfg, weights, other)?;
-    out.entropy_sum = weighted_sum(&entropies, &terms.counts)?;
+    let mut out = grpo_loss_of_logprobs(row, on.logprobs, Some(term_entropies), cfg, weights, other)?;
+    out.entropy_sum = weighted_sum(on.entropies, &terms.counts)?;
     Ok(out)
 }
 
@@ -138,17 +163,12 @@ fn fused_head_loss(
     // 2. The objective on leaves standing for them.
     let lp_leaf = logprobs.detach().set_requires_grad(true);
     let entropy_leaf = (cfg.entropy_coef != 0.0).then(|| entropies.detach().set_requires_grad(true));
-    let measured = entropies.f_index_select(0, &terms.of_term)?;
-    let differentiable = entropy_leaf
-        .as_ref()
-        .map(|e| e.f_index_select(0, &terms.of_term))
-        .transpose()?;
-    let term_entropies = TermEntropies {
-        measured: &measured,
-        differentiable: differentiable.as_ref(),
+    let on = PolicyTerms {
+        logprobs: lp_leaf.shallow_clone(),
+        entropies: &entropies,
+        differentiable: entropy_leaf.as_ref(),
     };
-    let mut out = grpo_loss_of_logprobs(row, lp_leaf.shallow_clone(), Some(term_entropies), cfg, weights, other)?;
-    out.entropy_sum = weighted_sum(&entropies, &terms.counts)?;
+    let out = objective_on(row, terms, on, cfg, weights, other)?;
     if !out.loss.requires_grad() || !terms.hidden.requires_grad() {
         return Ok((None, out));
     }
