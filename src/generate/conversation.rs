@@ -47,6 +47,14 @@ impl Conversations {
         self.state.next_pos.get(row).map(|&p| p as usize)
     }
 
+    /// How many tokens at the end of `whole` row `row` must prefill to go on from it: those
+    /// past what its cache holds, and past where `whole` departs from the row's tokens (the row
+    /// is then rewound). `None`: no such row.
+    pub fn tail_len(&self, row: usize, whole: &[i64]) -> Option<usize> {
+        let shared = common_prefix(self.tokens(row)?, whole);
+        Some(whole.len() - self.cached_tokens(row)?.min(shared))
+    }
+
     /// Cache slots not used yet. Every row advances the same slots (a turn's decode steps and
     /// each continuation's prefill chunks), so one number holds for all.
     pub fn slots_left(&self) -> i64 {
@@ -194,11 +202,10 @@ impl Generator {
         let mut tails = Vec::with_capacity(turns.len());
         for (index, (row, whole)) in turns.iter().enumerate() {
             let bad = |message: String| GenerateError::Prompt { index, message };
-            let (Some(cached), Some(so_far)) = (conv.cached_tokens(*row), conv.tokens(*row)) else {
+            let (Some(tail), Some(so_far)) = (conv.tail_len(*row, whole), conv.tokens(*row)) else {
                 return Err(bad(format!("row {row}: the conversations hold {} rows", conv.rows())));
             };
-            let matched = common_prefix(so_far, whole);
-            if matched == whole.len() {
+            if common_prefix(so_far, whole) == whole.len() {
                 return Err(bad(format!(
                     "row {row}: {} tokens that do not extend the row's {} (its prompt and what it generated) by a message",
                     whole.len(),
@@ -215,7 +222,7 @@ impl Generator {
                     &format!("conversation {index} + max_new_tokens {}", cfg.max_new_tokens),
                 )
                 .map_err(GenerateError::Config)?;
-            tails.push(whole[cached.min(matched)..].to_vec());
+            tails.push(whole[whole.len() - tail..].to_vec());
         }
         let longest = tails.iter().map(Vec::len).max().unwrap_or(0);
         let need = Conversations::slots_needed(longest, cfg);

@@ -288,10 +288,8 @@ impl Round<'_> {
                 turns.max_conversation_length
             ));
         }
-        // A row whose tokens departed from the rendering is rewound to what both share.
         let ids: Vec<i64> = prompt_ids.iter().chain(&talk.ids).copied().collect();
-        let shared = crate::generate::common_prefix(conv.tokens(row).unwrap_or(&[]), &ids);
-        let tail = whole - conv.cached_tokens(row).unwrap_or(0).min(shared);
+        let tail = conv.tail_len(row, &ids).unwrap_or(whole);
         let need = Conversations::slots_needed(tail, cfg);
         if need > conv.slots_left() {
             return Err(format!(

@@ -186,14 +186,15 @@ impl Talk {
         rendered.extend(encode(tokenizer, text)?);
         let matched = crate::generate::common_prefix(&self.ids, &rendered);
         let moved = self.ids.len() - matched;
-        if moved == 0 {
-            self.extend_context(&rendered[matched..]);
-            return Ok(Drift::Clean);
-        }
-        if matched >= self.turn_start && moved < r.fork_threshold {
+        // Nothing held moved (the tokens extend after all), or little inside the latest turn.
+        if moved == 0 || (matched >= self.turn_start && moved < r.fork_threshold) {
             self.truncate(matched);
             self.extend_context(&rendered[matched..]);
-            return Ok(Drift::Realigned(moved));
+            return Ok(if moved == 0 {
+                Drift::Clean
+            } else {
+                Drift::Realigned(moved)
+            });
         }
         self.closed.push(ClosedRow {
             completion: self.completion(self.prompt),
