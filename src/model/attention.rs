@@ -179,14 +179,15 @@ impl Attention {
     }
 
     /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
-    /// `[batch, kv_heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]` (true =
-    /// attend; `None` = causal), merged back to `[batch, q_len, hidden]` through `o_proj`.
+    /// `[batch, kv_heads or heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]`
+    /// (true = attend; `None` = causal), merged back to `[batch, q_len, hidden]` through
+    /// `o_proj`.
     pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let scale = (self.head_dim as f64).powf(-0.5);
-        // Grouped-query attention inside the kernel (`enable_gqa`): repeating the keys and
-        // values of a whole KV cache every decode step would copy more than the attention
-        // itself reads.
-        let gqa = self.num_heads != self.num_kv_heads;
+        // Grouped-query attention inside the kernel (`enable_gqa`) where keys come at
+        // `kv_heads`: repeating the keys and values of a whole KV cache every decode step would
+        // copy more than the attention itself reads.
+        let gqa = k.size()[1] != q.size()[1];
         let out = Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), scale, gqa);
         let (b, t) = (q.size()[0], q.size()[2]);
         self.o_proj
@@ -213,7 +214,11 @@ impl Attention {
                 layout: AttentionLayout::Segments(layout),
                 ..
             } => self.attend_segments(&q, &k, &v, layout),
-            KeyValues::Layout { mask, .. } => self.attend(&q, &k, &v, *mask),
+            KeyValues::Layout { mask, .. } => {
+                let (k, _) = self.grouped_keys(&k, mask.is_some());
+                let (v, _) = self.grouped_keys(&v, mask.is_some());
+                self.attend(&q, &k, &v, *mask)
+            }
             KeyValues::Cache { cache, mask } => {
                 let (k_all, v_all) = cache.store(layer, &k, &v)?;
                 let scale = (self.head_dim as f64).powf(-0.5);
@@ -235,12 +240,10 @@ impl Attention {
     /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, which is slower.
     /// A tree gathers its shared prefix once per branch, many key slots per token where flat
     /// packing gathers about one, so this cost weighs more in the tree's update (the GRPO
-    /// bench's tree/flat ratio shows it). On the CPU keys and values stay at `kv_heads`
-    /// ([`Attention::segment_keys_values`]).
+    /// bench's tree/flat ratio shows it). Keys and values stay at `kv_heads` until a masked call
+    /// needs them repeated ([`Attention::grouped_keys`]).
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
         let n = q.size()[2];
-        let (k, v) = self.segment_keys_values(k, v);
-        let (k, v) = (&k, &v);
         let mut rows = self.attend_singles(q, k, v, layout);
         if !layout.batches.is_empty() {
             let token_rows = |t: &Tensor| {
@@ -257,28 +260,15 @@ impl Attention {
         self.o_proj.forward(&out.view([1, n, self.num_heads * self.head_dim]))
     }
 
-    /// `k`, `v` `[1, kv_heads, n, d]` as the segment attention hands them to SDPA: as they are
-    /// on the CPU, whose flash kernel groups the query heads itself (`enable_gqa`, masks
-    /// included), so there are no per-head copies to gather; repeated to `heads` elsewhere, since
-    /// on CUDA `enable_gqa` with a mask (every padded batch has one) falls back to the math
-    /// kernel (why transformers repeats K/V whenever there is a mask).
-    fn segment_keys_values(&self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let rep = self.num_heads / self.num_kv_heads;
-        if rep == 1 || k.device() == tch::Device::Cpu {
-            return (k.shallow_clone(), v.shallow_clone());
-        }
-        (
-            k.repeat_interleave_self_int(rep, 1, None),
-            v.repeat_interleave_self_int(rep, 1, None),
-        )
+    /// [`grouped_keys`] for this layer's heads.
+    fn grouped_keys(&self, t: &Tensor, masked: bool) -> (Tensor, bool) {
+        grouped_keys(t, self.num_heads / self.num_kv_heads, masked)
     }
 
     /// The output rows `[q_len, heads * d]` of every query block of the layout's single
-    /// segments, in order: `q` `[1, heads, n, d]`, `k` and `v` from
-    /// [`Attention::segment_keys_values`].
+    /// segments, in order: `q` `[1, heads, n, d]`, `k` and `v` `[1, kv_heads, n, d]`.
     fn attend_singles(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
-        let gqa = k.size()[1] != self.num_heads;
         let mut rows = Vec::new();
         for s in &layout.singles {
             let (ks, vs) = match &s.keys {
@@ -287,8 +277,9 @@ impl Attention {
             };
             for b in &s.blocks {
                 let qs = q.narrow(2, s.q_start + b.q_offset, b.q_len);
-                let (kb, vb) = (ks.narrow(2, 0, b.k_len), vs.narrow(2, 0, b.k_len));
                 let causal = b.mask.is_none();
+                let (kb, gqa) = self.grouped_keys(&ks.narrow(2, 0, b.k_len), !causal);
+                let (vb, _) = self.grouped_keys(&vs.narrow(2, 0, b.k_len), !causal);
                 let out = Tensor::scaled_dot_product_attention(&qs, &kb, &vb, b.mask.as_ref(), 0.0, causal, scale, gqa);
                 rows.push(out.transpose(1, 2).reshape([b.q_len, self.num_heads * self.head_dim]));
             }
@@ -297,10 +288,9 @@ impl Attention {
     }
 
     /// The output rows `[real queries, heads * d]` of each padded batch of the layout, from
-    /// token-major `q` `[n, heads * d]`, `k` and `v` `[n, kv_heads * d]` (or `heads * d`).
+    /// token-major `q` `[n, heads * d]`, `k` and `v` `[n, kv_heads * d]`.
     fn attend_batches(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
-        let gqa = k.size()[1] != q.size()[1];
         let d = self.head_dim;
         layout
             .batches
@@ -311,10 +301,12 @@ impl Attention {
                     let heads = t.size()[1] / d;
                     t.index_select(0, index).view([b.groups, len, heads, d]).transpose(1, 2)
                 };
+                let (keys, gqa) = self.grouped_keys(&gather(k, &b.k_index, b.k_max), true);
+                let (values, _) = self.grouped_keys(&gather(v, &b.k_index, b.k_max), true);
                 let out = Tensor::scaled_dot_product_attention(
                     &gather(q, &b.q_index, b.q_max),
-                    &gather(k, &b.k_index, b.k_max),
-                    &gather(v, &b.k_index, b.k_max),
+                    &keys,
+                    &values,
                     Some(&b.mask),
                     0.0,
                     false,
@@ -327,4 +319,18 @@ impl Attention {
             })
             .collect()
     }
+}
+
+/// Keys or values `t` `[.., kv_heads, len, d]` as one SDPA call over them takes them (`rep`
+/// query heads per key head), and whether that call groups the query heads itself
+/// (`enable_gqa`). Unmasked calls and every call on the CPU (whose flash kernel groups heads
+/// under a mask too) keep `kv_heads`: no per-head copies. A masked call elsewhere gets them
+/// repeated to `heads`, since on CUDA `enable_gqa` with a mask falls back to the math kernel
+/// (why transformers repeats K/V whenever there is a mask); only the keys that call reads are
+/// repeated.
+pub(super) fn grouped_keys(t: &Tensor, rep: i64, masked: bool) -> (Tensor, bool) {
+    if rep == 1 || !masked || t.device() == tch::Device::Cpu {
+        return (t.shallow_clone(), rep != 1);
+    }
+    (t.repeat_interleave_self_int(rep, 1, None), false)
 }
