@@ -45,6 +45,7 @@ mod projection;
 mod recompute;
 mod rope;
 mod save;
+mod sdpa;
 mod seeded;
 mod special;
 mod truncation;
@@ -65,10 +66,12 @@ pub use layout::{
     SegmentLayout,
 };
 pub use loaded::{LoadOptions, Model, TrainingMode};
+pub(crate) use logprobs::head_logits;
 pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
 pub use projection::{Projected, Projections};
 pub use recompute::Activations;
 pub use save::{kind_name, refuse_overlap};
+pub use sdpa::{AttentionCall, SdpaKernel, sdpa_kernels};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
 pub use truncation::Truncation;
