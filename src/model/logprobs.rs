@@ -77,15 +77,15 @@ fn head_pass(
     if n == 0 {
         return Ok((Device::of(hidden).zeros(&[0], Kind::Float)?, None));
     }
-    let w32 = lm_head.to_kind(Kind::Float);
     let (mut logprobs, mut entropies) = (Vec::new(), Vec::new());
     let mut start = 0;
     while start < n {
         let len = chunks.tokens.max(1).min(n - start);
         let h = hidden.narrow(0, start, len).to_kind(Kind::Float);
         let t = targets.narrow(0, start, len);
-        let target_logit = (&h * w32.index_select(0, &t)).sum_dim_intlist(-1, false, Kind::Float);
-        let softmax = RunningSoftmax::over_vocabulary(&h, &w32, chunks.vocab.max(1), entropy);
+        let target_rows = lm_head.index_select(0, &t).to_kind(Kind::Float);
+        let target_logit = (&h * target_rows).sum_dim_intlist(-1, false, Kind::Float);
+        let softmax = RunningSoftmax::over_vocabulary(&h, lm_head, chunks.vocab.max(1), entropy);
         logprobs.push(target_logit - softmax.log_normalizer());
         entropies.extend(softmax.entropy());
         start += len;
@@ -129,14 +129,15 @@ struct RunningSoftmax {
 }
 
 impl RunningSoftmax {
-    /// Over the logits `h W^T` of `h` `[tokens, hidden]`, `vocab_chunk` rows of `w` at a time.
+    /// Over the f32 logits `h W^T` of `h` `[tokens, hidden]` (f32), `vocab_chunk` rows of `w`
+    /// at a time, each converted to f32 on its own (never the whole head at once).
     fn over_vocabulary(h: &Tensor, w: &Tensor, vocab_chunk: i64, entropy: Entropy) -> Self {
         let vocab = w.size()[0];
         let mut running: Option<RunningSoftmax> = None;
         let mut v0 = 0;
         while v0 < vocab {
             let vl = vocab_chunk.min(vocab - v0);
-            let logits = h.matmul(&w.narrow(0, v0, vl).transpose(0, 1));
+            let logits = h.matmul(&w.narrow(0, v0, vl).to_kind(Kind::Float).transpose(0, 1));
             running = Some(match running {
                 None => RunningSoftmax::first(&logits, entropy),
                 Some(r) => r.add(&logits),
@@ -195,6 +196,29 @@ impl RunningSoftmax {
 /// `sum_v exp_v * shifted_v` `[tokens]` without gradient.
 fn weighted_shift(exp: &Tensor, shifted_logits: &Tensor) -> Tensor {
     tch::no_grad(|| (exp.detach() * shifted_logits.detach()).sum_dim_intlist(-1, false, Kind::Float))
+}
+
+/// Rows of a head in another dtype converted to f32 at once by [`head_logits`].
+const HEAD_SLICE: i64 = 16384;
+
+/// The f32 logits `h W^T` `[rows, vocab]` of `h` `[rows, hidden]` (any float dtype) and the head
+/// `lm_head` `[vocab, hidden]`: one product for an f32 head; otherwise the head converted
+/// [`HEAD_SLICE`] rows at a time, so no f32 copy of a bf16 head (1.2 GB at Qwen3's vocabulary)
+/// is made per call. Differentiable.
+pub(crate) fn head_logits(h: &Tensor, lm_head: &Tensor) -> Result<Tensor, tch::TchError> {
+    let h = h.f_to_kind(Kind::Float)?;
+    if lm_head.kind() == Kind::Float {
+        return h.f_matmul(&lm_head.f_tr()?);
+    }
+    let vocab = lm_head.size()[0];
+    let slices = (0..vocab)
+        .step_by(HEAD_SLICE as usize)
+        .map(|v0| {
+            let rows = lm_head.f_narrow(0, v0, HEAD_SLICE.min(vocab - v0))?;
+            h.f_matmul(&rows.f_to_kind(Kind::Float)?.f_tr()?)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::f_cat(&slices, 1)
 }
 
 /// `scale * sum_i -log p(targets_i | hidden_i)` back-propagated one token chunk at a time, so
@@ -286,5 +310,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!((lp.size(), e.size()), (vec![0], vec![0]));
+    }
+
+    /// A bf16 head's logits, converted slice by slice, equal those of the whole head converted
+    /// at once, across slice boundaries, and gradients reach both the hidden states and the head.
+    #[test]
+    fn bf16_head_logits_by_slices_equal_the_whole_head_in_f32() {
+        tch::manual_seed(4);
+        let vocab = 2 * super::HEAD_SLICE + 5;
+        let w = Tensor::randn([vocab, 8], (Kind::Float, tch::Device::Cpu))
+            .to_kind(Kind::BFloat16)
+            .set_requires_grad(true);
+        let h = Tensor::randn([3, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let got = super::head_logits(&h, &w).unwrap();
+        let want = h.matmul(&w.to_kind(Kind::Float).tr());
+        assert_eq!(got.kind(), Kind::Float);
+        let diff = (&got - &want).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{diff}");
+        got.sum(Kind::Float).backward();
+        assert_eq!(w.grad().kind(), Kind::BFloat16);
+        let expected_head_grad = h.sum_dim_intlist(0, false, Kind::Float).double_value(&[0]);
+        let head_grad = w.grad().get(vocab - 1).to_kind(Kind::Float).double_value(&[0]);
+        assert!((head_grad - expected_head_grad).abs() < 1e-2 * (1.0 + expected_head_grad.abs()));
+        assert!(h.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0);
     }
 }

@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 use super::PackedRow;
 use crate::device::Device;
 use crate::model::Truncation;
-use crate::model::{CausalLm, LogprobChunks, ModelError, target_logprobs, target_logprobs_and_entropy};
+use crate::model::{CausalLm, LogprobChunks, ModelError, head_logits, target_logprobs, target_logprobs_and_entropy};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
 /// rollouts that share it in the tree is several terms with one hidden state and one target, so
@@ -160,15 +160,10 @@ impl DistinctTerms {
     ) -> Result<(), ModelError> {
         let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
         let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
-        let w = lm_head.f_to_kind(Kind::Float)?.f_tr()?;
         let mut start = 0;
         while start < n {
             let len = rows.min(n - start);
-            let logits = self
-                .hidden
-                .f_narrow(0, start, len)?
-                .f_to_kind(Kind::Float)?
-                .f_matmul(&w)?;
+            let logits = head_logits(&self.hidden.f_narrow(0, start, len)?, lm_head)?;
             f(start, &logits)?;
             start += len;
         }
