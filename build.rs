@@ -49,6 +49,14 @@ fn main() {
         None,
         "TREETRAIN_CUDA_GRAPH_LIB_BUILT",
     );
+    let memory = ("src/device/cuda_memory.cpp", "libtreetrain_cuda_memory.so");
+    build_cuda_library(
+        &libtorch,
+        memory,
+        "cuda_runtime_api.h",
+        None,
+        "TREETRAIN_CUDA_MEMORY_LIB_BUILT",
+    );
     let nccl = ("src/train/distributed/nccl.cpp", "libtreetrain_nccl.so");
     let stubs = Some("src/train/distributed/cuda_stubs");
     build_cuda_library(&libtorch, nccl, "nccl.h", stubs, "TREETRAIN_NCCL_LIB_BUILT");

@@ -13,6 +13,7 @@
 
 mod accelerators;
 mod cuda;
+mod cuda_memory;
 mod dtype;
 mod error;
 mod neuron;
@@ -23,6 +24,7 @@ mod probe;
 
 pub use accelerators::{Accelerators, CpuInfo, TorchFacts};
 pub use cuda::{CudaDevice, CudaInfo, TORCH_CUDA_ENV, load_torch_cuda, load_torch_cuda_from_env};
+pub use cuda_memory::{CudaMemoryStats, MEMORY_LIBRARY_ENV, MEMORY_LIBRARY_NAME, cuda_memory_stats, reset_cuda_peak};
 pub use dtype::{Dtype, DtypeSetting, UnknownDtype, parse_kind};
 pub use error::DeviceError;
 pub use neuron::{NeuronInfo, parse_visible_cores};
