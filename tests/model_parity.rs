@@ -152,6 +152,46 @@ fn packed_and_padded_layouts_equal_separate_rows() {
     }
 }
 
+/// Packed rows as causal segments over one flattened row (`AttentionLayout::packed`, no
+/// `[seq, seq]` mask) give what the dense sequence-id mask gives on every real token: long
+/// sequences attended alone, short ones batched, padding runs, a sequence id that repeats at
+/// the start of the next row.
+#[test]
+fn packed_rows_as_segments_equal_the_dense_mask() {
+    let model = load_f32("qwen3_tied_gqa_bf16");
+    let vocab = model.lm.config.vocab_size;
+    // Row 0: 300 + 20 + 16 tokens; row 1: 5 + 320 tokens (its first id, 2, ends row 0 too)
+    // and 11 of padding.
+    let row_len = 336;
+    let runs: [&[(i64, i64)]; 2] = [&[(0, 300), (1, 20), (2, 16)], &[(2, 5), (3, 320), (-1, 11)]];
+    let (mut ids, mut pos, mut seq) = (Vec::new(), Vec::new(), Vec::new());
+    for row in runs {
+        for &(id, len) in row {
+            seq.extend(std::iter::repeat_n(id, len as usize));
+            pos.extend(0..len);
+            ids.extend((0..len).map(|i| (i * 7919 + id * 31 + 3).rem_euclid(vocab)));
+        }
+    }
+    let dense = AttentionLayout::Packed {
+        sequence_ids: Tensor::from_slice(&seq).view([2, row_len]),
+    };
+    let view = |v: &[i64], rows: i64| Tensor::from_slice(v).view([rows, -1]);
+    let want = model.lm.forward(&view(&ids, 2), &view(&pos, 2), &dense).unwrap();
+    let layout = AttentionLayout::packed(&seq, row_len, Device::Cpu).unwrap();
+    let AttentionLayout::Segments(segments) = &layout else {
+        panic!("a CPU packing is segments");
+    };
+    assert!(
+        !segments.singles.is_empty() && !segments.batches.is_empty(),
+        "{segments:?}"
+    );
+    let got = model.lm.forward(&view(&ids, 1), &view(&pos, 1), &layout).unwrap();
+    let real = Tensor::from_slice(&seq.iter().map(|&s| s >= 0).collect::<Vec<_>>());
+    let (want, got) = (want.view([2 * row_len, -1]), got.view([2 * row_len, -1]));
+    let diff = (want - got).index(&[Some(real)]).abs().max().double_value(&[]);
+    assert!(diff <= 1e-4, "max diff {diff}");
+}
+
 #[test]
 fn dense_mask_oracle_equals_causal() {
     let model = load_f32("qwen3");

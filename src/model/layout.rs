@@ -305,8 +305,8 @@ fn segment_batch(group: &[(i64, i64, &[i64])], device: Device) -> Result<Segment
 }
 
 impl AttentionLayout {
-    /// A [`AttentionLayout::Packed`] layout for one row holding sequences of `lengths`
-    /// (positions restart at 0 for each): returns the layout and `position_ids` `[1, sum]`.
+    /// The layout of one row holding sequences of `lengths` (positions restart at 0 for each):
+    /// returns the layout ([`AttentionLayout::packed`]'s) and `position_ids` `[1, sum]`.
     pub fn packed_row(lengths: &[i64], device: Device) -> Result<(Self, Tensor), tch::TchError> {
         let mut seq = Vec::new();
         let mut pos = Vec::new();
@@ -315,9 +315,39 @@ impl AttentionLayout {
             pos.extend(0..len);
         }
         let n = seq.len() as i64;
-        let seq = device.from_slice(&seq)?.f_view([1, n])?;
         let pos = device.from_slice(&pos)?.f_view([1, n])?;
-        Ok((AttentionLayout::Packed { sequence_ids: seq }, pos))
+        Ok((Self::packed(&seq, n, device)?, pos))
+    }
+
+    /// Packed rows as one row (`[batch, seq]` flattened to `[1, batch * seq]`, which is how the
+    /// forward must then be given them): `sequence_ids` (host, row-major, `row_len` a row) gives
+    /// each token's sequence within its row, negative = padding; a token sees earlier tokens of
+    /// its own sequence only. Each run of one sequence is a causal segment
+    /// ([`AttentionLayout::segments`]: attention costs its triangle, no `[seq, seq]` mask), and so
+    /// is each run of padding (whose outputs nothing reads). On a PrivateUse1 device (Neuron),
+    /// which compiles one graph per distinct set of shapes, it is [`AttentionLayout::Packed`]
+    /// instead: one dense mask, one shape per batch shape.
+    pub fn packed(sequence_ids: &[i64], row_len: i64, device: Device) -> Result<Self, tch::TchError> {
+        let n = sequence_ids.len() as i64;
+        if device.is_privateuse1() {
+            let rows = if row_len > 0 { n / row_len } else { 0 };
+            return Ok(AttentionLayout::Packed {
+                sequence_ids: device.from_slice(sequence_ids)?.f_view([rows, row_len])?,
+            });
+        }
+        let mut cu = vec![0i64];
+        for p in 1..n {
+            let new_row = row_len > 0 && p % row_len == 0;
+            let (a, b) = (sequence_ids[p as usize - 1], sequence_ids[p as usize]);
+            if new_row || a != b && (a >= 0 || b >= 0) {
+                cu.push(p);
+            }
+        }
+        if n > 0 {
+            cu.push(n);
+        }
+        let kv_index: Vec<i64> = (0..n).collect();
+        Self::segments(cu.clone(), cu, &kv_index, device)
     }
 
     /// The boolean mask `[batch, 1, seq, seq]` SDPA takes, or `None` for plain causal.

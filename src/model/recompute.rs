@@ -107,21 +107,22 @@ impl CausalLm {
     }
 
     /// A training step whose saved activations cannot fit the host's memory is an error naming
-    /// the rows that would fit, before anything is allocated (on a device, the device's own
-    /// allocator reports it).
+    /// the tokens that would fit, before anything is allocated (on a device, the device's own
+    /// allocator reports it). In tokens, not rows: packed batches are forwarded as one row.
     fn check_activations_fit(&self, input_ids: &Tensor, activations: Activations) -> Result<(), ModelError> {
         let (&[batch, seq], crate::device::Device::Cpu) = (&input_ids.size()[..], self.device()) else {
             return Ok(());
         };
         let elt = self.kind().elt_size_in_bytes() as u128;
-        let per_row = activation_floor(&self.config, seq, activations) * elt;
-        let need = per_row * batch.max(0) as u128;
+        let per_token = activation_floor(&self.config, 1, activations) * elt;
+        let tokens = (batch.max(0) * seq.max(0)) as u128;
+        let need = per_token * tokens;
         match crate::device::host_shortfall(need) {
             Some(available) => Err(ModelError::Input(format!(
-                "a training step over {batch} row(s) of {seq} tokens keeps at least {:.1} GB of activations; {:.1} GB of memory is available, enough for about {} such rows: use fewer rows per batch (batch_size), shorter rows (max_length) or gradient_checkpointing",
+                "a training step over {tokens} tokens keeps at least {:.1} GB of activations; {:.1} GB of memory is available, enough for about {} tokens: use fewer rows per batch (batch_size), shorter rows (max_length) or gradient_checkpointing",
                 need as f64 / 1e9,
                 available as f64 / 1e9,
-                available / per_row.max(1)
+                available / per_token.max(1)
             ))),
             None => Ok(()),
         }
@@ -140,7 +141,7 @@ impl CausalLm {
     }
 }
 
-/// Elements a training step keeps at least per row of `seq` tokens until its backward: per token
+/// Elements a training step keeps at least for `seq` tokens until its backward: per token
 /// and layer the norms', attention's and residual's outputs (6 x hidden) and the MLP's gate, up
 /// and product (3 x intermediate), leaving out the attention weights (their size depends on the
 /// layout's blocks); recomputed, each layer's input plus one layer's worth. A floor, not an

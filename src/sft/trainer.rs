@@ -473,10 +473,20 @@ fn batch_inputs(
 ) -> Result<(Tensor, Tensor, AttentionLayout), tch::TchError> {
     ledger.record("sft/forward", &b.ids.size());
     let device = model.device();
-    let layout = AttentionLayout::Packed {
-        sequence_ids: device.put(&b.seq)?,
+    // The rows as one (`AttentionLayout::packed`): the hidden states keep the row-major order
+    // `b.src` indexes.
+    let row_len = b.ids.size()[1];
+    let seq = Vec::<i64>::try_from(b.seq.f_flatten(0, -1)?)?;
+    let layout = AttentionLayout::packed(&seq, row_len, device)?;
+    let (rows, n) = match &layout {
+        AttentionLayout::Packed { .. } => (b.ids.size()[0], row_len),
+        _ => (1, seq.len() as i64),
     };
-    Ok((device.put(&b.ids)?, device.put(&b.pos)?, layout))
+    Ok((
+        device.put(&b.ids.f_view([rows, n])?)?,
+        device.put(&b.pos.f_view([rows, n])?)?,
+        layout,
+    ))
 }
 
 /// The final hidden states `[n, hidden]` at the positions predicting the batch's targets.
