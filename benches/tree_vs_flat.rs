@@ -15,10 +15,10 @@
 //! ratio of causal attention score pairs alone, the bound when attention dominates the step.
 //! `--checkpointing` recomputes layer activations in backward (`gradient_checkpointing`) in
 //! both packings: the peak-memory columns then show what checkpointing leaves.
-//! `--peak-only SIDE` skips the timing and measures one step of that packing per scenario: on
-//! CUDA the memory in use after the step above what the loaded model used (libtorch's caching
-//! allocator keeps what it reserved, so run each side, and one scenario (`--only`), in a
-//! process of its own, as scripts/gpu-check.sh does); on the CPU the resident peak as always.
+//! Peaks: on the CPU the resident-set growth of one step; on CUDA the caching allocator's peak
+//! *allocated* bytes during one step, weights included (TRL's `max_memory_allocated`), read in
+//! the timing process (`libtreetrain_cuda_memory.so`).
+//! `--peak-only SIDE` skips the timing and measures one step of that packing per scenario.
 
 mod common;
 
@@ -212,16 +212,21 @@ fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) ->
     (common::median(&f), common::median(&t), common::median(&ratios))
 }
 
-/// The memory peak of one more step above what was in use before it (MiB): resident memory on
-/// the CPU; on CUDA the device memory in use after the step (the caching allocator's reserved
-/// peak, see `--peak-only`).
+/// The memory peak of one more step (MiB): on the CPU the resident growth above what was in
+/// use before it; on CUDA the allocator's peak allocated bytes during it, weights included.
 fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
-    // On CUDA only in a process of its own (`--peak-only`): after timing, the allocator already
-    // holds the larger side's peak.
-    if let (Device::Cuda(_), Some(_)) = (args.device, args.peak_only) {
-        let before = common::cuda_used_mib().unwrap_or(f64::NAN);
-        step_ms(model, row, args);
-        return common::cuda_used_mib().unwrap_or(f64::NAN) - before;
+    if let Device::Cuda(i) = args.device {
+        let peak = treetrain::device::reset_cuda_peak(i).and_then(|()| {
+            step_ms(model, row, args);
+            treetrain::device::cuda_memory_stats(i)
+        });
+        return match peak {
+            Ok(stats) => stats.peak_allocated as f64 / (1024.0 * 1024.0),
+            Err(e) => {
+                eprintln!("no allocator peak: {e}");
+                f64::NAN
+            }
+        };
     }
     if args.device != Device::Cpu {
         return f64::NAN;
@@ -355,7 +360,8 @@ fn main() {
     common::require(args.device);
     common::allocator(common::AllocatorMode::Time);
     let hf = HfConfig::from_file(&args.config).expect("config.json");
-    let model = Model::seeded(
+    // Drawn on the device: a host draw of a billion-parameter config takes a minute.
+    let model = Model::drawn(
         hf,
         LoadOptions {
             dtype: Some(args.dtype),
@@ -391,6 +397,12 @@ fn main() {
         "flat MiB",
         "tree MiB"
     );
+    let kernels = treetrain::model::sdpa_kernels(&cfg, args.device, args.dtype).expect("SDPA kernel choice");
+    let kernels: serde_json::Map<String, serde_json::Value> = kernels
+        .iter()
+        .map(|(call, k)| (call.name().to_string(), k.name().into()))
+        .collect();
+    println!("SDPA kernels by call: {}", serde_json::Value::Object(kernels.clone()));
     let results = run_scenarios(&model, &args);
     let packer = match args.peak_only {
         Some(_) => serde_json::Value::Null,
@@ -404,7 +416,11 @@ fn main() {
         "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),
         "threads": tch::get_num_threads(), "repeats": args.repeats, "warmup": args.warmup,
         "activations": format!("{:?}", args.activations),
-        "scenarios": results, "packer": packer,
+        "peak_basis": match args.device {
+            Device::Cuda(_) => "cuda caching allocator: peak allocated during the step, weights included",
+            _ => "resident-set growth of the step above the loaded model",
+        },
+        "sdpa_kernels": kernels, "scenarios": results, "packer": packer,
     });
     if let Some(dir) = args.json.parent() {
         let _ = std::fs::create_dir_all(dir);

@@ -115,7 +115,7 @@ impl Common {
     pub fn model_dir(&self, default: std::path::PathBuf) -> std::path::PathBuf {
         match (self.full, &self.model, &self.config) {
             (true, Some(dir), _) => dir.clone(),
-            (true, None, Some(config)) => random_model_dir(config),
+            (true, None, Some(config)) => random_model_dir(config, self.device()),
             _ => default,
         }
     }
@@ -193,9 +193,10 @@ pub fn status_kib(field: &str) -> f64 {
 /// A checkpoint folder with random weights for a published `config.json` (the configs, not
 /// the weights: no hub here), made once under `target/bench/models/<name>/` with the shipped
 /// tiny tokenizer's files (its ids lie inside any real vocabulary), so Python loads the same
-/// model. Seeded: the same weights every time.
+/// model. Drawn on `device` from a fixed seed (`Model::drawn`: seconds on a GPU for a config
+/// of billions of parameters).
 #[allow(dead_code)]
-pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
+pub fn random_model_dir(config: &Path, device: treetrain::device::Device) -> std::path::PathBuf {
     let name = config
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy().into_owned());
@@ -206,9 +207,9 @@ pub fn random_model_dir(config: &Path) -> std::path::PathBuf {
     let hf = treetrain::model::HfConfig::from_file(config).expect("config.json");
     let opts = treetrain::model::LoadOptions {
         dtype: Some(tch::Kind::Float),
-        device: treetrain::device::Device::Cpu,
+        device,
     };
-    let model = treetrain::model::Model::seeded(hf, opts, 1, 0.02).expect("random model");
+    let model = treetrain::model::Model::drawn(hf, opts, 1, 0.02).expect("random model");
     let tokenizer = treetrain::shipped::tiny_model_dir().expect("tiny model");
     let _ = std::fs::remove_dir_all(&dir);
     model.save(&dir, Some(&tokenizer)).expect("save random model");
@@ -297,35 +298,6 @@ pub fn sync(device: treetrain::device::Device) {
     if let treetrain::device::Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
     }
-}
-
-/// MiB of GPU memory in use on the current CUDA device (`cudaMemGetInfo`: total - free, the
-/// CUDA context and everything libtorch's caching allocator holds), read through the CUDA
-/// runtime libtorch has loaded. The caching allocator keeps what it reserved, so after a step
-/// this is the process's reserved peak: measure one side per process. `None` without CUDA.
-#[allow(dead_code)]
-pub fn cuda_used_mib() -> Option<f64> {
-    type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> i32;
-    for name in [c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so"] {
-        // SAFETY: dlopen with RTLD_NOLOAD only finds an already loaded library; the symbol has
-        // cudaMemGetInfo's C signature (size_t* free, size_t* total) -> cudaError_t.
-        unsafe {
-            let lib = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            if lib.is_null() {
-                continue;
-            }
-            let sym = libc::dlsym(lib, c"cudaMemGetInfo".as_ptr());
-            if sym.is_null() {
-                continue;
-            }
-            let f: MemGetInfo = std::mem::transmute(sym);
-            let (mut free, mut total) = (0usize, 0usize);
-            if f(&mut free, &mut total) == 0 {
-                return Some((total - free) as f64 / (1024.0 * 1024.0));
-            }
-        }
-    }
-    None
 }
 
 /// This machine's f32 matmul rate in GFLOP/s: the best of 5 products of 2048 x 2048 matrices.
