@@ -431,12 +431,13 @@ fn load_policy(
 }
 
 /// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
-/// rank (as `accelerate` and torchrun scripts place ranks), so `cuda` means each rank's own GPU.
+/// rank (`distributed::rank_gpu`), so `cuda` means each rank's own GPU.
 fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
-    match spec {
-        DeviceSpec::Cuda(i) if world.is_distributed() => DeviceSpec::Cuda(i + world.local_rank),
-        DeviceSpec::Auto if world.is_distributed() && tch::Cuda::is_available() => DeviceSpec::Cuda(world.local_rank),
-        other => other,
+    match (spec, world.is_distributed()) {
+        (DeviceSpec::Cuda(_) | DeviceSpec::Auto, true) => {
+            crate::train::distributed::rank_gpu(spec, world.local_rank).map_or(spec, |g| DeviceSpec::Cuda(g.index))
+        }
+        _ => spec,
     }
 }
 

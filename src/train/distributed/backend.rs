@@ -37,28 +37,27 @@ pub enum BackendChoice {
 
 impl CommBackend {
     /// The backend for a rank of local rank `local_rank` whose device setting is `device`
-    /// (`cuda:i` is GPU `i + local_rank`, as the trainer places ranks).
+    /// (placed by [`rank_gpu`]).
     pub fn choose(self, device: DeviceSpec, local_rank: usize, rank: usize) -> Result<BackendChoice, DistError> {
         if self == CommBackend::Gloo {
             return Ok(BackendChoice::Gloo(None));
         }
-        let gpu = match device {
-            DeviceSpec::Cuda(i) => Some(i + local_rank),
-            DeviceSpec::Auto if cuda_available() => Some(local_rank),
-            _ => None,
-        };
+        let gpu = rank_gpu(device, local_rank);
         // A run off CUDA has nothing for NCCL: Gloo goes without saying.
         if gpu.is_none() && self == CommBackend::Auto {
             return Ok(BackendChoice::Gloo(None));
         }
-        let nccl = gpu
-            .ok_or_else(|| format!("the run's device is {device}, not a CUDA GPU"))
-            .and_then(|device| {
-                let lib = NcclLibrary::load()?;
+        let nccl = match gpu {
+            None => Err(format!("the run's device is {device}, not a CUDA GPU")),
+            Some(RankGpu { shared: true, .. }) => Err(
+                "this host runs more ranks (LOCAL_WORLD_SIZE) than it has GPUs, and NCCL needs a GPU of its own for each rank".into(),
+            ),
+            Some(RankGpu { index, .. }) => NcclLibrary::load().and_then(|lib| {
                 let v = lib.checked_versions()?;
-                let said = format!("NCCL {} on cuda:{device}", version_string(v.runtime));
-                Ok(BackendChoice::Nccl { device, said })
-            });
+                let said = format!("NCCL {} on cuda:{index}", version_string(v.runtime));
+                Ok(BackendChoice::Nccl { device: index, said })
+            }),
+        };
         match (self, nccl) {
             (_, Ok(chosen)) => Ok(chosen),
             (CommBackend::Nccl, Err(why)) => Err(DistError::new(rank, "distributed_backend = nccl", why)),
@@ -67,8 +66,76 @@ impl CommBackend {
     }
 }
 
+/// The CUDA device of one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankGpu {
+    /// Its index.
+    pub index: usize,
+    /// Whether the host's ranks share their GPUs (more ranks than GPUs).
+    pub shared: bool,
+}
+
+/// The CUDA device of the rank of local rank `local_rank` whose device setting is `device`;
+/// `None` off CUDA. `cuda:i` is GPU `i + local_rank`, as accelerate and torchrun scripts place
+/// ranks (`auto` with a GPU: `i` = 0). Where a host runs more ranks (`LOCAL_WORLD_SIZE`) than it
+/// has GPUs from `i` on, they share them in turn (a Gloo run on one GPU), rather than name a GPU
+/// that does not exist.
+pub fn rank_gpu(device: DeviceSpec, local_rank: usize) -> Option<RankGpu> {
+    let first = match device {
+        DeviceSpec::Cuda(i) => i,
+        DeviceSpec::Auto if cuda_available() => 0,
+        _ => return None,
+    };
+    let _ = crate::device::load_torch_cuda_from_env();
+    let count = tch::Cuda::device_count().max(0) as usize;
+    let local_size = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(local_rank + 1);
+    Some(place_rank(first, local_rank, local_size, count))
+}
+
+/// [`rank_gpu`]'s rule: ranks from GPU `first`, in turn over the `count - first` GPUs there are
+/// when `local_size` ranks do not fit (a count of 0, no GPU seen: as asked, for the device's
+/// own error).
+fn place_rank(first: usize, local_rank: usize, local_size: usize, count: usize) -> RankGpu {
+    let available = count.saturating_sub(first);
+    if count == 0 || first + local_size.max(local_rank + 1) <= count || available == 0 {
+        return RankGpu {
+            index: first + local_rank,
+            shared: false,
+        };
+    }
+    RankGpu {
+        index: first + local_rank % available,
+        shared: true,
+    }
+}
+
 /// Whether libtorch sees a GPU, after loading `TREETRAIN_TORCH_CUDA`'s library if set.
 fn cuda_available() -> bool {
     let _ = crate::device::load_torch_cuda_from_env();
     tch::Cuda::is_available()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RankGpu, place_rank};
+
+    #[test]
+    fn ranks_take_a_gpu_each_or_share_the_ones_there_are() {
+        let at = |index, shared| RankGpu { index, shared };
+        // One GPU a rank, from `first`.
+        assert_eq!(place_rank(0, 1, 2, 2), at(1, false));
+        assert_eq!(place_rank(2, 1, 2, 8), at(3, false));
+        // Two ranks on one GPU: both on it, shared.
+        assert_eq!(place_rank(0, 0, 2, 1), at(0, true));
+        assert_eq!(place_rank(0, 1, 2, 1), at(0, true));
+        // Four ranks from cuda:1 of 3 GPUs: 1, 2, 1, 2.
+        let placed: Vec<usize> = (0..4).map(|r| place_rank(1, r, 4, 3).index).collect();
+        assert_eq!(placed, [1, 2, 1, 2]);
+        // No GPU seen, or a first GPU past the last: as asked, for the device's own error.
+        assert_eq!(place_rank(0, 1, 2, 0), at(1, false));
+        assert_eq!(place_rank(4, 1, 2, 2), at(5, false));
+    }
 }

@@ -24,7 +24,7 @@ mod launch;
 pub mod nccl;
 mod world;
 
-pub use backend::{BackendChoice, CommBackend};
+pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
 pub use error::DistError;
 pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, launch};
