@@ -3,7 +3,7 @@
 //!
 //! cargo bench --bench tree_vs_flat -- [--config config.json | --model DIR] [--len 2048]
 //!     [--repeats 5] [--warmup 2] [--device cpu|cuda[:N]] [--dtype fp32|bf16] [--json out.json]
-//!     [--only NAME] [--checkpointing] [--peak-only flat|tree] [--packer-only]
+//!     [--only NAME] [--checkpointing] [--peak-only flat|tree] [--packer-only] [--parity]
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
@@ -19,6 +19,9 @@
 //! *allocated* bytes during one step, weights included (TRL's `max_memory_allocated`), read in
 //! the timing process (`libtreetrain_cuda_memory.so`).
 //! `--peak-only SIDE` skips the timing and measures one step of that packing per scenario.
+//! `--parity` skips the timing and sets tree against flat on the run's device and dtype
+//! (per-term log-probs, loss, gradient norm, with the tolerances it states) and times the first
+//! step at new lengths against its repeat (the kernel plans a new length builds).
 
 mod common;
 
@@ -47,6 +50,7 @@ struct Args {
     activations: Activations,
     peak_only: Option<Side>,
     packer_only: bool,
+    parity: bool,
 }
 
 /// One packing of the same rollouts.
@@ -85,6 +89,10 @@ struct Cli {
     /// The packer's throughput alone.
     #[arg(long)]
     packer_only: bool,
+    /// No timing pairs: tree against flat on this device and dtype (per-term log-probs, loss,
+    /// gradient norm) and the cost of a first step at new lengths (plan builds).
+    #[arg(long)]
+    parity: bool,
 }
 
 /// The run's settings: the flags of a full run (`cargo bench`); under `cargo test`, which
@@ -120,6 +128,7 @@ fn parse_args() -> Args {
         },
         peak_only: cli.peak_only.filter(|_| !smoke),
         packer_only: cli.packer_only && !smoke,
+        parity: cli.parity,
     }
 }
 
@@ -192,6 +201,82 @@ fn step_ms(model: &Model, row: &PackedRow, args: &Args) -> f64 {
         tch::Cuda::synchronize(i as i64);
     }
     t.elapsed().as_secs_f64() * 1e3
+}
+
+/// The loss and the gradient norm of one step over `row`.
+fn loss_and_grad_norm(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
+    let cfg = GrpoObjective {
+        activations: args.activations,
+        ..GrpoObjective::default()
+    };
+    let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
+    treetrain::train::zero_grads(&model.vs);
+    let out = grpo_loss_backward(&model.lm, row, &cfg, weights, Default::default()).expect("loss");
+    let squares: f64 = model
+        .vs
+        .trainable_variables()
+        .iter()
+        .map(|v| v.grad())
+        .filter(|g| g.defined())
+        .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
+        .sum();
+    (out.loss.double_value(&[]), squares.sqrt())
+}
+
+/// Tree against flat on the run's device and dtype, stated tolerances beside the numbers
+/// (bf16: a log-prob carries the rounding of bf16 activations, about 2^-8 relative, through
+/// kernels that split the work differently), then the first step at new lengths against its
+/// repeat: the cost of the kernel plans (cuDNN's) a new (query, key) length builds.
+fn parity(
+    model: &Model,
+    (name, rs): (&str, &[Rollout]),
+    flat: &PackedRow,
+    tree: &PackedRow,
+    args: &Args,
+) -> serde_json::Value {
+    let chunks = treetrain::model::LogprobChunks::default();
+    let logprobs = |row| tch::no_grad(|| treetrain::pack::row_logprobs(&model.lm, row, chunks)).expect("log-probs");
+    let diff = (logprobs(flat) - logprobs(tree)).abs().to_kind(Kind::Double);
+    let (max_abs, mean_abs) = (diff.max().double_value(&[]), diff.mean(Kind::Double).double_value(&[]));
+    let ((flat_loss, flat_norm), (tree_loss, tree_norm)) = (
+        loss_and_grad_norm(model, flat, args),
+        loss_and_grad_norm(model, tree, args),
+    );
+    let rel = |a: f64, b: f64| (a - b).abs() / a.abs().max(b.abs()).max(1e-12);
+    let bf16 = args.dtype != Kind::Float;
+    let (lp_tol, mean_tol, rel_tol) = if bf16 { (0.125, 0.01, 0.02) } else { (1e-4, 1e-5, 1e-4) };
+    // New lengths: the tree of the same scenario a few tokens shorter per rollout.
+    let fresh = tree_row(&shortened(rs));
+    let first = step_ms(model, &fresh, args);
+    let repeat = step_ms(model, &fresh, args);
+    let out = serde_json::json!({
+        "scenario": name, "dtype": format!("{:?}", args.dtype),
+        "logprob_max_abs_diff": max_abs, "logprob_mean_abs_diff": mean_abs,
+        "flat_loss": flat_loss, "tree_loss": tree_loss, "loss_rel_diff": rel(flat_loss, tree_loss),
+        "flat_grad_norm": flat_norm, "tree_grad_norm": tree_norm, "grad_norm_rel_diff": rel(flat_norm, tree_norm),
+        "tolerances": {"logprob_max_abs": lp_tol, "logprob_mean_abs": mean_tol, "relative": rel_tol},
+        "ok": max_abs <= lp_tol && mean_abs <= mean_tol && rel(flat_loss, tree_loss) <= rel_tol
+            && rel(flat_norm, tree_norm) <= rel_tol,
+        "new_lengths_first_step_ms": first, "new_lengths_repeat_ms": repeat,
+        "plan_build_ms": first - repeat,
+    });
+    println!("{name:<24}parity {out}");
+    out
+}
+
+/// The rollouts `rs` again, each 8 tokens shorter: the same tree shape at lengths no step has
+/// run yet.
+fn shortened(rs: &[Rollout]) -> Vec<Rollout> {
+    rs.iter()
+        .cloned()
+        .map(|mut r| {
+            let n = r.input_ids.len().saturating_sub(8);
+            r.input_ids.truncate(n);
+            r.completion_mask.truncate(n);
+            r.old_log_probs.truncate(n);
+            r
+        })
+        .collect()
 }
 
 /// Flat and tree steps timed interleaved (flat, tree, flat, tree, ...) after warm-ups: each
@@ -404,9 +489,9 @@ fn main() {
         .collect();
     println!("SDPA kernels by call: {}", serde_json::Value::Object(kernels.clone()));
     let results = run_scenarios(&model, &args);
-    let packer = match args.peak_only {
-        Some(_) => serde_json::Value::Null,
-        None => {
+    let packer = match args.peak_only.is_some() || args.parity {
+        true => serde_json::Value::Null,
+        false => {
             let python = (!args.smoke).then(|| common::python(None, "trl")).flatten();
             packer_throughput(if args.smoke { 2 } else { 64 }, 3, python.as_deref())
         }
@@ -440,6 +525,10 @@ fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
         }
         let flat = pack_flat(&rs).expect("valid");
         let tree = tree_row(&rs);
+        if args.parity {
+            results.push(parity(model, (&name, &rs), &flat, &tree, args));
+            continue;
+        }
         if let Some(side) = args.peak_only {
             let row = if side == Side::Flat { &flat } else { &tree };
             let mib = peak_mib(model, row, args);
