@@ -55,7 +55,7 @@ fn script(args: &[&str], bin: &Path, limit: Duration) -> std::process::Output {
 #[ignore = "needs the bench binaries `cargo test --all-targets` builds; CI runs it"]
 fn the_dry_run_keeps_its_budget_lists_every_step_and_returns_three_files() {
     let binaries = (
-        bench_binary("tree_vs_flat", "--peak-only"),
+        bench_binary("tree_vs_flat", "--parity"),
         bench_binary("generation", "--cuda-graph"),
     );
     let (Some(tree_vs_flat), Some(generation)) = binaries else {
@@ -97,8 +97,13 @@ fn the_dry_run_keeps_its_budget_lists_every_step_and_returns_three_files() {
         "generate",
         "sft_step",
         "release_tree_vs_flat",
+        "release_tree_kept",
+        "bf16_tree_vs_flat",
+        "score_bf16",
+        "generate_bf16",
         "grpo_step_bf16",
         "nccl_sft_step",
+        "gloo_2proc_sft_step",
         "generate_cuda_graph",
         "decode_vs_transformers",
     ];
@@ -121,5 +126,6 @@ fn the_dry_run_keeps_its_budget_lists_every_step_and_returns_three_files() {
     let log = std::fs::read_to_string(out.join("gpu-check.log")).unwrap();
     assert!(log.contains("CUDA device(s)"), "the CUDA steps say why they fail");
     assert_eq!(json["parity"]["score_ok"], false, "{json}");
+    assert_eq!(json["parity"]["score_bf16_ok"], false, "{json}");
     let _ = std::fs::remove_dir_all(&dir);
 }
