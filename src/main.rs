@@ -44,7 +44,8 @@ enum Command {
     /// Forecast distinct input shapes (= Neuron compiles) with and without padding.
     Shapes(cli::shapes::ShapesArgs),
     /// Run a command on N processes of this host as one data-parallel job (torchrun's job,
-    /// without Python): `treetrain launch --nproc-per-node 2 -- sft --config run.toml`.
+    /// without Python): `treetrain launch --nproc-per-node 2 -- sft --config run.toml`; on
+    /// several hosts with `--nnodes`, `--node-rank`, `--master-addr` and `--master-port`.
     Launch(cli::launch::LaunchArgs),
     /// Regenerate the shipped datasets and tiny model files from their seeds (maintainers).
     #[command(hide = true)]

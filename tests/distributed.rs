@@ -508,6 +508,7 @@ fn two_trainers_in_one_process_each_get_their_own_group() {
     let cfg = sft_toml(&dir, "cfg", 2, &dir.join("out"), 2, "");
     let plan = treetrain::train::distributed::LaunchPlan {
         nproc: 2,
+        nodes: Default::default(),
         program: std::env::current_exe().unwrap(),
         args: [
             "--exact",
@@ -548,4 +549,132 @@ fn two_trainers_worker() {
         let (a, b) = (first.step().unwrap(), second.step().unwrap());
         assert_eq!(a.loss, b.loss);
     }
+}
+
+/// Two "hosts" on this machine: network namespaces joined by a veth pair, each with its own
+/// address in 198.18.0.0/15 (reserved for network tests), loopback up. Removed on drop.
+struct TwoHosts {
+    names: [String; 2],
+    links: [String; 2],
+    addrs: [String; 2],
+}
+
+impl TwoHosts {
+    /// Needs root and `ip` (CI runs as root, like this machine).
+    fn new() -> Self {
+        let id = std::process::id();
+        let names = [format!("tt{id}a"), format!("tt{id}b")];
+        let links = [format!("tt{id}x"), format!("tt{id}y")];
+        let subnet = 2 + id % 250;
+        let addrs = [format!("198.18.{subnet}.1"), format!("198.18.{subnet}.2")];
+        let hosts = TwoHosts { names, links, addrs };
+        let [a, b] = &hosts.names;
+        let [x, y] = &hosts.links;
+        hosts.ip(&["netns", "add", a]);
+        hosts.ip(&["netns", "add", b]);
+        hosts.ip(&["link", "add", x, "type", "veth", "peer", "name", y]);
+        for i in 0..2 {
+            let (ns, link) = (&hosts.names[i], &hosts.links[i]);
+            hosts.ip(&["link", "set", link, "netns", ns]);
+            hosts.ip(&["-n", ns, "addr", "add", &format!("{}/24", hosts.addrs[i]), "dev", link]);
+            hosts.ip(&["-n", ns, "link", "set", link, "up"]);
+            hosts.ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        hosts
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip").args(args).output().expect("run ip (iproute2)");
+        assert!(
+            out.status.success(),
+            "ip {args:?} (needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A shell line running `command` in host `i` with Gloo on its veth.
+    fn on(&self, i: usize, command: &str) -> String {
+        format!(
+            "ip netns exec {} env GLOO_SOCKET_IFNAME={} OMP_NUM_THREADS=1 {command}",
+            self.names[i], self.links[i]
+        )
+    }
+
+    /// One command starting `commands[0]` in host 0 and `commands[1]` in host 1 together,
+    /// failing when either fails.
+    fn both(&self, commands: [String; 2]) -> Command {
+        let [a, b] = [self.on(0, &commands[0]), self.on(1, &commands[1])];
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "{a} & first=$!; {b}; second=$?; wait $first; exit $(( $? | second ))"
+        ));
+        c
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and with it the other end.
+        for ns in &self.names {
+            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+        }
+    }
+}
+
+/// One run on two hosts that talk only over the veth pair (never loopback) equals one process:
+/// under `treetrain launch --nnodes 2` and under `torchrun --nnodes 2` (static rendezvous on
+/// node 0's address).
+#[test]
+#[ignore = "slow: needs root for network namespaces and the torchrun venv (test.sh provides both)"]
+fn sft_across_two_network_namespaces_equals_one_rank() {
+    let hosts = TwoHosts::new();
+    let master = hosts.addrs[0].clone();
+    let port = 29400 + (std::process::id() % 500) as u16;
+    sft_matches_one_rank("sft-two-hosts-launch", |cfg| {
+        let node = |rank: usize| {
+            format!(
+                "{BIN} launch --nnodes 2 --node-rank {rank} --master-addr {master} --master-port {port} \
+                 --nproc-per-node 1 --timeout-s 60 -- sft --config {}",
+                cfg.display()
+            )
+        };
+        hosts.both([node(0), node(1)])
+    });
+    let torchrun = std::env::var("TREETRAIN_TORCHRUN")
+        .expect("set TREETRAIN_TORCHRUN to torchrun's path (scripts/setup-torchrun.sh prints it)");
+    sft_matches_one_rank("sft-two-hosts-torchrun", |cfg| {
+        let node = |rank: usize| {
+            format!(
+                "{torchrun} --nnodes 2 --node-rank {rank} --master-addr {master} --master-port {} \
+                 --nproc-per-node 1 --no-python {BIN} sft --config {}",
+                port + 1,
+                cfg.display()
+            )
+        };
+        hosts.both([node(0), node(1)])
+    });
+}
+
+/// A node rank past the node count is refused before anything starts, naming both.
+#[test]
+fn a_node_rank_outside_the_nodes_is_refused() {
+    let out = run_bounded(
+        treetrain(&[
+            "launch",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--",
+            "sft",
+            "--config",
+            "x.toml",
+        ]),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("node rank 2 of 2 node(s)"), "{err}");
 }

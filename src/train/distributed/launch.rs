@@ -1,7 +1,9 @@
-//! `treetrain launch`: torchrun's job on one host without Python. The launcher hosts the
-//! rendezvous store on loopback (as torchrun's agent does), starts one worker per rank with
-//! torchrun's environment, and stops them all when one fails, naming it. SIGINT and SIGTERM
-//! sent to the launcher are passed to the workers, which it then waits for.
+//! `treetrain launch`: torchrun's job without Python. The launcher of node 0 hosts the
+//! rendezvous store (as torchrun's agent does: on loopback for one node, on `MASTER_ADDR` for
+//! several), each node's launcher starts one worker per local rank with torchrun's environment,
+//! and stops its workers when one fails, naming it (a node's failure reaches the other nodes'
+//! workers as a broken collective). SIGINT and SIGTERM sent to a launcher are passed to its
+//! workers, which it then waits for.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus};
@@ -9,18 +11,42 @@ use std::time::{Duration, Instant};
 
 use super::{DistError, Store};
 
+/// The hosts of a run, as torchrun's `--nnodes`, `--node-rank` and `--master-addr` give them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nodes {
+    /// Hosts in the run, each with the same number of workers.
+    pub count: usize,
+    /// This host's index: its workers are ranks `rank * nproc ..` of the run.
+    pub rank: usize,
+    /// Node 0's address, where the store listens and every worker connects.
+    pub master_addr: String,
+}
+
+impl Default for Nodes {
+    /// One host: the store on loopback.
+    fn default() -> Self {
+        Nodes {
+            count: 1,
+            rank: 0,
+            master_addr: "127.0.0.1".into(),
+        }
+    }
+}
+
 /// How to start the workers.
 #[derive(Debug, Clone)]
 pub struct LaunchPlan {
-    /// Processes to start (ranks 0..n on this host).
+    /// Processes to start on this host (its local ranks 0..n).
     pub nproc: usize,
+    /// The run's hosts.
+    pub nodes: Nodes,
     /// The worker program and its arguments.
     pub program: std::path::PathBuf,
     /// Arguments of every worker.
     pub args: Vec<String>,
     /// Extra environment variables of every worker.
     pub env: Vec<(String, String)>,
-    /// The store's port on 127.0.0.1 (0: any free port).
+    /// The store's port on `nodes.master_addr` (0: any free port, for one host only).
     pub port: u16,
     /// How long the store waits for workers and each worker waits for the others.
     pub timeout: Duration,
@@ -69,17 +95,36 @@ pub enum LaunchError {
 /// threads block them too, as the CLI's single thread does.
 pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
     let signals = BlockedSignals::block(&[libc::SIGINT, libc::SIGTERM]);
-    let listener = TcpListener::bind(("127.0.0.1", plan.port))
-        .map_err(|e| DistError::new(0, "store", format!("cannot listen on 127.0.0.1:{}: {e}", plan.port)))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| DistError::new(0, "store", e.to_string()))?
-        .port();
-    // Kept alive until every worker is done: the workers are its clients.
-    let _store = Store::tcp("127.0.0.1", port, Some(listener), plan.nproc, plan.timeout, 0)?;
+    let nodes = &plan.nodes;
+    if nodes.count == 0 || nodes.rank >= nodes.count || nodes.count > 1 && plan.port == 0 {
+        let why = format!(
+            "node rank {} of {} node(s) at port {}: the node rank must lie below the node count, and several nodes need a --master-port",
+            nodes.rank, nodes.count, plan.port
+        );
+        return Err(DistError::new(0, "launch", why).into());
+    }
+    let world = plan.nproc * nodes.count;
+    // Node 0 hosts the store, kept alive until every worker of this host is done; the other
+    // nodes' workers are its clients over the network.
+    let (_store, port) = match nodes.rank {
+        0 => {
+            let addr = nodes.master_addr.as_str();
+            let listener = TcpListener::bind((addr, plan.port))
+                .map_err(|e| DistError::new(0, "store", format!("cannot listen on {addr}:{}: {e}", plan.port)))?;
+            let port = listener
+                .local_addr()
+                .map_err(|e| DistError::new(0, "store", e.to_string()))?
+                .port();
+            (
+                Some(Store::tcp(addr, port, Some(listener), world, plan.timeout, 0)?),
+                port,
+            )
+        }
+        _ => (None, plan.port),
+    };
     let mut workers = Vec::with_capacity(plan.nproc);
-    for rank in 0..plan.nproc {
-        match spawn(plan, rank, port) {
+    for local in 0..plan.nproc {
+        match spawn(plan, local, port) {
             Ok(child) => workers.push(Some(child)),
             Err(e) => {
                 stop_all(&mut workers, libc::SIGTERM);
@@ -87,7 +132,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
             }
         }
     }
-    supervise(&mut workers, &signals)
+    supervise(&mut workers, nodes.rank * plan.nproc, &signals)
 }
 
 /// Signals taken as events: blocked while this lives (the previous mask restored after), and
@@ -134,7 +179,9 @@ impl Drop for BlockedSignals {
     }
 }
 
-fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError> {
+/// Starts the worker of local rank `local` with torchrun's environment.
+fn spawn(plan: &LaunchPlan, local: usize, port: u16) -> Result<Child, LaunchError> {
+    let rank = plan.nodes.rank * plan.nproc + local;
     let mut cmd = Command::new(&plan.program);
     // As torchrun: workers share the host's cores instead of each taking all of them
     // (oversubscribed libtorch thread pools slow every rank down). A set value is kept.
@@ -145,11 +192,11 @@ fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError
     cmd.args(&plan.args)
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .env("RANK", rank.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("GROUP_RANK", "0")
-        .env("WORLD_SIZE", plan.nproc.to_string())
+        .env("LOCAL_RANK", local.to_string())
+        .env("GROUP_RANK", plan.nodes.rank.to_string())
+        .env("WORLD_SIZE", (plan.nproc * plan.nodes.count).to_string())
         .env("LOCAL_WORLD_SIZE", plan.nproc.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_ADDR", &plan.nodes.master_addr)
         .env("MASTER_PORT", port.to_string())
         .env("TORCHELASTIC_USE_AGENT_STORE", "True")
         .env("TORCHELASTIC_RESTART_COUNT", "0")
@@ -163,13 +210,15 @@ fn spawn(plan: &LaunchPlan, rank: usize, port: u16) -> Result<Child, LaunchError
 
 /// Polls the workers until all exit. On the first failure the others get a moment to fail
 /// too (a dead peer breaks their collectives), then the rest are stopped. A signal to the
-/// launcher goes to every worker, which are then waited for.
-fn supervise(workers: &mut [Option<Child>], signals: &BlockedSignals) -> Result<(), LaunchError> {
+/// launcher goes to every worker, which are then waited for. `first_rank`: the global rank of
+/// local rank 0, for the messages.
+fn supervise(workers: &mut [Option<Child>], first_rank: usize, signals: &BlockedSignals) -> Result<(), LaunchError> {
     let mut failures: Vec<(bool, String)> = Vec::new();
     let mut first_failure: Option<Instant> = None;
     loop {
         let mut running = 0;
-        for (rank, slot) in workers.iter_mut().enumerate() {
+        for (local, slot) in workers.iter_mut().enumerate() {
+            let rank = first_rank + local;
             let Some(child) = slot.as_mut() else { continue };
             let pid = child.id();
             match child.try_wait() {
