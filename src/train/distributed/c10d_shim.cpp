@@ -246,6 +246,39 @@ int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, si
   });
 }
 
+// Reduce-scatter (sum) of the flat `input` [size * n] into this rank's `output` [n]: rank r
+// gets the sum of every rank's elements r*n .. (r+1)*n (c10d's _reduce_scatter_base).
+int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
+                      size_t len) {
+  return guarded(err, len, [&] {
+    bool moved = false;
+    at::Tensor in = on_group_device(g, *input, &moved);
+    at::Tensor out = on_group_device(g, *output, &moved);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = g->timeout;
+    wait(g, g->pg->_reduce_scatter_base(out, in, opts));
+    if (!out.is_same(*output)) output->copy_(out);
+    *staged = moved ? 1 : 0;
+  });
+}
+
+// All-gather of every rank's flat `input` [n] into `output` [size * n], rank order
+// (c10d's _allgather_base).
+int tt_all_gather_flat(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
+                       size_t len) {
+  return guarded(err, len, [&] {
+    bool moved = false;
+    at::Tensor in = on_group_device(g, *input, &moved);
+    at::Tensor out = on_group_device(g, *output, &moved);
+    c10d::AllgatherOptions opts;
+    opts.timeout = g->timeout;
+    wait(g, g->pg->_allgather_base(out, in, opts));
+    if (!out.is_same(*output)) output->copy_(out);
+    *staged = moved ? 1 : 0;
+  });
+}
+
 int tt_barrier(tt_group* g, char* err, size_t len) {
   return guarded(err, len, [&] {
     c10d::BarrierOptions opts;

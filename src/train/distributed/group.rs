@@ -92,6 +92,22 @@ unsafe extern "C" {
         len: usize,
     ) -> c_int;
     fn tt_all_gather(g: *mut tt_group, input: AtTensor, out: AtTensor, err: *mut c_char, len: usize) -> c_int;
+    fn tt_reduce_scatter(
+        g: *mut tt_group,
+        input: AtTensor,
+        output: AtTensor,
+        staged: *mut c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn tt_all_gather_flat(
+        g: *mut tt_group,
+        input: AtTensor,
+        output: AtTensor,
+        staged: *mut c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn tt_barrier(g: *mut tt_group, err: *mut c_char, len: usize) -> c_int;
     fn tt_built_with_gloo() -> c_int;
 }
@@ -408,6 +424,53 @@ impl ProcessGroup {
             )
         };
         self.check("all_gather", rc, &err).map(|()| out)
+    }
+
+    /// Sums the flat `input` `[size * n]` over every rank and leaves this rank's part
+    /// (elements `rank * n ..`) in `output` `[n]` (one dtype, contiguous).
+    pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
+        self.flat_collective("reduce_scatter", tt_reduce_scatter, input, output)
+    }
+
+    /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order.
+    pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
+        self.flat_collective("all_gather", tt_all_gather_flat, input, output)
+    }
+
+    fn flat_collective(
+        &self,
+        op: &'static str,
+        f: unsafe extern "C" fn(*mut tt_group, AtTensor, AtTensor, *mut c_int, *mut c_char, usize) -> c_int,
+        input: &Tensor,
+        output: &Tensor,
+    ) -> Result<Staged, DistError> {
+        let n = output.numel().max(input.numel());
+        let small = input.numel().min(output.numel());
+        if small * self.size != n {
+            return Err(DistError::new(
+                self.rank,
+                op,
+                format!(
+                    "{} and {} elements for {} ranks",
+                    input.numel(),
+                    output.numel(),
+                    self.size
+                ),
+            ));
+        }
+        let (mut staged, mut err) = (0, ErrBuf::new());
+        // SAFETY: live tensors of the sizes checked above for the duration of the call.
+        let rc = unsafe {
+            f(
+                self.ptr,
+                input.as_ptr() as AtTensor,
+                output.as_ptr() as AtTensor,
+                &mut staged,
+                err.ptr(),
+                ErrBuf::LEN,
+            )
+        };
+        self.check(op, rc, &err).map(|()| staged != 0)
     }
 
     /// Waits until every rank gets here.

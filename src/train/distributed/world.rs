@@ -301,6 +301,28 @@ impl World {
         }
     }
 
+    /// Sums the flat `input` `[size * n]` over every rank into this rank's part `output` `[n]`
+    /// (elements `rank * n ..`); one process copies its input.
+    pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
+        let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
+        match self.timed(bytes, |g| tch::no_grad(|| g.reduce_scatter(input, output))) {
+            None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
+                .map_err(|e| DistError::new(self.rank, "reduce_scatter", e.to_string())),
+            Some(r) => r.map(|staged| self.note_staged(staged)),
+        }
+    }
+
+    /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order; one process
+    /// copies its input.
+    pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
+        let bytes = (output.numel() * output.kind().elt_size_in_bytes()) as u64;
+        match self.timed(bytes, |g| tch::no_grad(|| g.all_gather_into(input, output))) {
+            None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
+                .map_err(|e| DistError::new(self.rank, "all_gather", e.to_string())),
+            Some(r) => r.map(|staged| self.note_staged(staged)),
+        }
+    }
+
     /// Sums `values` over every rank, in place (f64 on the wire: counts and losses stay exact).
     pub fn sum(&self, values: &mut [f64]) -> Result<(), DistError> {
         if self.group.is_none() || values.is_empty() {
@@ -501,7 +523,18 @@ mod tests {
                 let w0 = Tensor::from_slice(&[rank as f32 * 7.0]);
                 w.broadcast_from_main(&[&w0]).unwrap();
                 let gathered = w.all_gather_bytes(&vec![rank as u8; rank + 1]).unwrap();
+                // Rank r holds [10r, 10r + 1, 10r + 2, 10r + 3]: the sums are [10, 12, 14, 16].
+                let flat = Tensor::arange(4, (Kind::Float, tch::Device::Cpu)) + 10.0 * rank as f64;
+                let part = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+                w.reduce_scatter(&flat, &part).unwrap();
+                let whole = Tensor::zeros([4], (Kind::Float, tch::Device::Cpu));
+                w.all_gather_into(&part, &whole).unwrap();
                 w.barrier().unwrap();
+                assert_eq!(
+                    Vec::<f32>::try_from(&part).unwrap(),
+                    [10.0 + 4.0 * rank as f32, 12.0 + 4.0 * rank as f32]
+                );
+                assert_eq!(Vec::<f32>::try_from(&whole).unwrap(), [10.0, 12.0, 14.0, 16.0]);
                 (
                     v,
                     Vec::<f32>::try_from(p.grad()).unwrap(),
