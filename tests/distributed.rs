@@ -185,10 +185,16 @@ fn assert_close(one: &[f64], two: &[f64], rel: f64, what: &str) {
 /// One process with batch 8 against 2 processes with batch 4 (`launch` runs the 2): the same
 /// global batches, so the same losses, and weights equal up to summation order.
 fn sft_matches_one_rank(name: &str, two_ranks: impl FnOnce(&Path) -> Command) {
+    sft_matches_one_rank_with(name, "", two_ranks);
+}
+
+/// [`sft_matches_one_rank`] with `extra` settings in both configs (`fsdp` means nothing to one
+/// process).
+fn sft_matches_one_rank_with(name: &str, extra: &str, two_ranks: impl FnOnce(&Path) -> Command) {
     let dir = scratch(name);
     let (out1, out2) = (dir.join("one"), dir.join("two"));
-    let one = sft_toml(&dir, "one", 8, &out1, 4, "");
-    let two = sft_toml(&dir, "two", 4, &out2, 4, "");
+    let one = sft_toml(&dir, "one", 8, &out1, 4, extra);
+    let two = sft_toml(&dir, "two", 4, &out2, 4, extra);
     ok(&run_bounded(
         treetrain(&["sft", "--config", one.to_str().unwrap()]),
         LIMIT,
@@ -219,6 +225,24 @@ fn sft_on_two_ranks_under_launch_equals_one_rank() {
     sft_matches_one_rank("sft-launch", |cfg| {
         launch(2, &["sft", "--config", cfg.to_str().unwrap()])
     });
+}
+
+/// `fsdp = "shard_grad_op"` (gradients reduce-scattered, optimizer state sharded) on 2 ranks
+/// equals 1 process, with gradient checkpointing off and on, and a checkpoint it writes holds
+/// the whole optimizer state, as a replicated run's does.
+#[test]
+fn sharded_optimizer_sft_on_two_ranks_equals_one_rank() {
+    for (name, extra) in [
+        ("sft-zero2", "fsdp = \"shard_grad_op\"\nsave_steps = 4"),
+        (
+            "sft-zero2-ckpt",
+            "fsdp = \"shard_grad_op\"\ngradient_checkpointing = true",
+        ),
+    ] {
+        sft_matches_one_rank_with(name, extra, |cfg| {
+            launch(2, &["sft", "--config", cfg.to_str().unwrap()])
+        });
+    }
 }
 
 /// LoRA on 2 ranks equals 1 rank: the adapter's gradients are what is summed, the base is

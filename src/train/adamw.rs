@@ -6,12 +6,20 @@ use std::path::Path;
 
 use tch::{Kind, Tensor, nn};
 
+use super::distributed::{DistError, World};
+use super::sharding::ShardedState;
 use crate::model::{ModelError, write_safetensors};
 
 /// Where [`AdamW::save`] writes the moments (and master weights).
 pub(crate) const MOMENTS_FILE: &str = "optimizer.safetensors";
 /// Where [`AdamW::save`] writes the step and hyper-parameters.
 pub(crate) const STEP_FILE: &str = "optimizer.json";
+
+/// `|g|^2`, accumulated in f64: libtorch's f32 `norm` of a CPU tensor of millions of elements
+/// is off in the fifth digit, enough to tell one process from N ranks apart.
+pub(crate) fn squared_norm(g: &Tensor) -> f64 {
+    (g * g).sum(Kind::Double).double_value(&[])
+}
 
 /// Zeroes the gradient of every tensor that has one.
 fn clear_grads<'a>(params: impl IntoIterator<Item = &'a Tensor>) {
@@ -96,6 +104,32 @@ pub struct AdamW {
     /// applied to these and the parameters get their rounded values, so updates smaller than a
     /// bf16 step are not lost.
     master: BTreeMap<String, Tensor>,
+    /// Under `fsdp = "shard_grad_op"`: this rank's shards of the moments and master weights
+    /// (the three maps above are then empty).
+    sharded: Option<ShardedState>,
+}
+
+/// The optimizer state as `optimizer.safetensors` and `optimizer.json` hold it.
+pub struct OptimizerSnapshot {
+    step: u64,
+    config: AdamWConfig,
+    pub(crate) tensors: Vec<(String, Tensor)>,
+}
+
+impl OptimizerSnapshot {
+    /// Writes `optimizer.safetensors` (the tensors) and `optimizer.json` (the step and
+    /// hyper-parameters) into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), ModelError> {
+        let tensors: HashMap<String, Tensor> = self
+            .tensors
+            .iter()
+            .map(|(k, t)| (k.clone(), t.shallow_clone()))
+            .collect();
+        write_safetensors(&dir.join(MOMENTS_FILE), &tensors, Kind::Float)?;
+        let meta = serde_json::json!({"step": self.step, "config": self.config});
+        let path = dir.join(STEP_FILE);
+        std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
+    }
 }
 
 impl AdamW {
@@ -121,7 +155,79 @@ impl AdamW {
             exp_avg_sq: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
             params,
             master,
+            sharded: None,
         }
+    }
+
+    /// Keeps only this rank's shards of the moments and master weights from now on
+    /// (`fsdp = "shard_grad_op"`; see `train::sharding`); the full ones are freed.
+    pub fn shard(&mut self, world: &World) -> Result<(), ModelError> {
+        if world.size > 1 && self.sharded.is_none() {
+            self.sharded = Some(ShardedState::new(&self.params, &self.master, world.rank, world.size)?);
+            self.exp_avg.clear();
+            self.exp_avg_sq.clear();
+            self.master.clear();
+        }
+        Ok(())
+    }
+
+    /// Whether the state is sharded over the ranks.
+    pub fn is_sharded(&self) -> bool {
+        self.sharded.is_some()
+    }
+
+    /// Bytes of optimizer state this rank holds (moments and master weights).
+    pub fn state_bytes(&self) -> u64 {
+        match &self.sharded {
+            Some(s) => s.bytes(),
+            None => self.state_tensors().iter().map(|(_, t)| t.numel() as u64 * 4).sum(),
+        }
+    }
+
+    /// Sums the gradients over `world`'s ranks: whole (replicated), or each rank its shard.
+    pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
+        match &mut self.sharded {
+            Some(s) => s.reduce_grads(world),
+            None => world.all_reduce_grads(&self.parameters()),
+        }
+    }
+
+    /// [`AdamW::clip_grad_norm`] of the reduced gradients, whole or sharded over `world`.
+    pub(crate) fn clip_in(&self, max_norm: Option<f64>, world: &World) -> Result<f64, DistError> {
+        match &self.sharded {
+            Some(s) => s.clip(max_norm, world),
+            None => Ok(self.clip_grad_norm(max_norm)),
+        }
+    }
+
+    /// [`AdamW::step`] of the reduced gradients; sharded, each rank updates its shard and the
+    /// shards are all-gathered into the parameters.
+    pub(crate) fn step_in(&mut self, lr: f64, world: &World) -> Result<(), ModelError> {
+        match &mut self.sharded {
+            Some(s) => {
+                self.step += 1;
+                s.step(lr, self.step, self.config, world)
+            }
+            None => self.step(lr),
+        }
+    }
+
+    /// The state as a checkpoint holds it, whole: sharded state is all-gathered, so every
+    /// rank calls this.
+    pub fn snapshot(&self, world: &World) -> Result<OptimizerSnapshot, ModelError> {
+        let tensors = match &self.sharded {
+            Some(s) => s.gather_named(world)?,
+            None => self
+                .state_tensors()
+                .into_iter()
+                .map(|(k, t)| (k, t.shallow_clone()))
+                .collect(),
+        };
+        Ok(OptimizerSnapshot {
+            step: self.step,
+            config: self.config,
+            tensors,
+        })
     }
 
     /// The fp32 master weight of a half-precision parameter, by name (mixed precision).
@@ -132,6 +238,9 @@ impl AdamW {
     /// Every state tensor by its name in `optimizer.safetensors` (`exp_avg.<name>`,
     /// `exp_avg_sq.<name>`, `master.<name>`): what lives beside the parameters on their device.
     pub fn state_tensors(&self) -> Vec<(String, &Tensor)> {
+        if let Some(s) = &self.sharded {
+            return s.tensors();
+        }
         [
             ("exp_avg", &self.exp_avg),
             ("exp_avg_sq", &self.exp_avg_sq),
@@ -152,17 +261,17 @@ impl AdamW {
     /// before clipping (NaN or inf when a gradient is not finite).
     pub fn clip_grad_norm(&self, max_norm: Option<f64>) -> f64 {
         tch::no_grad(|| {
-            let norms: Vec<Tensor> = self
+            let norms: Vec<f64> = self
                 .params
                 .values()
                 .map(|p| p.grad())
                 .filter(|g| g.defined())
-                .map(|g| g.to_kind(Kind::Float).norm())
+                .map(|g| squared_norm(&g))
                 .collect();
             if norms.is_empty() {
                 return 0.0;
             }
-            let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
+            let total = norms.iter().sum::<f64>().sqrt();
             if let Some(max) = max_norm {
                 let coef = max / (total + 1e-6);
                 if coef < 1.0 {
@@ -178,8 +287,14 @@ impl AdamW {
         })
     }
 
-    /// One update at learning rate `lr`, in PyTorch's order of operations.
+    /// One update at learning rate `lr`, in PyTorch's order of operations (replicated state;
+    /// a sharded one updates through the trainer, which knows its world).
     pub fn step(&mut self, lr: f64) -> Result<(), ModelError> {
+        if self.sharded.is_some() {
+            return Err(ModelError::Input(
+                "a sharded optimizer steps with its world (fsdp)".into(),
+            ));
+        }
         self.step += 1;
         let c = self.config;
         let bias1 = 1.0 - c.beta1.powi(self.step as i32);
@@ -245,23 +360,11 @@ impl AdamW {
     }
 
     /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`
-    /// and, in mixed precision, `master.<name>`;
-    /// `optimizer.json` with the step and hyper-parameters) into `dir`.
+    /// and, in mixed precision, `master.<name>`; `optimizer.json` with the step and
+    /// hyper-parameters) into `dir`. A sharded state is written from its
+    /// [`AdamW::snapshot`], which every rank takes.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
-        let mut tensors: HashMap<String, Tensor> = HashMap::new();
-        for (k, t) in &self.exp_avg {
-            tensors.insert(format!("exp_avg.{k}"), t.shallow_clone());
-        }
-        for (k, t) in &self.exp_avg_sq {
-            tensors.insert(format!("exp_avg_sq.{k}"), t.shallow_clone());
-        }
-        for (k, t) in &self.master {
-            tensors.insert(format!("master.{k}"), t.shallow_clone());
-        }
-        write_safetensors(&dir.join(MOMENTS_FILE), &tensors, Kind::Float)?;
-        let meta = serde_json::json!({"step": self.step, "config": self.config});
-        let path = dir.join(STEP_FILE);
-        std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
+        self.snapshot(&World::single())?.write(dir)
     }
 
     /// Restores a state written by [`AdamW::save`]. Every moment must be present, fp32, in its
@@ -285,38 +388,50 @@ impl AdamW {
             message,
         };
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let mut expected = std::collections::HashSet::new();
-        for (prefix, map) in [
-            ("exp_avg", &self.exp_avg),
-            ("exp_avg_sq", &self.exp_avg_sq),
-            ("master", &self.master),
-        ] {
-            for (name, t) in map {
-                let key = format!("{prefix}.{name}");
-                let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
-                    name: key.clone(),
-                    dir: dir.into(),
-                    files: MOMENTS_FILE.into(),
-                })?;
-                let src = moment_from(&view, &key, &t.size()).map_err(bad)?;
-                tch::no_grad(|| t.shallow_clone().f_copy_(&src))?;
-                expected.insert(key);
-            }
+        let mut read = BTreeMap::new();
+        for (key, shape) in self.named_shapes() {
+            let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
+                name: key.clone(),
+                dir: dir.into(),
+                files: MOMENTS_FILE.into(),
+            })?;
+            let src = moment_from(&view, &key, &shape).map_err(bad)?;
+            read.insert(key, src);
         }
-        if let Some(extra) = st.names().into_iter().find(|n| !expected.contains(*n)) {
+        if let Some(extra) = st.names().into_iter().find(|n| !read.contains_key(*n)) {
             return Err(bad(format!(
                 "holds `{extra}`, a state of no parameter this run trains (a checkpoint of another model or adapter?)"
             )));
         }
+        if let Some(s) = &mut self.sharded {
+            return s.load_named(&read);
+        }
         // The parameters are the master weights rounded (as the checkpoint's weights already
         // are; this keeps them consistent whatever wrote the weights).
         tch::no_grad(|| -> Result<(), ModelError> {
-            for (name, m) in &self.master {
-                self.params[name].shallow_clone().f_copy_(m)?;
+            for (key, src) in &read {
+                let (prefix, name) = key.split_once('.').unwrap_or_default();
+                let map = match prefix {
+                    "exp_avg" => &self.exp_avg,
+                    "exp_avg_sq" => &self.exp_avg_sq,
+                    _ => &self.master,
+                };
+                map[name].shallow_clone().f_copy_(src)?;
+                if prefix == "master" {
+                    self.params[name].shallow_clone().f_copy_(src)?;
+                }
             }
             Ok(())
         })?;
         Ok(())
+    }
+
+    /// Every state tensor's name in `optimizer.safetensors` and its shape.
+    fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
+        match &self.sharded {
+            Some(s) => s.named_shapes(),
+            None => self.state_tensors().into_iter().map(|(k, t)| (k, t.size())).collect(),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AdamW, TrainError};
+use super::{AdamW, OptimizerSnapshot, TrainError};
 use crate::model::Model;
 
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
@@ -39,7 +39,7 @@ pub fn save_checkpoint(
     step: u64,
     model: &Model,
     tokenizer_dir: &Path,
-    optimizer: Option<&AdamW>,
+    optimizer: Option<&OptimizerSnapshot>,
     state: &impl serde::Serialize,
     extra: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<PathBuf, TrainError> {
@@ -54,7 +54,7 @@ pub fn save_checkpoint(
         }
         .map_err(|e| e.to_string())?;
         if let Some(optimizer) = optimizer {
-            optimizer.save(tmp).map_err(|e| e.to_string())?;
+            optimizer.write(tmp).map_err(|e| e.to_string())?;
         }
         let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
         std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())?;

@@ -103,6 +103,11 @@ pub struct TrainConfig {
     /// The c10d backend of a multi-process run: `auto` (NCCL for a CUDA run when its library
     /// loads, else Gloo, said once), `gloo` or `nccl` (stops when NCCL cannot be had).
     pub distributed_backend: crate::train::distributed::CommBackend,
+    /// How a multi-process run shares its state, as transformers' `fsdp`: `no_shard`
+    /// (replicated, the default), `shard_grad_op` (ZeRO-2: gradients reduce-scattered, fp32
+    /// master weights and AdamW moments sharded) or `full_shard` (parameters too: not available
+    /// yet). One process does not shard.
+    pub fsdp: super::Fsdp,
     /// Recompute each decoder layer's activations in backward instead of keeping them
     /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
     /// more forward of the stack per step). Same gradients.
@@ -142,6 +147,7 @@ impl Default for TrainConfig {
             logging_steps: Some(1),
             distributed_timeout_s: 1800.0,
             distributed_backend: Default::default(),
+            fsdp: Default::default(),
             gradient_checkpointing: false,
             lora: None,
         }
@@ -170,6 +176,12 @@ impl TrainConfig {
             ));
         }
         self.adamw.validate()?;
+        if self.fsdp == super::Fsdp::FullShard {
+            return Err(TrainError::config(
+                "fsdp",
+                "is \"full_shard\", which is not built yet (parameters gathered layer by layer); use \"shard_grad_op\" (optimizer state and gradients sharded) or \"no_shard\"",
+            ));
+        }
         if let Some(lora) = &self.lora {
             lora.validate()?;
         }

@@ -85,7 +85,15 @@ impl TrainCore {
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
-        let adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
+        let mut adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
+        match (config.fsdp, world.is_distributed()) {
+            (super::Fsdp::NoShard, _) => {}
+            (_, true) => adamw.shard(&world)?,
+            (mode, false) => eprintln!(
+                "treetrain: fsdp = \"{}\" with one process: nothing to shard",
+                mode.name()
+            ),
+        }
         let schedule = schedule(config, 0);
         Ok(TrainCore {
             model,
@@ -167,8 +175,13 @@ impl TrainCore {
             .output_dir
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
+        // A sharded optimizer's state is gathered by every rank, then written by rank 0.
+        let optimizer = match config.save_only_model {
+            true => None,
+            false => Some(self.optim.adamw.snapshot(&self.world)?),
+        };
         let written = match self.world.is_main() {
-            true => self.write_checkpoint(config, out, step, state, extra),
+            true => self.write_checkpoint(config, out, step, (state, optimizer.as_ref()), extra),
             false => Ok(out.join(format!("checkpoint-{step}"))),
         };
         // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
@@ -184,7 +197,7 @@ impl TrainCore {
         config: &TrainConfig,
         out: &Path,
         step: u64,
-        state: &impl serde::Serialize,
+        (state, optimizer): (&impl serde::Serialize, Option<&super::OptimizerSnapshot>),
         extra: impl FnOnce(&Path) -> Result<(), String>,
     ) -> Result<PathBuf, TrainError> {
         let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
@@ -201,7 +214,6 @@ impl TrainCore {
         if let Some(base) = &self.base_fingerprint {
             value[BASE_MODEL_KEY] = serde_json::json!({"model": config.model, "fingerprint": base});
         }
-        let optimizer = (!config.save_only_model).then_some(&self.optim.adamw);
         let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value, extra)?;
         if let Some(limit) = config.save_total_limit {
             let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]

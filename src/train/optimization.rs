@@ -43,7 +43,8 @@ impl Optimization {
 
     /// Ends optimizer step `step` (0-based) whose gradients are accumulated and whose loss was
     /// `loss`: the gradients summed over `world`'s ranks (each rank's loss already divides by
-    /// the global window's count; the identity for one process), clipping at
+    /// the global window's count; the identity for one process; each rank its shard under
+    /// `fsdp = "shard_grad_op"`), clipping at
     /// `config.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
     /// the gradient norm is not finite, `config.on_nan` (skip: the step is dropped; stop: an
     /// error naming `rows()`; [`MAX_CONSECUTIVE_SKIPS`] skips in a row are an error under skip
@@ -57,11 +58,17 @@ impl Optimization {
         loss: f64,
         rows: impl FnOnce() -> Vec<usize>,
     ) -> Result<StepOutcome, TrainError> {
-        if let Err(e) = world.all_reduce_grads(&self.adamw.parameters()) {
-            self.discard_gradients();
-            return Err(e.into());
-        }
-        let grad_norm = self.adamw.clip_grad_norm(config.max_grad_norm);
+        let reduced = self
+            .adamw
+            .reduce_grads(world)
+            .and_then(|()| self.adamw.clip_in(config.max_grad_norm, world));
+        let grad_norm = match reduced {
+            Ok(norm) => norm,
+            Err(e) => {
+                self.discard_gradients();
+                return Err(e.into());
+            }
+        };
         let lr = self.schedule.lr_at(step);
         let bad = if !loss.is_finite() {
             Some("loss")
@@ -71,7 +78,7 @@ impl Optimization {
             None
         };
         let updated = match bad {
-            None => self.adamw.step(lr),
+            None => self.adamw.step_in(lr, world),
             Some(_) => Ok(()),
         };
         self.adamw.zero_grad();

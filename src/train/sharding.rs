@@ -1,0 +1,458 @@
+//! Sharded optimizer state (`fsdp = "shard_grad_op"`, ZeRO-2): every rank keeps the whole
+//! parameters but only its shard of the fp32 master weights and of both AdamW moments, and
+//! receives only its shard of the summed gradients.
+//!
+//! The unit of sharding is FSDP's: one flat buffer per decoder layer, one for the embeddings
+//! and one for the rest (final norm, untied head), each split evenly over the ranks (the last
+//! shard padded with zeros). A step reduce-scatters each unit's gradients (the sum over ranks
+//! of this rank's part), clips by the global norm (shard norms summed over ranks), applies
+//! AdamW to the shard in PyTorch's order of operations, and all-gathers the updated shards
+//! into every rank's parameters. Elementwise, that is the replicated update: one process and
+//! N ranks agree up to the summation order of the gradients.
+
+use std::collections::BTreeMap;
+
+use tch::{Kind, Tensor};
+
+use super::adamw::{AdamWConfig, decays, squared_norm};
+use super::distributed::{DistError, World};
+use crate::model::ModelError;
+
+/// The `fsdp` setting of both trainers, spelled as transformers' `TrainingArguments.fsdp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fsdp {
+    /// Replicated data parallelism: every rank holds the parameters, gradients and optimizer
+    /// state whole (DDP).
+    #[default]
+    NoShard,
+    /// ZeRO-2: gradients reduce-scattered, fp32 master weights and AdamW moments sharded,
+    /// parameters replicated.
+    ShardGradOp,
+    /// ZeRO-3: parameters sharded as well (not available yet: refused with the reason).
+    FullShard,
+}
+
+impl Fsdp {
+    /// The name as written in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fsdp::NoShard => "no_shard",
+            Fsdp::ShardGradOp => "shard_grad_op",
+            Fsdp::FullShard => "full_shard",
+        }
+    }
+}
+
+/// One unit of sharding: parameters flattened in name order into `size * shard` elements.
+#[derive(Debug)]
+struct Unit {
+    names: Vec<String>,
+    params: Vec<Tensor>,
+    /// Real elements (the rest of the last shard is padding).
+    total: i64,
+    /// Elements per rank.
+    shard: i64,
+}
+
+/// This rank's shards of the optimizer state.
+#[derive(Debug)]
+pub(crate) struct ShardedState {
+    rank: usize,
+    size: usize,
+    units: Vec<Unit>,
+    /// fp32 master shard of every unit: the weights the updates go to.
+    master: Vec<Tensor>,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+    /// 1 where weight decay applies, 0 elsewhere.
+    decay: Vec<Tensor>,
+    /// This step's summed gradient shards, fp32.
+    grads: Vec<Tensor>,
+}
+
+/// The unit a parameter belongs to: `(0, 0)` the embeddings, `(1, i)` decoder layer `i`,
+/// `(2, 0)` the rest, so units run in the model's order.
+fn unit_key(name: &str) -> (u8, usize) {
+    let layer = name
+        .split_once("layers.")
+        .and_then(|(_, rest)| rest.split('.').next())
+        .and_then(|i| i.parse().ok());
+    match layer {
+        Some(i) => (1, i),
+        None if name.contains("embed_tokens") => (0, 0),
+        None => (2, 0),
+    }
+}
+
+impl ShardedState {
+    /// The shards of rank `rank` of `size` over `params` (by name; the same on every rank),
+    /// master weights from `masters` where given (mixed precision), else the parameters.
+    pub(crate) fn new(
+        params: &BTreeMap<String, Tensor>,
+        masters: &BTreeMap<String, Tensor>,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self, ModelError> {
+        let mut grouped: BTreeMap<(u8, usize), Vec<&String>> = BTreeMap::new();
+        for name in params.keys() {
+            grouped.entry(unit_key(name)).or_default().push(name);
+        }
+        let mut state = ShardedState {
+            rank,
+            size,
+            units: Vec::new(),
+            master: Vec::new(),
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+            decay: Vec::new(),
+            grads: Vec::new(),
+        };
+        for names in grouped.into_values() {
+            let tensors: Vec<Tensor> = names.iter().map(|n| params[*n].shallow_clone()).collect();
+            let total: i64 = tensors.iter().map(|t| t.numel() as i64).sum();
+            let unit = Unit {
+                names: names.into_iter().cloned().collect(),
+                params: tensors,
+                total,
+                shard: (total + size as i64 - 1) / size as i64,
+            };
+            let full = |f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>| state.flat(&unit, f);
+            let master = full(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?;
+            let decay = full(&|n, p| {
+                p.f_ones_like()?
+                    .f_to_kind(Kind::Float)?
+                    .f_mul_scalar(f64::from(u8::from(decays(n))))
+            })?;
+            let zeros = master.f_zeros_like()?;
+            state.master.push(master);
+            state.decay.push(decay);
+            state.exp_avg.push(zeros.f_zeros_like()?);
+            state.exp_avg_sq.push(zeros.f_zeros_like()?);
+            state.grads.push(zeros);
+            state.units.push(unit);
+        }
+        Ok(state)
+    }
+
+    /// This rank's shard `[shard]` of the unit's parameters mapped by `f` (name, parameter)
+    /// and flattened in order, zero padded.
+    fn flat(
+        &self,
+        unit: &Unit,
+        f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>,
+    ) -> Result<Tensor, tch::TchError> {
+        let whole = self.padded(unit, f)?;
+        whole
+            .f_narrow(0, self.rank as i64 * unit.shard, unit.shard)?
+            .f_contiguous()
+    }
+
+    /// The unit's parameters mapped by `f`, flattened, zero padded to `size * shard`.
+    fn padded(
+        &self,
+        unit: &Unit,
+        f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>,
+    ) -> Result<Tensor, tch::TchError> {
+        let mut parts = unit
+            .names
+            .iter()
+            .zip(&unit.params)
+            .map(|(n, p)| f(n, p)?.f_reshape([-1]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pad = self.size as i64 * unit.shard - unit.total;
+        if pad > 0 {
+            let like = &parts[0];
+            parts.push(like.f_new_zeros([pad], (like.kind(), like.device()))?);
+        }
+        Tensor::f_cat(&parts, 0)
+    }
+
+    /// Sums every unit's gradients over the ranks into this rank's fp32 shards (a parameter
+    /// without a gradient takes part with zeros).
+    pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
+        let fail = |e: tch::TchError| DistError::new(world.rank, "reduce_scatter", e.to_string());
+        for (u, unit) in self.units.iter().enumerate() {
+            let grad = |_: &str, p: &Tensor| {
+                let g = p.grad();
+                if g.defined() { Ok(g) } else { p.f_zeros_like() }
+            };
+            let flat = tch::no_grad(|| self.padded(unit, &grad)).map_err(fail)?;
+            let part = flat
+                .f_new_zeros([unit.shard], (flat.kind(), flat.device()))
+                .map_err(fail)?;
+            world.reduce_scatter(&flat, &part)?;
+            let part = part.f_to_kind(Kind::Float).map_err(fail)?;
+            tch::no_grad(|| self.grads[u].shallow_clone().f_copy_(&part)).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// The global L2 norm of the summed gradients; above `max_norm` the shards are scaled
+    /// down to it (`clip_grad_norm_`'s coefficient `max_norm / (norm + 1e-6)`).
+    pub(crate) fn clip(&self, max_norm: Option<f64>, world: &World) -> Result<f64, DistError> {
+        let fail = |e: tch::TchError| DistError::new(world.rank, "clip", e.to_string());
+        let mut squares = [self.grads.iter().map(squared_norm).sum::<f64>()];
+        world.sum(&mut squares)?;
+        let total = squares[0].sqrt();
+        if let Some(max) = max_norm {
+            let coef = max / (total + 1e-6);
+            if coef < 1.0 {
+                for g in &self.grads {
+                    let _ = tch::no_grad(|| g.shallow_clone().f_mul_scalar_(coef)).map_err(fail)?;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// One AdamW update of every shard at `lr` (update number `step`, 1-based), then the
+    /// updated shards all-gathered into every rank's parameters.
+    pub(crate) fn step(&mut self, lr: f64, step: u64, c: AdamWConfig, world: &World) -> Result<(), ModelError> {
+        let bias1 = 1.0 - c.beta1.powi(step as i32);
+        let bias2 = 1.0 - c.beta2.powi(step as i32);
+        for (u, unit) in self.units.iter().enumerate() {
+            let (m, v, g, p) = (&self.exp_avg[u], &self.exp_avg_sq[u], &self.grads[u], &self.master[u]);
+            tch::no_grad(|| -> Result<(), tch::TchError> {
+                // As the replicated update: decay, lerp the first moment, the second, the step.
+                let decayed = p.f_mul(&self.decay[u].f_mul_scalar(-lr * c.weight_decay)?.f_add_scalar(1.0)?)?;
+                let _ = m.shallow_clone().f_lerp_(g, 1.0 - c.beta1)?;
+                let _ = v
+                    .shallow_clone()
+                    .f_mul_scalar_(c.beta2)?
+                    .f_add_(&g.f_mul_scalar(1.0 - c.beta2)?.f_mul(g)?)?;
+                let denom = v.f_sqrt()?.f_div_scalar(bias2.sqrt())?.f_add_scalar(c.eps)?;
+                let updated = decayed.f_sub(&m.f_div(&denom)?.f_mul_scalar(lr / bias1)?)?;
+                p.shallow_clone().f_copy_(&updated)?;
+                Ok(())
+            })?;
+            self.gather_into_params(unit, p, world)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's master shard of `unit` (in the parameters' dtype) copied into the
+    /// parameters.
+    fn gather_into_params(&self, unit: &Unit, master: &Tensor, world: &World) -> Result<(), ModelError> {
+        let kind = unit.params[0].kind();
+        let part = master.f_to_kind(kind)?;
+        let whole = part.f_new_zeros([self.size as i64 * unit.shard], (kind, part.device()))?;
+        world
+            .all_gather_into(&part, &whole)
+            .map_err(|e| ModelError::Input(e.to_string()))?;
+        let mut at = 0;
+        tch::no_grad(|| -> Result<(), tch::TchError> {
+            for p in &unit.params {
+                let n = p.numel() as i64;
+                p.shallow_clone().f_copy_(
+                    &whole
+                        .f_narrow(0, at, n)?
+                        .f_view(p.size().as_slice())?
+                        .f_to_kind(p.kind())?,
+                )?;
+                at += n;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// The whole state by its `optimizer.safetensors` names, as the replicated optimizer writes
+    /// it (`exp_avg.<name>`, `exp_avg_sq.<name>`, `master.<name>` for parameters that are not
+    /// fp32), all-gathered one unit at a time: a collective every rank calls.
+    pub(crate) fn gather_named(&self, world: &World) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let mut out = Vec::new();
+        for (u, unit) in self.units.iter().enumerate() {
+            let kinds = [
+                ("exp_avg", &self.exp_avg[u]),
+                ("exp_avg_sq", &self.exp_avg_sq[u]),
+                ("master", &self.master[u]),
+            ];
+            for (prefix, shard) in kinds {
+                let whole = shard.f_new_zeros([self.size as i64 * unit.shard], (Kind::Float, shard.device()))?;
+                world
+                    .all_gather_into(shard, &whole)
+                    .map_err(|e| ModelError::Input(e.to_string()))?;
+                let mut at = 0;
+                for (name, p) in unit.names.iter().zip(&unit.params) {
+                    let n = p.numel() as i64;
+                    if prefix != "master" || p.kind() != Kind::Float {
+                        out.push((
+                            format!("{prefix}.{name}"),
+                            whole.f_narrow(0, at, n)?.f_view(p.size().as_slice())?,
+                        ));
+                    }
+                    at += n;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names and whole shapes [`ShardedState::gather_named`] writes.
+    pub(crate) fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
+        let mut out = Vec::new();
+        for prefix in ["exp_avg", "exp_avg_sq", "master"] {
+            for unit in &self.units {
+                for (name, p) in unit.names.iter().zip(&unit.params) {
+                    if prefix != "master" || p.kind() != Kind::Float {
+                        out.push((format!("{prefix}.{name}"), p.size()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Takes this rank's shards from the whole tensors `named` (every name of
+    /// [`ShardedState::named_shapes`], checked by the caller); master weights of fp32
+    /// parameters come from the parameters, and half-precision parameters get their master
+    /// weights rounded.
+    pub(crate) fn load_named(&mut self, named: &BTreeMap<String, Tensor>) -> Result<(), ModelError> {
+        for u in 0..self.units.len() {
+            let unit = &self.units[u];
+            let shards = ["exp_avg", "exp_avg_sq", "master"]
+                .iter()
+                .map(|prefix| {
+                    let pick = |name: &str, p: &Tensor| match named.get(&format!("{prefix}.{name}")) {
+                        Some(t) => t.f_to_kind(Kind::Float),
+                        None => p.f_to_kind(Kind::Float),
+                    };
+                    self.flat(unit, &pick)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            tch::no_grad(|| -> Result<(), ModelError> {
+                for (dst, src) in [&self.exp_avg[u], &self.exp_avg_sq[u], &self.master[u]]
+                    .into_iter()
+                    .zip(&shards)
+                {
+                    dst.shallow_clone().f_copy_(src)?;
+                }
+                for (name, p) in unit.names.iter().zip(&unit.params) {
+                    if let Some(m) = named.get(&format!("master.{name}")) {
+                        p.shallow_clone().f_copy_(m)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The shards, by `<kind>.<unit index>`: what lives beside the parameters on their device.
+    pub(crate) fn tensors(&self) -> Vec<(String, &Tensor)> {
+        [
+            ("exp_avg", &self.exp_avg),
+            ("exp_avg_sq", &self.exp_avg_sq),
+            ("master", &self.master),
+        ]
+        .into_iter()
+        .flat_map(|(prefix, v)| v.iter().enumerate().map(move |(i, t)| (format!("{prefix}.unit{i}"), t)))
+        .collect()
+    }
+
+    /// Bytes of optimizer state this rank holds (moments and master shards).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.tensors().iter().map(|(_, t)| t.numel() as u64 * 4).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tch::{Kind, Tensor, nn};
+
+    use super::super::{AdamW, AdamWConfig};
+    use super::*;
+
+    /// A little model's variables: an embedding, two layers of odd sizes (shards end
+    /// mid-tensor, the last one padded) and a final norm.
+    fn variables(vs: &nn::VarStore, rank: usize) {
+        let p = vs.root();
+        let init = |shape: &[i64], seed: f64| {
+            let n: i64 = shape.iter().product();
+            let t = Tensor::arange(n, (Kind::Float, tch::Device::Cpu))
+                .f_mul_scalar(0.37)
+                .unwrap();
+            (t + seed).sin().view(shape)
+        };
+        let var = |name: &str, t: &Tensor| {
+            let (path, last) = name.rsplit_once('.').unwrap();
+            let at = path.split('.').fold(p.clone(), |at, part| at / part);
+            let _ = at.var_copy(last, t);
+        };
+        var("model.embed_tokens.weight", &init(&[7, 3], 0.1));
+        var("model.layers.0.mlp.up_proj.weight", &init(&[5, 3], 0.2));
+        var("model.layers.0.input_layernorm.weight", &init(&[3], 0.3));
+        var("model.layers.1.mlp.up_proj.weight", &init(&[4, 3], 0.4));
+        var("model.norm.weight", &init(&[3], 0.5));
+        // Each rank's own gradients.
+        let sorted: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+        for (i, v) in sorted.values().enumerate() {
+            let g = (v.detach() * (rank as f64 + 1.0) + i as f64).cos();
+            (v * g).sum(Kind::Float).backward();
+        }
+    }
+
+    /// Two ranks (threads on a file store) step the sharded state; one replicated optimizer
+    /// steps on the sum of their gradients: the same norms, the same parameters, and the
+    /// gathered state equals the replicated one.
+    #[test]
+    fn sharded_steps_equal_the_replicated_update() {
+        let dir = std::env::temp_dir().join(format!("treetrain-shard-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = dir.join("store");
+        let _ = std::fs::remove_file(&store);
+        let config = AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        };
+        let run = |rank: usize| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let world = World::with_file_store(&store, rank, 2, Duration::from_secs(30)).unwrap();
+                let vs = nn::VarStore::new(tch::Device::Cpu);
+                variables(&vs, rank);
+                let mut adamw = AdamW::new(&vs, config);
+                adamw.shard(&world).unwrap();
+                adamw.reduce_grads(&world).unwrap();
+                let norm = adamw.clip_in(Some(1.0), &world).unwrap();
+                adamw.step_in(1e-2, &world).unwrap();
+                let snapshot = adamw.snapshot(&world).unwrap();
+                let state: BTreeMap<String, Tensor> = snapshot.tensors.into_iter().collect();
+                let params: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+                (norm, params, state)
+            })
+        };
+        let (a, b) = (run(0), run(1));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        // The replicated reference: the summed gradients in one process.
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        variables(&vs, 0);
+        let other = nn::VarStore::new(tch::Device::Cpu);
+        variables(&other, 1);
+        let theirs = other.variables();
+        for (name, v) in vs.variables() {
+            let mut g = v.grad();
+            let _ = g.f_add_(&theirs[&name].grad()).unwrap();
+        }
+        let mut adamw = AdamW::new(&vs, config);
+        let norm = adamw.clip_grad_norm(Some(1.0));
+        adamw.step(1e-2).unwrap();
+        for (got_norm, params, state) in [a, b] {
+            assert!((got_norm - norm).abs() <= 1e-6 * norm, "{got_norm} vs {norm}");
+            for (name, v) in vs.variables() {
+                let diff = (&params[&name] - &v).abs().max().double_value(&[]);
+                assert!(diff <= 1e-7, "{name}: {diff}");
+            }
+            let want = adamw.state_tensors();
+            assert_eq!(state.len(), want.len());
+            for (key, t) in want {
+                let diff = (&state[&key] - t).abs().max().double_value(&[]);
+                assert!(diff <= 1e-7, "{key}: {diff}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
