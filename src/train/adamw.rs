@@ -184,6 +184,11 @@ impl AdamW {
         }
     }
 
+    /// Bytes of the fp32 gradient shards a sharded optimizer holds (0 replicated).
+    pub fn gradient_shard_bytes(&self) -> u64 {
+        self.sharded.as_ref().map_or(0, |s| s.grad_bytes())
+    }
+
     /// Sums the gradients over `world`'s ranks: whole (replicated), or each rank its shard.
     pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
         match &mut self.sharded {
@@ -354,9 +359,18 @@ impl AdamW {
         Ok(None)
     }
 
-    /// Clears every parameter's gradient.
-    pub fn zero_grad(&self) {
+    /// Zeroes the parameters' gradients, whatever their state (a failed forward or backward).
+    pub fn clear_param_grads(&self) {
         clear_grads(self.params.values());
+    }
+
+    /// Clears every parameter's gradient (a sharded optimizer also drops its gradient shards
+    /// and frees the gradients).
+    pub fn zero_grad(&mut self) {
+        match &mut self.sharded {
+            Some(s) => s.discard_grads(),
+            None => clear_grads(self.params.values()),
+        }
     }
 
     /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`

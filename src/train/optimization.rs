@@ -65,7 +65,7 @@ impl Optimization {
         let grad_norm = match reduced {
             Ok(norm) => norm,
             Err(e) => {
-                self.discard_gradients();
+                self.adamw.zero_grad();
                 return Err(e.into());
             }
         };
@@ -117,6 +117,6 @@ impl Optimization {
 
     /// Clears gradients a failed forward or backward left behind, so the next step starts clean.
     pub fn discard_gradients(&self) {
-        self.adamw.zero_grad();
+        self.adamw.clear_param_grads();
     }
 }

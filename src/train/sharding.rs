@@ -18,6 +18,17 @@ use super::adamw::{AdamWConfig, decays, squared_norm};
 use super::distributed::{DistError, World};
 use crate::model::ModelError;
 
+unsafe extern "C" {
+    /// c10d_shim.cpp: resets the tensor's gradient to undefined.
+    fn tt_free_grad(t: *mut std::ffi::c_void);
+}
+
+/// Frees `p`'s gradient (the next backward allocates a new one).
+fn free_grad(p: &Tensor) {
+    // SAFETY: a live tensor; resetting its gradient slot is what `p.grad = None` does.
+    unsafe { tt_free_grad(p.as_ptr() as *mut std::ffi::c_void) }
+}
+
 /// The `fsdp` setting of both trainers, spelled as transformers' `TrainingArguments.fsdp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -61,13 +72,14 @@ pub(crate) struct ShardedState {
     rank: usize,
     size: usize,
     units: Vec<Unit>,
-    /// fp32 master shard of every unit: the weights the updates go to.
-    master: Vec<Tensor>,
+    /// fp32 master shard of each unit whose parameters are not fp32 (mixed precision): the
+    /// weights the updates go to. An fp32 unit's shard is read from its parameters.
+    master: Vec<Option<Tensor>>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     /// 1 where weight decay applies, 0 elsewhere.
     decay: Vec<Tensor>,
-    /// This step's summed gradient shards, fp32.
+    /// This step's summed gradient shards, fp32, between the reduce-scatter and the update.
     grads: Vec<Tensor>,
 }
 
@@ -118,18 +130,20 @@ impl ShardedState {
                 shard: (total + size as i64 - 1) / size as i64,
             };
             let full = |f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>| state.flat(&unit, f);
-            let master = full(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?;
+            let half = unit.params.iter().any(|p| p.kind() != Kind::Float);
+            let master = match half {
+                true => Some(full(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?),
+                false => None,
+            };
             let decay = full(&|n, p| {
                 p.f_ones_like()?
                     .f_to_kind(Kind::Float)?
                     .f_mul_scalar(f64::from(u8::from(decays(n))))
             })?;
-            let zeros = master.f_zeros_like()?;
+            state.exp_avg.push(decay.f_zeros_like()?);
+            state.exp_avg_sq.push(decay.f_zeros_like()?);
             state.master.push(master);
             state.decay.push(decay);
-            state.exp_avg.push(zeros.f_zeros_like()?);
-            state.exp_avg_sq.push(zeros.f_zeros_like()?);
-            state.grads.push(zeros);
             state.units.push(unit);
         }
         Ok(state)
@@ -169,23 +183,31 @@ impl ShardedState {
     }
 
     /// Sums every unit's gradients over the ranks into this rank's fp32 shards (a parameter
-    /// without a gradient takes part with zeros).
+    /// without a gradient takes part with zeros), then frees the parameters' gradients.
     pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
         let fail = |e: tch::TchError| DistError::new(world.rank, "reduce_scatter", e.to_string());
-        for (u, unit) in self.units.iter().enumerate() {
+        self.grads.clear();
+        for unit in &self.units {
             let grad = |_: &str, p: &Tensor| {
                 let g = p.grad();
                 if g.defined() { Ok(g) } else { p.f_zeros_like() }
             };
             let flat = tch::no_grad(|| self.padded(unit, &grad)).map_err(fail)?;
+            unit.params.iter().for_each(free_grad);
             let part = flat
                 .f_new_zeros([unit.shard], (flat.kind(), flat.device()))
                 .map_err(fail)?;
             world.reduce_scatter(&flat, &part)?;
-            let part = part.f_to_kind(Kind::Float).map_err(fail)?;
-            tch::no_grad(|| self.grads[u].shallow_clone().f_copy_(&part)).map_err(fail)?;
+            drop(flat);
+            self.grads.push(part.f_to_kind(Kind::Float).map_err(fail)?);
         }
         Ok(())
+    }
+
+    /// Drops the gradient shards of a step that will not be applied, and any gradients.
+    pub(crate) fn discard_grads(&mut self) {
+        self.grads.clear();
+        self.units.iter().flat_map(|u| &u.params).for_each(free_grad);
     }
 
     /// The global L2 norm of the summed gradients; above `max_norm` the shards are scaled
@@ -211,8 +233,13 @@ impl ShardedState {
     pub(crate) fn step(&mut self, lr: f64, step: u64, c: AdamWConfig, world: &World) -> Result<(), ModelError> {
         let bias1 = 1.0 - c.beta1.powi(step as i32);
         let bias2 = 1.0 - c.beta2.powi(step as i32);
-        for (u, unit) in self.units.iter().enumerate() {
-            let (m, v, g, p) = (&self.exp_avg[u], &self.exp_avg_sq[u], &self.grads[u], &self.master[u]);
+        let grads = std::mem::take(&mut self.grads);
+        for (u, (unit, g)) in self.units.iter().zip(&grads).enumerate() {
+            let (m, v) = (&self.exp_avg[u], &self.exp_avg_sq[u]);
+            let p = match &self.master[u] {
+                Some(master) => master.shallow_clone(),
+                None => self.flat(unit, &|_, p| p.f_to_kind(Kind::Float))?,
+            };
             tch::no_grad(|| -> Result<(), tch::TchError> {
                 // As the replicated update: decay, lerp the first moment, the second, the step.
                 let decayed = p.f_mul(&self.decay[u].f_mul_scalar(-lr * c.weight_decay)?.f_add_scalar(1.0)?)?;
@@ -226,7 +253,7 @@ impl ShardedState {
                 p.shallow_clone().f_copy_(&updated)?;
                 Ok(())
             })?;
-            self.gather_into_params(unit, p, world)?;
+            self.gather_into_params(unit, &p, world)?;
         }
         Ok(())
     }
@@ -264,11 +291,11 @@ impl ShardedState {
         let mut out = Vec::new();
         for (u, unit) in self.units.iter().enumerate() {
             let kinds = [
-                ("exp_avg", &self.exp_avg[u]),
-                ("exp_avg_sq", &self.exp_avg_sq[u]),
-                ("master", &self.master[u]),
+                ("exp_avg", Some(&self.exp_avg[u])),
+                ("exp_avg_sq", Some(&self.exp_avg_sq[u])),
+                ("master", self.master[u].as_ref()),
             ];
-            for (prefix, shard) in kinds {
+            for (prefix, shard) in kinds.into_iter().filter_map(|(p, s)| Some((p, s?))) {
                 let whole = shard.f_new_zeros([self.size as i64 * unit.shard], (Kind::Float, shard.device()))?;
                 world
                     .all_gather_into(shard, &whole)
@@ -322,10 +349,13 @@ impl ShardedState {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             tch::no_grad(|| -> Result<(), ModelError> {
-                for (dst, src) in [&self.exp_avg[u], &self.exp_avg_sq[u], &self.master[u]]
-                    .into_iter()
-                    .zip(&shards)
-                {
+                let dsts = [
+                    Some(&self.exp_avg[u]),
+                    Some(&self.exp_avg_sq[u]),
+                    self.master[u].as_ref(),
+                ];
+                for (dst, src) in dsts.into_iter().zip(&shards) {
+                    let Some(dst) = dst else { continue };
                     dst.shallow_clone().f_copy_(src)?;
                 }
                 for (name, p) in unit.names.iter().zip(&unit.params) {
@@ -341,14 +371,18 @@ impl ShardedState {
 
     /// The shards, by `<kind>.<unit index>`: what lives beside the parameters on their device.
     pub(crate) fn tensors(&self) -> Vec<(String, &Tensor)> {
-        [
-            ("exp_avg", &self.exp_avg),
-            ("exp_avg_sq", &self.exp_avg_sq),
-            ("master", &self.master),
-        ]
-        .into_iter()
-        .flat_map(|(prefix, v)| v.iter().enumerate().map(move |(i, t)| (format!("{prefix}.unit{i}"), t)))
-        .collect()
+        let masters = self.master.iter().enumerate();
+        let masters = masters.filter_map(|(i, t)| Some((format!("master.unit{i}"), t.as_ref()?)));
+        [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)]
+            .into_iter()
+            .flat_map(|(prefix, v)| v.iter().enumerate().map(move |(i, t)| (format!("{prefix}.unit{i}"), t)))
+            .chain(masters)
+            .collect()
+    }
+
+    /// Bytes of the gradient shards (fp32).
+    pub(crate) fn grad_bytes(&self) -> u64 {
+        self.grads.iter().map(|t| t.numel() as u64 * 4).sum()
     }
 
     /// Bytes of optimizer state this rank holds (moments and master shards).

@@ -287,6 +287,10 @@ int tt_barrier(tt_group* g, char* err, size_t len) {
   });
 }
 
+// Frees the gradient of `t` (undefined until the next backward creates it again): what a
+// sharded optimizer does once the gradients are reduce-scattered.
+void tt_free_grad(at::Tensor* t) { t->mutable_grad().reset(); }
+
 int tt_built_with_gloo() {
 #ifdef USE_C10D_GLOO
   return 1;
