@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::distributed::World;
+use super::distributed::{HeldState, World};
 use super::output_lock::OutputLock;
 use super::report::{RunLogs, Scalars};
 use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, resume};
@@ -86,6 +86,7 @@ impl TrainCore {
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
         let mut adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
+        let mut world = world;
         match (config.fsdp, world.is_distributed()) {
             (super::Fsdp::NoShard, _) => {}
             (_, true) => adamw.shard(&world)?,
@@ -94,6 +95,19 @@ impl TrainCore {
                 mode.name()
             ),
         }
+        let parameters: u64 = variables
+            .values()
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum();
+        world.set_held(HeldState {
+            fsdp: match adamw.is_sharded() {
+                true => config.fsdp.name(),
+                false => super::Fsdp::NoShard.name(),
+            },
+            parameters,
+            gradients: parameters,
+            optimizer: adamw.state_bytes(),
+        });
         let schedule = schedule(config, 0);
         Ok(TrainCore {
             model,

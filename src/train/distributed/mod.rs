@@ -28,4 +28,4 @@ pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
 pub use error::DistError;
 pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
-pub use world::{BUCKET_BYTES, CommTotals, LaunchEnv, World, bind, share};
+pub use world::{BUCKET_BYTES, CommTotals, HeldState, LaunchEnv, World, bind, share};

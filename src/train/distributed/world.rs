@@ -137,6 +137,20 @@ pub struct World {
     staged_said: AtomicBool,
     measure_wait: AtomicBool,
     stats: CommStats,
+    held: Option<HeldState>,
+}
+
+/// What one rank holds of a training run's state, in bytes (shown by the world's display).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldState {
+    /// The `fsdp` setting (`no_shard`, `shard_grad_op`).
+    pub fsdp: &'static str,
+    /// Trained parameters.
+    pub parameters: u64,
+    /// Their gradients, whole during backward.
+    pub gradients: u64,
+    /// Optimizer state: AdamW's moments and master weights (this rank's shards when sharded).
+    pub optimizer: u64,
 }
 
 impl std::fmt::Debug for World {
@@ -170,6 +184,7 @@ impl World {
             staged_said: AtomicBool::new(false),
             measure_wait: AtomicBool::new(false),
             stats: CommStats::default(),
+            held: None,
         }
     }
 
@@ -367,6 +382,16 @@ impl World {
             .collect())
     }
 
+    /// Records what this rank holds of the run's state (its display shows it).
+    pub fn set_held(&mut self, held: HeldState) {
+        self.held = Some(held);
+    }
+
+    /// What this rank holds of the run's state, once a trainer said.
+    pub fn held(&self) -> Option<HeldState> {
+        self.held
+    }
+
     /// Waits until every rank gets here.
     pub fn barrier(&self) -> Result<(), DistError> {
         match &self.group {
@@ -379,7 +404,7 @@ impl World {
 impl World {
     fn rows(&self) -> Vec<(&'static str, String)> {
         let c = self.comm_totals();
-        match self.is_distributed() {
+        let mut rows = match self.is_distributed() {
             false => vec![(
                 "processes",
                 "1 (this notebook or process; `treetrain launch --nproc-per-node N -- sft --config FILE` scales a saved config out)".into(),
@@ -392,7 +417,21 @@ impl World {
                     format!("{:.1} MB in {:.2} s; waited {:.2} s for peers", c.bytes as f64 / 1e6, c.seconds, c.wait_seconds),
                 ),
             ],
+        };
+        if let Some(h) = self.held {
+            let mb = |b: u64| b as f64 / 1e6;
+            rows.push((
+                "state per rank",
+                format!(
+                    "fsdp = {}: parameters {:.1} MB, gradients {:.1} MB (whole during backward), optimizer {:.1} MB",
+                    h.fsdp,
+                    mb(h.parameters),
+                    mb(h.gradients),
+                    mb(h.optimizer)
+                ),
+            ));
         }
+        rows
     }
 }
 
@@ -476,6 +515,15 @@ mod tests {
         let w = World::single();
         assert!(w.text().starts_with("processes: 1 (") && w.text().contains("treetrain launch"));
         assert!(w.html().contains("<h4>Processes</h4>") && !w.html().contains("Debug"));
+        let mut w = World::single();
+        w.set_held(HeldState {
+            fsdp: "shard_grad_op",
+            parameters: 4_000_000,
+            gradients: 4_000_000,
+            optimizer: 4_000_000,
+        });
+        let text = w.text();
+        assert!(text.contains("fsdp = shard_grad_op: parameters 4.0 MB"), "{text}");
     }
 
     #[test]
