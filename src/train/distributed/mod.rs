@@ -21,6 +21,7 @@ mod backend;
 mod error;
 mod group;
 mod launch;
+mod launch_env;
 pub mod nccl;
 mod world;
 
@@ -28,4 +29,5 @@ pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
 pub use error::DistError;
 pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
-pub use world::{BUCKET_BYTES, CommTotals, HeldState, LaunchEnv, World, bind, share};
+pub use launch_env::LaunchEnv;
+pub use world::{BUCKET_BYTES, CommTotals, HeldState, World, bind, share};
