@@ -232,21 +232,29 @@ impl World {
     /// Sums the flat `input` `[size * n]` over every rank into this rank's part `output` `[n]`
     /// (elements `rank * n ..`); one process copies its input.
     pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
-        let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
-        match self.timed(bytes, |g| tch::no_grad(|| g.reduce_scatter(input, output))) {
-            None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
-                .map_err(|e| DistError::new(self.rank, "reduce_scatter", e.to_string())),
-            Some(r) => r.map(|staged| self.note_staged(staged)),
-        }
+        self.flat("reduce_scatter", input, output, ProcessGroup::reduce_scatter)
     }
 
     /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order; one process
     /// copies its input.
     pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
-        let bytes = (output.numel() * output.kind().elt_size_in_bytes()) as u64;
-        match self.timed(bytes, |g| tch::no_grad(|| g.all_gather_into(input, output))) {
+        self.flat("all_gather", input, output, ProcessGroup::all_gather_into)
+    }
+
+    /// A collective from the flat `input` into the flat `output` (`op` names it), timed and
+    /// counted by the larger side's bytes; the identity copy for one process.
+    fn flat(
+        &self,
+        op: &'static str,
+        input: &Tensor,
+        output: &Tensor,
+        f: fn(&ProcessGroup, &Tensor, &Tensor) -> Result<bool, DistError>,
+    ) -> Result<(), DistError> {
+        let larger = input.numel().max(output.numel());
+        let bytes = (larger * input.kind().elt_size_in_bytes()) as u64;
+        match self.timed(bytes, |g| tch::no_grad(|| f(g, input, output))) {
             None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
-                .map_err(|e| DistError::new(self.rank, "all_gather", e.to_string())),
+                .map_err(|e| DistError::new(self.rank, op, e.to_string())),
             Some(r) => r.map(|staged| self.note_staged(staged)),
         }
     }
