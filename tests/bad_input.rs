@@ -719,3 +719,15 @@ fn a_runaway_chat_template_is_an_error_not_an_abort() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An `fsdp` value transformers does not spell is an error naming the values there are.
+#[test]
+fn an_unknown_fsdp_value_names_the_values() {
+    let dir = scratch("fsdp");
+    let path = sft_toml(&dir, &datasets().join("sft"), "fsdp = \"zero3\"", 128);
+    fails_with(
+        &["sft", "--config", &path],
+        &["unknown variant `zero3`", "`no_shard`, `shard_grad_op`, `full_shard`"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
