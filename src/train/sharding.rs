@@ -1,6 +1,7 @@
 //! Sharded optimizer state (`fsdp = "shard_grad_op"`, ZeRO-2): every rank keeps the whole
-//! parameters but only its shard of the fp32 master weights and of both AdamW moments, and
-//! receives only its shard of the summed gradients.
+//! parameters but only its shard of both AdamW moments (and of the fp32 master weights of a
+//! half-precision model), and receives only its shard of the summed gradients; the whole
+//! gradients are freed once reduce-scattered.
 //!
 //! The unit of sharding is FSDP's: one flat buffer per decoder layer, one for the embeddings
 //! and one for the rest (final norm, untied head), each split evenly over the ranks (the last
