@@ -21,6 +21,30 @@ pub(crate) fn squared_norm(g: &Tensor) -> f64 {
     (g * g).sum(Kind::Double).double_value(&[])
 }
 
+/// One AdamW update, in PyTorch's order of operations, of the fp32 weights `decayed` (weight
+/// decay already applied) with the fp32 gradient `g`: the moments `(m, v)` are updated in place
+/// and the new weights returned (update number `step`, 1-based, at `lr`). The replicated and
+/// the sharded optimizer both step through it.
+pub(crate) fn adam_update(
+    decayed: &Tensor,
+    g: &Tensor,
+    (m, v): (&Tensor, &Tensor),
+    lr: f64,
+    step: u64,
+    c: &AdamWConfig,
+) -> Result<Tensor, tch::TchError> {
+    let bias1 = 1.0 - c.beta1.powi(step as i32);
+    let bias2 = 1.0 - c.beta2.powi(step as i32);
+    // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    let _ = m.shallow_clone().f_lerp_(g, 1.0 - c.beta1)?;
+    let _ = v
+        .shallow_clone()
+        .f_mul_scalar_(c.beta2)?
+        .f_add_(&g.f_mul_scalar(1.0 - c.beta2)?.f_mul(g)?)?;
+    let denom = v.f_sqrt()?.f_div_scalar(bias2.sqrt())?.f_add_scalar(c.eps)?;
+    decayed.f_sub(&m.f_div(&denom)?.f_mul_scalar(lr / bias1)?)
+}
+
 /// Zeroes the gradient of every tensor that has one.
 fn clear_grads<'a>(params: impl IntoIterator<Item = &'a Tensor>) {
     for p in params {
@@ -302,8 +326,6 @@ impl AdamW {
         }
         self.step += 1;
         let c = self.config;
-        let bias1 = 1.0 - c.beta1.powi(self.step as i32);
-        let bias2 = 1.0 - c.beta2.powi(self.step as i32);
         tch::no_grad(|| -> Result<(), ModelError> {
             for (name, p) in &self.params {
                 let g = p.grad();
@@ -318,16 +340,8 @@ impl AdamW {
                 } else {
                     current
                 };
-                let m = &self.exp_avg[name];
-                let v = &self.exp_avg_sq[name];
-                // torch: exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-                let _ = m.shallow_clone().f_lerp_(&g, 1.0 - c.beta1)?;
-                let _ = v
-                    .shallow_clone()
-                    .f_mul_(&Tensor::from(c.beta2))?
-                    .f_add_(&((&g * (1.0 - c.beta2)) * &g))?;
-                let denom = v.sqrt() / bias2.sqrt() + c.eps;
-                let updated = p32 - (m / denom) * (lr / bias1);
+                let moments = (&self.exp_avg[name], &self.exp_avg_sq[name]);
+                let updated = adam_update(&p32, &g, moments, lr, self.step, &c)?;
                 if let Some(master) = master {
                     master.shallow_clone().f_copy_(&updated)?;
                 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
 
-use super::adamw::{AdamWConfig, decays, squared_norm};
+use super::adamw::{AdamWConfig, adam_update, decays, squared_norm};
 use super::distributed::{DistError, World};
 use crate::model::ModelError;
 
@@ -232,27 +232,17 @@ impl ShardedState {
     /// One AdamW update of every shard at `lr` (update number `step`, 1-based), then the
     /// updated shards all-gathered into every rank's parameters.
     pub(crate) fn step(&mut self, lr: f64, step: u64, c: AdamWConfig, world: &World) -> Result<(), ModelError> {
-        let bias1 = 1.0 - c.beta1.powi(step as i32);
-        let bias2 = 1.0 - c.beta2.powi(step as i32);
         let grads = std::mem::take(&mut self.grads);
         for (u, (unit, g)) in self.units.iter().zip(&grads).enumerate() {
-            let (m, v) = (&self.exp_avg[u], &self.exp_avg_sq[u]);
             let p = match &self.master[u] {
                 Some(master) => master.shallow_clone(),
                 None => self.flat(unit, &|_, p| p.f_to_kind(Kind::Float))?,
             };
             tch::no_grad(|| -> Result<(), tch::TchError> {
-                // As the replicated update: decay, lerp the first moment, the second, the step.
                 let decayed = p.f_mul(&self.decay[u].f_mul_scalar(-lr * c.weight_decay)?.f_add_scalar(1.0)?)?;
-                let _ = m.shallow_clone().f_lerp_(g, 1.0 - c.beta1)?;
-                let _ = v
-                    .shallow_clone()
-                    .f_mul_scalar_(c.beta2)?
-                    .f_add_(&g.f_mul_scalar(1.0 - c.beta2)?.f_mul(g)?)?;
-                let denom = v.f_sqrt()?.f_div_scalar(bias2.sqrt())?.f_add_scalar(c.eps)?;
-                let updated = decayed.f_sub(&m.f_div(&denom)?.f_mul_scalar(lr / bias1)?)?;
-                p.shallow_clone().f_copy_(&updated)?;
-                Ok(())
+                let moments = (&self.exp_avg[u], &self.exp_avg_sq[u]);
+                p.shallow_clone()
+                    .f_copy_(&adam_update(&decayed, g, moments, lr, step, &c)?)
             })?;
             self.gather_into_params(unit, &p, world)?;
         }
