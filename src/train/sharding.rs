@@ -98,6 +98,13 @@ fn unit_key(name: &str) -> (u8, usize) {
     }
 }
 
+/// Whether a checkpoint holds the state `prefix` (`exp_avg`, `exp_avg_sq`, `master`) of
+/// parameter `p`: the moments always, a master weight only for a half-precision parameter (as
+/// the replicated optimizer keeps them).
+fn stored(prefix: &str, p: &Tensor) -> bool {
+    prefix != "master" || p.kind() != Kind::Float
+}
+
 impl ShardedState {
     /// The shards of rank `rank` of `size` over `params` (by name; the same on every rank),
     /// master weights from `masters` where given (mixed precision), else the parameters.
@@ -253,26 +260,31 @@ impl ShardedState {
     /// parameters.
     fn gather_into_params(&self, unit: &Unit, master: &Tensor, world: &World) -> Result<(), ModelError> {
         let kind = unit.params[0].kind();
-        let part = master.f_to_kind(kind)?;
-        let whole = part.f_new_zeros([self.size as i64 * unit.shard], (kind, part.device()))?;
-        world
-            .all_gather_into(&part, &whole)
-            .map_err(|e| ModelError::Input(e.to_string()))?;
-        let mut at = 0;
+        let pieces = self.gather_pieces(unit, &master.f_to_kind(kind)?, world)?;
         tch::no_grad(|| -> Result<(), tch::TchError> {
-            for p in &unit.params {
-                let n = p.numel() as i64;
-                p.shallow_clone().f_copy_(
-                    &whole
-                        .f_narrow(0, at, n)?
-                        .f_view(p.size().as_slice())?
-                        .f_to_kind(p.kind())?,
-                )?;
-                at += n;
+            for (p, piece) in unit.params.iter().zip(&pieces) {
+                p.shallow_clone().f_copy_(&piece.f_to_kind(p.kind())?)?;
             }
             Ok(())
         })?;
         Ok(())
+    }
+
+    /// Every rank's `shard` of `unit` all-gathered (in the shard's dtype) and split into one
+    /// view per parameter, in the parameter's shape.
+    fn gather_pieces(&self, unit: &Unit, shard: &Tensor, world: &World) -> Result<Vec<Tensor>, ModelError> {
+        let whole = shard.f_new_zeros([self.size as i64 * unit.shard], (shard.kind(), shard.device()))?;
+        world
+            .all_gather_into(shard, &whole)
+            .map_err(|e| ModelError::Input(e.to_string()))?;
+        let mut at = 0;
+        let mut pieces = Vec::with_capacity(unit.params.len());
+        for p in &unit.params {
+            let n = p.numel() as i64;
+            pieces.push(whole.f_narrow(0, at, n)?.f_view(p.size().as_slice())?);
+            at += n;
+        }
+        Ok(pieces)
     }
 
     /// The whole state by its `optimizer.safetensors` names, as the replicated optimizer writes
@@ -287,20 +299,11 @@ impl ShardedState {
                 ("master", self.master[u].as_ref()),
             ];
             for (prefix, shard) in kinds.into_iter().filter_map(|(p, s)| Some((p, s?))) {
-                let whole = shard.f_new_zeros([self.size as i64 * unit.shard], (Kind::Float, shard.device()))?;
-                world
-                    .all_gather_into(shard, &whole)
-                    .map_err(|e| ModelError::Input(e.to_string()))?;
-                let mut at = 0;
-                for (name, p) in unit.names.iter().zip(&unit.params) {
-                    let n = p.numel() as i64;
-                    if prefix != "master" || p.kind() != Kind::Float {
-                        out.push((
-                            format!("{prefix}.{name}"),
-                            whole.f_narrow(0, at, n)?.f_view(p.size().as_slice())?,
-                        ));
+                let pieces = self.gather_pieces(unit, shard, world)?;
+                for ((name, p), piece) in unit.names.iter().zip(&unit.params).zip(pieces) {
+                    if stored(prefix, p) {
+                        out.push((format!("{prefix}.{name}"), piece));
                     }
-                    at += n;
                 }
             }
         }
@@ -313,7 +316,7 @@ impl ShardedState {
         for prefix in ["exp_avg", "exp_avg_sq", "master"] {
             for unit in &self.units {
                 for (name, p) in unit.names.iter().zip(&unit.params) {
-                    if prefix != "master" || p.kind() != Kind::Float {
+                    if stored(prefix, p) {
                         out.push((format!("{prefix}.{name}"), p.size()));
                     }
                 }
