@@ -83,10 +83,14 @@ pub struct RankGpu {
 pub fn rank_gpu(device: DeviceSpec, local_rank: usize) -> Option<RankGpu> {
     let first = match device {
         DeviceSpec::Cuda(i) => i,
-        DeviceSpec::Auto if cuda_available() => 0,
+        DeviceSpec::Auto => 0,
         _ => return None,
     };
+    // `TREETRAIN_TORCH_CUDA`'s library first: libtorch sees no GPU without it.
     let _ = crate::device::load_torch_cuda_from_env();
+    if device == DeviceSpec::Auto && !tch::Cuda::is_available() {
+        return None;
+    }
     let count = tch::Cuda::device_count().max(0) as usize;
     let local_size = std::env::var("LOCAL_WORLD_SIZE")
         .ok()
@@ -110,12 +114,6 @@ fn place_rank(first: usize, local_rank: usize, local_size: usize, count: usize) 
         index: first + local_rank % available,
         shared: true,
     }
-}
-
-/// Whether libtorch sees a GPU, after loading `TREETRAIN_TORCH_CUDA`'s library if set.
-fn cuda_available() -> bool {
-    let _ = crate::device::load_torch_cuda_from_env();
-    tch::Cuda::is_available()
 }
 
 #[cfg(test)]
