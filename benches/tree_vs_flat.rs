@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use tch::Kind;
 use treetrain::device::Device;
-use treetrain::grpo::{GrpoObjective, TermWeights, grpo_loss_backward};
+use treetrain::grpo::{GrpoLoss, GrpoObjective, TermWeights, grpo_loss_backward};
 use treetrain::model::{Activations, HfConfig, LoadOptions, Model};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat};
 use treetrain::util::SplitMix64;
@@ -189,29 +189,29 @@ fn scenarios(len: usize, vocab: i64) -> Vec<(String, f64, Vec<Rollout>)> {
 
 /// One forward + backward of the GRPO loss over `row`, in milliseconds (gradients cleared first).
 fn step_ms(model: &Model, row: &PackedRow, args: &Args) -> f64 {
-    let cfg = GrpoObjective {
-        activations: args.activations,
-        ..GrpoObjective::default()
-    };
-    let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
-    treetrain::train::zero_grads(&model.vs);
     let t = Instant::now();
-    grpo_loss_backward(&model.lm, row, &cfg, weights, Default::default()).expect("loss");
+    let _ = backward_step(model, row, args);
     if let Device::Cuda(i) = args.device {
         tch::Cuda::synchronize(i as i64);
     }
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// The loss and the gradient norm of one step over `row`.
-fn loss_and_grad_norm(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
+/// The GRPO loss over `row` back-propagated into cleared gradients (the bench's objective:
+/// uniform term weights, the run's activation policy).
+fn backward_step(model: &Model, row: &PackedRow, args: &Args) -> GrpoLoss {
     let cfg = GrpoObjective {
         activations: args.activations,
         ..GrpoObjective::default()
     };
     let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
     treetrain::train::zero_grads(&model.vs);
-    let out = grpo_loss_backward(&model.lm, row, &cfg, weights, Default::default()).expect("loss");
+    grpo_loss_backward(&model.lm, row, &cfg, weights, Default::default()).expect("loss")
+}
+
+/// The loss and the gradient norm of one step over `row`.
+fn loss_and_grad_norm(model: &Model, row: &PackedRow, args: &Args) -> (f64, f64) {
+    let out = backward_step(model, row, args);
     let squares: f64 = model
         .vs
         .trainable_variables()
