@@ -76,6 +76,18 @@ void allreduce_flat(tt_group* g, at::Tensor& flat, bool average, bool* staged) {
   if (!work.is_same(flat)) flat.copy_(work);
 }
 
+// Runs `start(out, in)`, a collective from the flat `input` into the flat `output`, on the
+// group's device (copies there and back where needed) and waits for it.
+template <typename Start>
+void flat_collective(tt_group* g, at::Tensor& input, at::Tensor& output, int* staged, Start start) {
+  bool moved = false;
+  at::Tensor in = on_group_device(g, input, &moved);
+  at::Tensor out = on_group_device(g, output, &moved);
+  wait(g, start(out, in));
+  if (!out.is_same(output)) output.copy_(out);
+  *staged = moved ? 1 : 0;
+}
+
 void require_gloo() {
 #ifndef USE_C10D_GLOO
   throw std::runtime_error(
@@ -251,15 +263,12 @@ int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, si
 int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
                       size_t len) {
   return guarded(err, len, [&] {
-    bool moved = false;
-    at::Tensor in = on_group_device(g, *input, &moved);
-    at::Tensor out = on_group_device(g, *output, &moved);
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
-    opts.timeout = g->timeout;
-    wait(g, g->pg->_reduce_scatter_base(out, in, opts));
-    if (!out.is_same(*output)) output->copy_(out);
-    *staged = moved ? 1 : 0;
+    flat_collective(g, *input, *output, staged, [&](at::Tensor& out, at::Tensor& in) {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      opts.timeout = g->timeout;
+      return g->pg->_reduce_scatter_base(out, in, opts);
+    });
   });
 }
 
@@ -268,14 +277,11 @@ int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* s
 int tt_all_gather_flat(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
                        size_t len) {
   return guarded(err, len, [&] {
-    bool moved = false;
-    at::Tensor in = on_group_device(g, *input, &moved);
-    at::Tensor out = on_group_device(g, *output, &moved);
-    c10d::AllgatherOptions opts;
-    opts.timeout = g->timeout;
-    wait(g, g->pg->_allgather_base(out, in, opts));
-    if (!out.is_same(*output)) output->copy_(out);
-    *staged = moved ? 1 : 0;
+    flat_collective(g, *input, *output, staged, [&](at::Tensor& out, at::Tensor& in) {
+      c10d::AllgatherOptions opts;
+      opts.timeout = g->timeout;
+      return g->pg->_allgather_base(out, in, opts);
+    });
   });
 }
 
