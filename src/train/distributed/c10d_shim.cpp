@@ -49,7 +49,26 @@ struct tt_group {
   at::Device device;
 };
 
+// A flat collective in flight: its work and the tensors it reads and writes (kept alive until
+// it is waited for), and where a staged result is copied back.
+struct tt_work {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor in;
+  at::Tensor out;
+  at::Tensor output;
+  std::chrono::milliseconds timeout;
+};
+
 namespace {
+
+// Waits for `w`, copies a staged result back and frees it (also when the wait fails).
+void finish(tt_work* w) {
+  std::unique_ptr<tt_work> owned(w);
+  if (!w->work->wait(w->timeout)) {
+    throw std::runtime_error("collective did not finish within the timeout");
+  }
+  if (!w->out.is_same(w->output)) w->output.copy_(w->out);
+}
 
 void wait(tt_group* g, const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work->wait(g->timeout)) {
@@ -77,15 +96,21 @@ void allreduce_flat(tt_group* g, at::Tensor& flat, bool average, bool* staged) {
 }
 
 // Runs `start(out, in)`, a collective from the flat `input` into the flat `output`, on the
-// group's device (copies there and back where needed) and waits for it.
+// group's device (copies there and back where needed) and waits for it; or, with `pending`,
+// hands the work in flight back there for `tt_work_wait`.
 template <typename Start>
-void flat_collective(tt_group* g, at::Tensor& input, at::Tensor& output, int* staged, Start start) {
+void flat_collective(tt_group* g, at::Tensor& input, at::Tensor& output, int* staged, tt_work** pending,
+                     Start start) {
   bool moved = false;
   at::Tensor in = on_group_device(g, input, &moved);
   at::Tensor out = on_group_device(g, output, &moved);
-  wait(g, start(out, in));
-  if (!out.is_same(output)) output.copy_(out);
+  auto* w = new tt_work{start(out, in), in, out, output, g->timeout};
   *staged = moved ? 1 : 0;
+  if (pending != nullptr) {
+    *pending = w;
+    return;
+  }
+  finish(w);
 }
 
 void require_gloo() {
@@ -260,10 +285,10 @@ int tt_all_gather(tt_group* g, at::Tensor* input, at::Tensor* out, char* err, si
 
 // Reduce-scatter (sum) of the flat `input` [size * n] into this rank's `output` [n]: rank r
 // gets the sum of every rank's elements r*n .. (r+1)*n (c10d's _reduce_scatter_base).
-int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
-                      size_t len) {
+int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, tt_work** pending,
+                      char* err, size_t len) {
   return guarded(err, len, [&] {
-    flat_collective(g, *input, *output, staged, [&](at::Tensor& out, at::Tensor& in) {
+    flat_collective(g, *input, *output, staged, pending, [&](at::Tensor& out, at::Tensor& in) {
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;
       opts.timeout = g->timeout;
@@ -274,15 +299,29 @@ int tt_reduce_scatter(tt_group* g, at::Tensor* input, at::Tensor* output, int* s
 
 // All-gather of every rank's flat `input` [n] into `output` [size * n], rank order
 // (c10d's _allgather_base).
-int tt_all_gather_flat(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, char* err,
-                       size_t len) {
+int tt_all_gather_flat(tt_group* g, at::Tensor* input, at::Tensor* output, int* staged, tt_work** pending,
+                       char* err, size_t len) {
   return guarded(err, len, [&] {
-    flat_collective(g, *input, *output, staged, [&](at::Tensor& out, at::Tensor& in) {
+    flat_collective(g, *input, *output, staged, pending, [&](at::Tensor& out, at::Tensor& in) {
       c10d::AllgatherOptions opts;
       opts.timeout = g->timeout;
       return g->pg->_allgather_base(out, in, opts);
     });
   });
+}
+
+// Waits for a collective started with `pending` and frees it.
+int tt_work_wait(tt_work* w, char* err, size_t len) {
+  return guarded(err, len, [&] { finish(w); });
+}
+
+// Frees a collective never waited for (an error path), after it ends: its tensors must outlive
+// it.
+void tt_work_free(tt_work* w) {
+  try {
+    finish(w);
+  } catch (...) {
+  }
 }
 
 int tt_barrier(tt_group* g, char* err, size_t len) {
@@ -296,6 +335,45 @@ int tt_barrier(tt_group* g, char* err, size_t len) {
 // Frees the gradient of `t` (undefined until the next backward creates it again): what a
 // sharded optimizer does once the gradients are reduce-scattered.
 void tt_free_grad(at::Tensor* t) { t->mutable_grad().reset(); }
+
+// fsdp = "full_shard": a parameter's storage is freed between uses and refilled before the
+// next, as FSDP does; the tensor (its sizes, views, autograd identity) stays, so the layers'
+// handles and the graph's saved tensors see the refilled bytes.
+int64_t tt_storage_nbytes(at::Tensor* t) { return static_cast<int64_t>(t->storage().nbytes()); }
+
+// Which storage the tensor views (its address, for telling shared storages apart).
+int64_t tt_storage_id(at::Tensor* t) {
+  return reinterpret_cast<int64_t>(t->storage().unsafeGetStorageImpl());
+}
+
+// Gives the storage `nbytes` bytes: 0 frees them; otherwise, when it holds none, fresh ones from
+// the device's allocator (contents undefined until written).
+int tt_storage_resize(at::Tensor* t, int64_t nbytes, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    c10::StorageImpl* impl = t->storage().unsafeGetStorageImpl();
+    if (nbytes == 0) {
+      impl->set_data_ptr_noswap(at::DataPtr(nullptr, t->device()));
+      impl->set_nbytes(0);
+      return;
+    }
+    if (impl->nbytes() == static_cast<size_t>(nbytes)) return;
+    TORCH_CHECK(impl->nbytes() == 0, "a parameter's storage holds ", impl->nbytes(), " bytes, not 0 or ",
+                nbytes);
+    c10::Allocator* alloc = impl->allocator();
+    if (alloc == nullptr) alloc = c10::GetAllocator(t->device().type());
+    impl->set_data_ptr_noswap(alloc->allocate(static_cast<size_t>(nbytes)));
+    impl->set_nbytes(static_cast<size_t>(nbytes));
+  });
+}
+
+// `dst.data = src` in bytes: copies without bumping the version counter autograd checks, so a
+// graph that saved `dst` before its storage was freed and refilled back-propagates.
+int tt_copy_unversioned(at::Tensor* dst, at::Tensor* src, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    at::NoGradGuard no_grad;
+    dst->variable_data().copy_(*src);
+  });
+}
 
 int tt_built_with_gloo() {
 #ifdef USE_C10D_GLOO

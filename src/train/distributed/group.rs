@@ -14,6 +14,8 @@ use crate::util::ErrBuf;
 type tt_store = c_void;
 #[allow(non_camel_case_types)]
 type tt_group = c_void;
+#[allow(non_camel_case_types)]
+type tt_work = c_void;
 /// tch's tensor handle is libtorch's `at::Tensor*`.
 type AtTensor = *mut c_void;
 
@@ -97,6 +99,7 @@ unsafe extern "C" {
         input: AtTensor,
         output: AtTensor,
         staged: *mut c_int,
+        pending: *mut *mut tt_work,
         err: *mut c_char,
         len: usize,
     ) -> c_int;
@@ -105,9 +108,12 @@ unsafe extern "C" {
         input: AtTensor,
         output: AtTensor,
         staged: *mut c_int,
+        pending: *mut *mut tt_work,
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    fn tt_work_wait(w: *mut tt_work, err: *mut c_char, len: usize) -> c_int;
+    fn tt_work_free(w: *mut tt_work);
     fn tt_barrier(g: *mut tt_group, err: *mut c_char, len: usize) -> c_int;
     fn tt_built_with_gloo() -> c_int;
 }
@@ -228,8 +234,68 @@ pub struct ProcessGroup {
     _nccl: Option<super::nccl::NcclLibrary>,
 }
 
-// SAFETY: c10d process groups are thread-safe; treetrain calls one from one thread at a time.
+// SAFETY: c10d process groups are thread-safe (their backends queue work under their own
+// locks); treetrain calls one from one thread at a time, so the collectives' order is kept.
 unsafe impl Send for ProcessGroup {}
+// SAFETY: as for `Send`: a `full_shard` model and its trainer share the world, and call it from
+// the training thread only.
+unsafe impl Sync for ProcessGroup {}
+
+/// The flat collectives of sharding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flat {
+    /// Sum over ranks, each keeping its part.
+    ReduceScatter,
+    /// Every rank's part, in rank order.
+    AllGather,
+}
+
+impl Flat {
+    fn name(self) -> &'static str {
+        match self {
+            Flat::ReduceScatter => "reduce_scatter",
+            Flat::AllGather => "all_gather",
+        }
+    }
+}
+
+/// A flat collective in flight ([`ProcessGroup::start`]): its output is written once
+/// [`Pending::wait`] returns. Dropped unwaited, it is waited for (errors ignored) and freed.
+#[derive(Debug)]
+pub struct Pending {
+    ptr: *mut tt_work,
+    rank: usize,
+    op: &'static str,
+}
+
+// SAFETY: the work is c10d's, which any thread may wait for; one owner at a time.
+unsafe impl Send for Pending {}
+
+impl Pending {
+    /// Waits for the collective (within the group's timeout); an error names the rank.
+    pub fn wait(mut self) -> Result<(), DistError> {
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let mut err = ErrBuf::new();
+        // SAFETY: a work the shim handed over and nobody freed (taken out of `self`).
+        let rc = unsafe { tt_work_wait(ptr, err.ptr(), ErrBuf::LEN) };
+        match rc {
+            0 => Ok(()),
+            _ => Err(DistError::new(self.rank, self.op, err.message())),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: as in `wait`; freed once.
+            unsafe { tt_work_free(self.ptr) }
+        }
+    }
+}
 
 /// A summed or averaged reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -429,27 +495,39 @@ impl ProcessGroup {
     /// Sums the flat `input` `[size * n]` over every rank and leaves this rank's part
     /// (elements `rank * n ..`) in `output` `[n]` (one dtype, contiguous).
     pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
-        self.flat_collective("reduce_scatter", tt_reduce_scatter, input, output)
+        self.flat_collective(Flat::ReduceScatter, input, output, None)
     }
 
     /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order.
     pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
-        self.flat_collective("all_gather", tt_all_gather_flat, input, output)
+        self.flat_collective(Flat::AllGather, input, output, None)
+    }
+
+    /// `op` started and left running: `output` is written once the [`Pending`] is waited for
+    /// (the tensors are kept alive until then).
+    pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<(Staged, Pending), DistError> {
+        let mut pending = Pending {
+            ptr: std::ptr::null_mut(),
+            rank: self.rank,
+            op: op.name(),
+        };
+        let staged = self.flat_collective(op, input, output, Some(&mut pending.ptr))?;
+        Ok((staged, pending))
     }
 
     fn flat_collective(
         &self,
-        op: &'static str,
-        f: unsafe extern "C" fn(*mut tt_group, AtTensor, AtTensor, *mut c_int, *mut c_char, usize) -> c_int,
+        op: Flat,
         input: &Tensor,
         output: &Tensor,
+        pending: Option<&mut *mut tt_work>,
     ) -> Result<Staged, DistError> {
         let n = output.numel().max(input.numel());
         let small = input.numel().min(output.numel());
         if small * self.size != n {
             return Err(DistError::new(
                 self.rank,
-                op,
+                op.name(),
                 format!(
                     "{} and {} elements for {} ranks",
                     input.numel(),
@@ -458,19 +536,26 @@ impl ProcessGroup {
                 ),
             ));
         }
+        let f = match op {
+            Flat::ReduceScatter => tt_reduce_scatter,
+            Flat::AllGather => tt_all_gather_flat,
+        };
+        let pending = pending.map_or(std::ptr::null_mut(), |p| p as *mut *mut tt_work);
         let (mut staged, mut err) = (0, ErrBuf::new());
-        // SAFETY: live tensors of the sizes checked above for the duration of the call.
+        // SAFETY: live tensors of the sizes checked above for the duration of the call; a
+        // started collective holds its own references to them until it is waited for.
         let rc = unsafe {
             f(
                 self.ptr,
                 input.as_ptr() as AtTensor,
                 output.as_ptr() as AtTensor,
                 &mut staged,
+                pending,
                 err.ptr(),
                 ErrBuf::LEN,
             )
         };
-        self.check(op, rc, &err).map(|()| staged != 0)
+        self.check(op.name(), rc, &err).map(|()| staged != 0)
     }
 
     /// Waits until every rank gets here.

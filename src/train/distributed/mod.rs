@@ -27,7 +27,7 @@ mod world;
 
 pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
 pub use error::DistError;
-pub use group::{GlooDevice, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
+pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
 pub use world::{BUCKET_BYTES, CommTotals, HeldState, World, bind, share};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
 use super::backend::{BackendChoice, CommBackend};
-use super::{DistError, GlooDevice, LaunchEnv, ProcessGroup, Reduce, Store};
+use super::{DistError, Flat, GlooDevice, LaunchEnv, Pending, ProcessGroup, Reduce, Store};
 use crate::device::DeviceSpec;
 
 /// Gradients are all-reduced in flat buckets of about this many bytes (DDP's default is 25 MB;
@@ -50,17 +50,19 @@ pub struct World {
     staged_said: AtomicBool,
     measure_wait: AtomicBool,
     stats: CommStats,
-    held: Option<HeldState>,
+    held: std::sync::Mutex<Option<HeldState>>,
 }
 
 /// What one rank holds of a training run's state, in bytes (shown by the world's display).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldState {
-    /// The `fsdp` setting (`no_shard`, `shard_grad_op`).
+    /// The `fsdp` setting (`no_shard`, `shard_grad_op`, `full_shard`).
     pub fsdp: &'static str,
-    /// Trained parameters.
+    /// Trained parameters (`full_shard`: this rank's fp32 shard; a layer is whole only while
+    /// it runs).
     pub parameters: u64,
-    /// Their gradients, whole during backward.
+    /// Their gradients: whole during backward, or (`full_shard`) this rank's fp32 shard, a
+    /// layer's whole gradients only until its backward ends.
     pub gradients: u64,
     /// Optimizer state: AdamW's moments and master weights (this rank's shards when sharded).
     pub optimizer: u64,
@@ -97,7 +99,7 @@ impl World {
             staged_said: AtomicBool::new(false),
             measure_wait: AtomicBool::new(false),
             stats: CommStats::default(),
-            held: None,
+            held: std::sync::Mutex::new(None),
         }
     }
 
@@ -241,6 +243,32 @@ impl World {
         self.flat("all_gather", input, output, ProcessGroup::all_gather_into)
     }
 
+    /// [`World::reduce_scatter`] or [`World::all_gather_into`] started and left running:
+    /// `output` holds the result once [`World::wait`] returns (`None`: one process, done).
+    pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<Option<Pending>, DistError> {
+        let larger = input.numel().max(output.numel());
+        let bytes = (larger * input.kind().elt_size_in_bytes()) as u64;
+        match self.timed(bytes, |g| tch::no_grad(|| g.start(op, input, output))) {
+            None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
+                .map(|_| None)
+                .map_err(|e| DistError::new(self.rank, "copy", e.to_string())),
+            Some(r) => r.map(|(staged, pending)| {
+                self.note_staged(staged);
+                Some(pending)
+            }),
+        }
+    }
+
+    /// Waits for a started collective; the time blocked counts as time in collectives (what
+    /// compute did not hide).
+    pub fn wait(&self, pending: Option<Pending>) -> Result<(), DistError> {
+        let Some(p) = pending else { return Ok(()) };
+        match self.timed(0, |_| p.wait()) {
+            Some(r) => r,
+            None => Ok(()),
+        }
+    }
+
     /// A collective from the flat `input` into the flat `output` (`op` names it), timed and
     /// counted by the larger side's bytes; the identity copy for one process.
     fn flat(
@@ -304,13 +332,13 @@ impl World {
     }
 
     /// Records what this rank holds of the run's state (its display shows it).
-    pub fn set_held(&mut self, held: HeldState) {
-        self.held = Some(held);
+    pub fn set_held(&self, held: HeldState) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
     }
 
     /// What this rank holds of the run's state, once a trainer said.
     pub fn held(&self) -> Option<HeldState> {
-        self.held
+        *self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until every rank gets here.
@@ -339,7 +367,7 @@ impl World {
                 ),
             ],
         };
-        if let Some(h) = self.held {
+        if let Some(h) = self.held() {
             let mb = |b: u64| b as f64 / 1e6;
             rows.push((
                 "state per rank",
@@ -394,7 +422,7 @@ mod tests {
         let w = World::single();
         assert!(w.text().starts_with("processes: 1 (") && w.text().contains("treetrain launch"));
         assert!(w.html().contains("<h4>Processes</h4>") && !w.html().contains("Debug"));
-        let mut w = World::single();
+        let w = World::single();
         w.set_held(HeldState {
             fsdp: "shard_grad_op",
             parameters: 4_000_000,
