@@ -10,7 +10,7 @@ use super::config::ModelConfig;
 use super::cpu_kernels::CpuOps;
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::layout::AttentionLayout;
-use super::{ModelError, rope};
+use super::{ModelError, ParamUnit, rope};
 
 /// `model.layers.{i}`: pre-norm attention and MLP with residuals.
 #[derive(Debug)]
@@ -87,6 +87,8 @@ pub struct CausalLm {
     pub lm_head: Option<Linear>,
     inv_freq: Tensor,
     device: Device,
+    /// Where sharded parameters are gathered and freed (`fsdp = "full_shard"`).
+    pub(crate) residency: Option<std::sync::Arc<dyn super::Residency>>,
 }
 
 impl CausalLm {
@@ -111,6 +113,7 @@ impl CausalLm {
             lm_head,
             inv_freq,
             device: vs.device().into(),
+            residency: None,
         }
     }
 
@@ -193,6 +196,8 @@ impl CausalLm {
             lm_head: self.lm_head.as_ref().map(Linear::base_view),
             inv_freq: self.inv_freq.shallow_clone(),
             device: self.device,
+            // The base a LoRA reference reads is never sharded (only trained units are).
+            residency: None,
         }
     }
 
@@ -275,9 +280,13 @@ impl CausalLm {
     /// over `kv`, the final norm.
     fn run_layers(&self, ids: &Tensor, position_ids: &Tensor, mut kv: KeyValues<'_>) -> Result<Tensor, ModelError> {
         let (cos, sin) = self.rope(position_ids)?;
+        self.gather(ParamUnit::Root)?;
         let mut x = self.embed(ids);
         for (i, layer) in self.layers.iter().enumerate() {
+            self.gather(ParamUnit::Layer(i))?;
+            self.prefetch(Some(i + 1), super::Phase::Forward)?;
             x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
+            self.release(ParamUnit::Layer(i))?;
         }
         Ok(self.norm.forward_with(&x, kv.cpu_ops()))
     }

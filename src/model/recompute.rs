@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 use super::attention::KeyValues;
 use super::layers::{Linear, LinearAdapter};
 use super::lora::DropoutStream;
-use super::{AttentionLayout, CausalLm, ModelError};
+use super::{AttentionLayout, CausalLm, ModelError, ParamUnit, Phase};
 
 /// Whether to recompute layer activations in backward (`gradient_checkpointing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,7 +47,7 @@ impl CausalLm {
         head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
     ) -> Result<T, ModelError> {
         self.check_activations_fit(input_ids, activations)?;
-        if activations == Activations::Kept {
+        if activations == Activations::Kept && !self.is_sharded() {
             let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
             if let Some(loss) = loss {
@@ -55,6 +55,9 @@ impl CausalLm {
             }
             return Ok(out);
         }
+        // Layer by layer: recomputed, or (sharded) each layer's graph kept apart so its
+        // parameters can be freed between its forward and its backward.
+        let keep = activations == Activations::Kept;
         // 1. Inputs, RoPE and mask as the plain forward makes them.
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
         let mask = layout.sdpa_mask(batch, seq, self.device())?;
@@ -63,18 +66,12 @@ impl CausalLm {
             layout,
             mask: mask.as_ref(),
         };
-        // 2. The stack without autograd, keeping each layer's input [batch, seq, hidden] and
-        //    where the dropout stream stood when it ran.
+        // 2. The stack, keeping each layer's input [batch, seq, hidden] (a leaf, with the
+        //    layer's output when kept) and where the dropout stream stood when it ran.
         let dropout = self.dropout_stream();
         let draws = || dropout.as_ref().map_or(0, |d| d.draws());
-        let mut inputs = Vec::with_capacity(self.layers.len());
-        let mut replay = Vec::with_capacity(self.layers.len());
-        let mut x = tch::no_grad(|| self.embed(&ids));
-        for (i, layer) in self.layers.iter().enumerate() {
-            replay.push(draws());
-            let y = tch::no_grad(|| layer.forward(&x, &cos, &sin, i, &mut kv()))?;
-            inputs.push(std::mem::replace(&mut x, y));
-        }
+        self.gather(ParamUnit::Root)?;
+        let (stack, x) = self.forward_stack(&ids, keep, (&cos, &sin), &kv, &draws)?;
         let after = draws();
         // 3. The final norm and the head from a leaf at the last layer's output.
         let leaf = x.detach().set_requires_grad(true);
@@ -82,19 +79,22 @@ impl CausalLm {
         if let Some(loss) = loss {
             backward(&loss)?;
         }
-        // 4. Each layer again with autograd, last first, from its output's gradient.
+        // 4. Each layer, last first, back-propagated from its output's gradient (run again
+        //    with autograd unless kept). Sharded, every layer takes part even without one.
         let mut grad = leaf.grad();
         for (i, layer) in self.layers.iter().enumerate().rev() {
-            if !grad.defined() {
+            if !grad.defined() && !self.is_sharded() {
                 break;
             }
-            if let Some(d) = &dropout {
-                d.set_draws(replay[i]);
-            }
-            let input = inputs[i].detach().set_requires_grad(true);
-            let y = layer.forward(&input, &cos, &sin, i, &mut kv())?;
-            backward(&(y * &grad).sum(Kind::Float))?;
-            grad = input.grad();
+            self.gather(ParamUnit::Layer(i))?;
+            self.prefetch(i.checked_sub(1), Phase::BackwardPre)?;
+            grad = match grad.defined() {
+                true => self.layer_backward(layer, i, &stack, (&cos, &sin), &kv, &grad)?,
+                false => grad,
+            };
+            self.prefetch(i.checked_sub(1), Phase::BackwardPost)?;
+            self.reduce(ParamUnit::Layer(i))?;
+            self.release(ParamUnit::Layer(i))?;
         }
         // 5. The embedding.
         if grad.defined() {
@@ -104,6 +104,74 @@ impl CausalLm {
             d.set_draws(after);
         }
         Ok(out)
+    }
+
+    /// The decoder layers from the embeddings `ids`' output, each gathered before and freed
+    /// after its forward: without autograd, or (`keep`) each layer's graph kept from a leaf at
+    /// its input. Returns what the backward needs and the last layer's output.
+    fn forward_stack<'a>(
+        &self,
+        ids: &Tensor,
+        keep: bool,
+        (cos, sin): (&Tensor, &Tensor),
+        kv: &dyn Fn() -> KeyValues<'a>,
+        draws: &dyn Fn() -> u64,
+    ) -> Result<(Stack, Tensor), ModelError> {
+        let n = self.layers.len();
+        let mut stack = Stack {
+            inputs: Vec::with_capacity(n),
+            outputs: Vec::with_capacity(n),
+            replay: Vec::with_capacity(n),
+        };
+        let mut x = tch::no_grad(|| self.embed(ids));
+        for (i, layer) in self.layers.iter().enumerate() {
+            stack.replay.push(draws());
+            self.gather(ParamUnit::Layer(i))?;
+            self.prefetch(Some(i + 1), Phase::Forward)?;
+            let y = match keep {
+                true => {
+                    x = x.detach().set_requires_grad(true);
+                    let y = layer.forward(&x, cos, sin, i, &mut kv())?;
+                    stack.outputs.push(y.shallow_clone());
+                    y.detach()
+                }
+                false => tch::no_grad(|| layer.forward(&x, cos, sin, i, &mut kv()))?,
+            };
+            self.release(ParamUnit::Layer(i))?;
+            stack.inputs.push(std::mem::replace(&mut x, y));
+        }
+        Ok((stack, x))
+    }
+
+    /// Layer `i`'s backward from its output's gradient `grad`: through its kept graph, or
+    /// recomputed from its input with the dropout masks it drew; returns its input's gradient.
+    fn layer_backward<'a>(
+        &self,
+        layer: &super::DecoderLayer,
+        i: usize,
+        stack: &Stack,
+        (cos, sin): (&Tensor, &Tensor),
+        kv: &dyn Fn() -> KeyValues<'a>,
+        grad: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let Stack {
+            inputs,
+            outputs,
+            replay,
+        } = stack;
+        let (input, y) = match outputs.get(i) {
+            Some(y) => (inputs[i].shallow_clone(), y.shallow_clone()),
+            None => {
+                if let Some(d) = self.dropout_stream() {
+                    d.set_draws(replay[i]);
+                }
+                let input = inputs[i].detach().set_requires_grad(true);
+                let y = layer.forward(&input, cos, sin, i, &mut kv())?;
+                (input, y)
+            }
+        };
+        backward(&(y * grad).sum(Kind::Float))?;
+        Ok(input.grad())
     }
 
     /// A training step whose saved activations cannot fit the host's memory is an error naming
@@ -139,6 +207,15 @@ impl CausalLm {
             a.linears().into_iter().chain(m.linears()).find_map(lora)
         })
     }
+}
+
+/// What a layer-by-layer forward keeps for the backward: each layer's input (a leaf when its
+/// graph is kept), its output with its graph (kept only), and where the dropout stream stood
+/// when it ran (replayed by a recompute).
+struct Stack {
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    replay: Vec<u64>,
 }
 
 /// Elements a training step keeps at least for `seq` tokens until its backward: per token

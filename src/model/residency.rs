@@ -1,0 +1,132 @@
+//! Where a training run's parameters live between uses. Under `fsdp = "full_shard"` every rank
+//! holds only its shard of each unit's parameters (one unit per decoder layer, and the root:
+//! embeddings, final norm, head); a layer's parameters are gathered from every rank just before
+//! the layer runs and freed after, and its gradients leave (reduce-scattered into the owners'
+//! shards) as soon as its backward is done. The model calls a [`Residency`] at those points; the
+//! trainer's sharded optimizer implements it (`train::sharding`).
+//!
+//! Gathers are collectives: every rank must make the same calls in the same order. A rank with
+//! less work than the others runs [`CausalLm::idle_pass`] for each pass it lacks, which makes a
+//! pass's calls without computing.
+
+use std::sync::Arc;
+
+use super::{CausalLm, ModelError};
+
+/// A unit of parameters the model asks for by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamUnit {
+    /// The embeddings, the final norm and an untied head: gathered at a pass's start and kept
+    /// until the optimizer step (the head and a tied embedding serve both ends of the pass).
+    Root,
+    /// Decoder layer `i`.
+    Layer(usize),
+}
+
+/// What a pass does, for [`CausalLm::idle_pass`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// A forward only (scoring, evaluation, a log-prob pass).
+    Forward,
+    /// A forward and its backward (`CausalLm::forward_backward`).
+    ForwardBackward,
+}
+
+/// Where in a pass the model offers to start the next unit's gather early (the residency's
+/// prefetch settings say which it takes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Before a layer's forward: the next layer.
+    Forward,
+    /// Before a layer's backward: the layer back-propagated next.
+    BackwardPre,
+    /// After a layer's backward: the layer back-propagated next.
+    BackwardPost,
+}
+
+/// Gathers and frees a sharded model's parameters around their uses.
+pub trait Residency: Send + Sync + std::fmt::Debug {
+    /// Makes `unit`'s parameters whole (nothing when they are).
+    fn gather(&self, unit: ParamUnit) -> Result<(), ModelError>;
+    /// May start gathering `unit`, the next one used, so that it overlaps the compute at
+    /// `phase` (nothing when whole, past the stack's ends or not prefetched at `phase`).
+    fn prefetch(&self, unit: ParamUnit, phase: Phase) -> Result<(), ModelError>;
+    /// Frees a layer's gathered parameters (the root stays until the step).
+    fn release(&self, unit: ParamUnit) -> Result<(), ModelError>;
+    /// `unit`'s backward is done: its gradients are summed into the ranks' shards and freed.
+    fn reduce(&self, unit: ParamUnit) -> Result<(), ModelError>;
+    /// Every unit whole, for a use outside passes (generation, saving); `release_all` after.
+    fn gather_all(&self) -> Result<(), ModelError>;
+    /// Frees every gathered unit, the root included.
+    fn release_all(&self) -> Result<(), ModelError>;
+}
+
+impl CausalLm {
+    /// Installs the residency of a sharded run (`None`: parameters whole, the default).
+    pub(crate) fn set_residency(&mut self, residency: Option<Arc<dyn Residency>>) {
+        self.residency = residency;
+    }
+
+    /// Whether the parameters are sharded between uses.
+    pub fn is_sharded(&self) -> bool {
+        self.residency.is_some()
+    }
+
+    /// `unit` whole before its use (nothing unsharded).
+    pub(crate) fn gather(&self, unit: ParamUnit) -> Result<(), ModelError> {
+        self.residency.as_ref().map_or(Ok(()), |r| r.gather(unit))
+    }
+
+    /// Layer `i`'s gather started early at `phase` (nothing unsharded, or past the ends).
+    pub(crate) fn prefetch(&self, i: Option<usize>, phase: Phase) -> Result<(), ModelError> {
+        match (&self.residency, i) {
+            (Some(r), Some(i)) if i < self.layers.len() => r.prefetch(ParamUnit::Layer(i), phase),
+            _ => Ok(()),
+        }
+    }
+
+    /// `unit` freed after its use (nothing unsharded).
+    pub(crate) fn release(&self, unit: ParamUnit) -> Result<(), ModelError> {
+        self.residency.as_ref().map_or(Ok(()), |r| r.release(unit))
+    }
+
+    /// `unit`'s gradients handed to their owners (nothing unsharded).
+    pub(crate) fn reduce(&self, unit: ParamUnit) -> Result<(), ModelError> {
+        self.residency.as_ref().map_or(Ok(()), |r| r.reduce(unit))
+    }
+
+    /// `f` with every parameter whole (generation, saving, a weight copy); under `full_shard`
+    /// a collective every rank calls, freeing the units again after.
+    pub fn with_whole_weights<T, E: From<ModelError>>(&self, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let Some(r) = &self.residency else { return f() };
+        r.gather_all()?;
+        let out = f();
+        r.release_all()?;
+        out
+    }
+
+    /// The gathers, reductions and frees of one `pass` of this model, without computing: what
+    /// a rank with fewer rows than the others runs so every rank makes the same collectives.
+    /// Nothing unsharded.
+    pub fn idle_pass(&self, pass: Pass) -> Result<(), ModelError> {
+        if self.residency.is_none() {
+            return Ok(());
+        }
+        self.gather(ParamUnit::Root)?;
+        for i in 0..self.layers.len() {
+            self.gather(ParamUnit::Layer(i))?;
+            self.prefetch(Some(i + 1), Phase::Forward)?;
+            self.release(ParamUnit::Layer(i))?;
+        }
+        if pass == Pass::ForwardBackward {
+            for i in (0..self.layers.len()).rev() {
+                self.gather(ParamUnit::Layer(i))?;
+                self.prefetch(i.checked_sub(1), Phase::BackwardPre)?;
+                self.prefetch(i.checked_sub(1), Phase::BackwardPost)?;
+                self.reduce(ParamUnit::Layer(i))?;
+                self.release(ParamUnit::Layer(i))?;
+            }
+        }
+        Ok(())
+    }
+}
