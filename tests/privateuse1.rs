@@ -205,7 +205,7 @@ fn twenty_sft_steps_equal_the_cpu_and_the_optimizer_state_lives_on_the_device() 
     let state = trainer.core().optim.adamw.state_tensors();
     assert!(!state.is_empty());
     for (name, t) in state {
-        assert_on(device, &name, t);
+        assert_on(device, &name, &t);
     }
 }
 

@@ -158,7 +158,7 @@ impl GrpoTrainerBuilder {
                 // `prompts_per_step` is per process (TRL's per-device batch): the world's
                 // batch is that many times the processes, each generating its share.
                 per_batch: config.rollouts.prompts_per_step * core.world.size * config.rollouts.generation_steps()?,
-                shard: Shard::from(&core.world),
+                shard: Shard::from(&*core.world),
                 scale: config.loss.scale_rewards,
                 aggregation: config.loss.multi_objective_aggregation,
                 seed: config.train.seed,

@@ -36,7 +36,7 @@ impl GrpoTrainer {
         let shape = BatchShape {
             group: samples.max(1),
             per_batch: prompts.prompts.len(),
-            shard: Shard::from(&self.core.world),
+            shard: Shard::from(&*self.core.world),
             scale: self.config.loss.scale_rewards,
             aggregation: self.config.loss.multi_objective_aggregation,
             seed,
@@ -55,9 +55,9 @@ impl GrpoTrainer {
             shape,
         )
         .with_multi_turn(multi_turn);
-        let batch = producer
-            .produce(&self.core.model.lm, self.state.global_step)?
-            .gather(&self.core.world)?;
+        let lm = &self.core.model.lm;
+        let produced = lm.with_whole_weights(|| producer.produce(lm, self.state.global_step))?;
+        let batch = produced.gather(&self.core.world)?;
         Ok(EvalResult::from_batch(&batch, &self.rewards, self.state.global_step))
     }
 

@@ -154,7 +154,7 @@ pub use rollouts::{
 };
 pub use row_loss::{LmHead, grpo_loss, grpo_loss_backward};
 pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
-pub(crate) use update::{StepTotals, accumulate_share, plan_rank_update, with_entropy_floor};
+pub(crate) use update::{StepTotals, accumulate_share, idle_rows, idle_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;
 

@@ -43,12 +43,9 @@ impl Reference {
     /// moves toward `policy` by `ref_model_mixup_alpha` (in place: the layers' tensors see it).
     /// Nothing without `sync_ref_model`.
     pub fn sync(&self, policy: &nn::VarStore, step: u64, loss: &Loss) -> Result<(), TrainError> {
-        let Some(vars) = self.vars.as_ref().filter(|_| loss.sync_ref_model) else {
+        let Some(vars) = self.vars.as_ref().filter(|_| self.due(step, loss)) else {
             return Ok(());
         };
-        if step == 0 || !step.is_multiple_of(loss.ref_model_sync_steps) {
-            return Ok(());
-        }
         let alpha = loss.ref_model_mixup_alpha;
         let policy = policy.variables();
         for (name, r) in vars.variables() {
@@ -63,6 +60,11 @@ impl Reference {
             mixed.map_err(crate::model::ModelError::from)?;
         }
         Ok(())
+    }
+
+    /// Whether [`Reference::sync`] moves the reference after step `step`.
+    pub fn due(&self, step: u64, loss: &Loss) -> bool {
+        self.vars.is_some() && loss.sync_ref_model && step != 0 && step.is_multiple_of(loss.ref_model_sync_steps)
     }
 
     /// Writes the reference's weights into checkpoint folder `dir` (a synced reference only:

@@ -10,8 +10,8 @@ use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
     EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn, RolloutBatch,
-    RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, pack_rollouts,
-    plan_rank_update, with_entropy_floor,
+    RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows, idle_share,
+    pack_rollouts, plan_rank_update, with_entropy_floor,
 };
 use crate::generate::GenerationConfig;
 use crate::model::{CausalLm, Model};
@@ -214,15 +214,26 @@ impl GrpoTrainer {
     /// ones are dropped and counted).
     fn next_batch(&mut self) -> Result<(RolloutBatch, f64, usize), TrainError> {
         let version = self.state.global_step;
+        if let Source::Async(a) = &self.source
+            && self.core.model.lm.is_sharded()
+            && version - a.published() > self.config.rollouts.max_staleness
+        {
+            self.publish_weights(version)?;
+            self.state.forced_syncs += 1;
+        }
         match &mut self.source {
             Source::Sync(p) => {
-                let batch = p.produce(&self.core.model.lm, version)?.gather(&self.core.world)?;
+                // Generation reads whole weights: under `full_shard` gathered for it.
+                let lm = &self.core.model.lm;
+                let produced = lm.with_whole_weights(|| p.produce(lm, version))?;
+                let batch = produced.gather(&self.core.world)?;
                 self.state.batches_consumed += 1;
                 Ok((batch, 0.0, 0))
             }
             Source::Async(a) => {
                 let (mut wait, mut dropped) = (0.0, 0);
                 let mut groups = Vec::with_capacity(self.config.rollouts.prompts_per_step);
+                let stale = |a: &AsyncRollouts| version - a.published() > self.config.rollouts.max_staleness;
                 while groups.len() < self.config.rollouts.prompts_per_step {
                     let t = Instant::now();
                     let queued = a.next()?;
@@ -234,7 +245,9 @@ impl GrpoTrainer {
                     dropped += 1;
                     self.state.dropped_stale += 1;
                     // Until the generator has weights recent enough, all it makes is dropped.
-                    if version - a.published() > self.config.rollouts.max_staleness {
+                    // (Sharded parameters are gathered for a publish by every rank at once, so
+                    // there the step publishes before it waits: see `publish_weights`.)
+                    if stale(a) && !self.core.model.lm.is_sharded() {
                         a.publish(version, self.core.model.trainable());
                         self.state.forced_syncs += 1;
                     }
@@ -246,6 +259,19 @@ impl GrpoTrainer {
                 Ok((batch, wait, dropped))
             }
         }
+    }
+
+    /// Async mode: hands the generator the weights of `version` (under `full_shard` gathered
+    /// for the copy, by every rank at once).
+    fn publish_weights(&mut self, version: u64) -> Result<(), TrainError> {
+        let Source::Async(a) = &mut self.source else {
+            return Ok(());
+        };
+        let model = &self.core.model;
+        model.lm.with_whole_weights(|| {
+            a.publish(version, model.trainable());
+            Ok::<_, TrainError>(())
+        })
     }
 
     /// The batch of this step: the next pending one, else a new generation cut into
@@ -280,13 +306,12 @@ impl GrpoTrainer {
             let version = self.state.global_step;
             let (update, rows, mut times) = self.update_on(&batch, version)?;
             self.state.global_step = version + 1;
-            if let Source::Async(a) = &mut self.source
-                && self
-                    .state
-                    .global_step
-                    .is_multiple_of(self.config.rollouts.weight_sync_steps)
+            if self
+                .state
+                .global_step
+                .is_multiple_of(self.config.rollouts.weight_sync_steps)
             {
-                a.publish(self.state.global_step, self.core.model.trainable());
+                self.publish_weights(self.state.global_step)?;
             }
             times.staleness = version - batch.version.min(version);
             times.dropped_stale = dropped_stale;
@@ -324,8 +349,12 @@ impl GrpoTrainer {
         let training = self.core.model.training();
         let objective = self.objective();
         let entropy_coef = objective.entropy_coef;
-        let accumulated = with_entropy_floor(lm, &update.rows, objective, world)
-            .and_then(|objective| accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective));
+        let accumulated = idle_rows(lm, update.rows.len(), world).and_then(|idle| {
+            let objective = with_entropy_floor(lm, (&update.rows, idle), objective, world)?;
+            let stats = accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective)?;
+            idle_share(lm, idle, &objective)?;
+            Ok(stats)
+        });
         drop(training);
         // Rows before the failure left gradients behind: the next step must not see them.
         let mut stats = accumulated.inspect_err(|_| self.core.optim.discard_gradients())?;
@@ -337,8 +366,13 @@ impl GrpoTrainer {
             .optim
             .finish_step(world, &self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
-        if let Some(r) = &self.reference {
-            r.sync(&self.core.model.vs, version + 1, &self.config.loss)?;
+        if let Some(r) = self
+            .reference
+            .as_ref()
+            .filter(|r| r.due(version + 1, &self.config.loss))
+        {
+            let lm = &self.core.model.lm;
+            lm.with_whole_weights(|| r.sync(&self.core.model.vs, version + 1, &self.config.loss))?;
         }
         if self.config.loss.use_adaptive_entropy {
             self.state

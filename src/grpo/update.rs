@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::{GrpoObjective, TermLogprobs, grpo_loss_backward};
 use crate::device::Device;
-use crate::model::CausalLm;
+use crate::model::{CausalLm, Pass};
 use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, row_logprobs_at};
 use crate::train::TrainError;
 use crate::train::distributed::World;
@@ -211,9 +211,11 @@ pub fn accumulate_gradients(
 /// `objective` with the step's entropy floor set from every rank's rows when
 /// `top_entropy_quantile < 1` (one extra forward per row, without gradient): the quantile is
 /// over the whole step, so it is the same in either packing and on any number of ranks.
+/// `idle`: passes this rank makes without rows, so that a sharded model's gathers meet the
+/// other ranks' ([`idle_rows`]).
 pub(crate) fn with_entropy_floor(
     policy: &CausalLm,
-    rows: &[PackedRow],
+    (rows, idle): (&[PackedRow], usize),
     objective: GrpoObjective,
     world: &World,
 ) -> Result<GrpoObjective, TrainError> {
@@ -221,6 +223,9 @@ pub(crate) fn with_entropy_floor(
         return Ok(objective);
     }
     let local = term_entropies(policy, rows, &objective)?;
+    for _ in 0..idle {
+        policy.idle_pass(Pass::Forward)?;
+    }
     let bytes: Vec<u8> = local.iter().flat_map(|e| e.to_le_bytes()).collect();
     let all: Vec<f32> = world
         .all_gather_bytes(&bytes)?
@@ -228,6 +233,33 @@ pub(crate) fn with_entropy_floor(
         .flat_map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
         .collect();
     Ok(floored(&all, objective))
+}
+
+/// How many rows fewer than the busiest rank this one has, when the policy's parameters are
+/// sharded (`full_shard`: each pass gathers every layer from every rank, so every rank makes
+/// as many passes); 0 otherwise, without a collective.
+pub(crate) fn idle_rows(policy: &CausalLm, rows: usize, world: &World) -> Result<usize, TrainError> {
+    if !policy.is_sharded() {
+        return Ok(0);
+    }
+    let mut counts = vec![0.0; world.size];
+    counts[world.rank] = rows as f64;
+    world.sum(&mut counts)?;
+    let most = counts.iter().fold(0.0f64, |a, &b| a.max(b)) as usize;
+    Ok(most - rows)
+}
+
+/// The passes [`accumulate_share`] makes for a row, made `idle` times without one: the
+/// policy's log-probs before the update (with a sampling correction) and the loss's forward
+/// and backward.
+pub(crate) fn idle_share(policy: &CausalLm, idle: usize, objective: &GrpoObjective) -> Result<(), TrainError> {
+    for _ in 0..idle {
+        if objective.sampling_correction.is_some() {
+            policy.idle_pass(Pass::Forward)?;
+        }
+        policy.idle_pass(Pass::ForwardBackward)?;
+    }
+    Ok(())
 }
 
 /// `objective` with the floor of the step's `entropies` ([`entropy_floor`]) and the count of

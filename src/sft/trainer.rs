@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::collate::{BatchTensors, Collator, MicroBatch};
 use super::{SftConfig, TrainExample, tokenize};
-use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, nll_backward_chunked, target_logprobs};
+use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
 use crate::train::{LrSchedule, NanPolicy, Scalars, TrainConfig, TrainCore, TrainError, Trainer};
@@ -251,6 +251,8 @@ impl SftTrainer {
             for mb in &window {
                 let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
                 if mine.is_empty() {
+                    // Sharded parameters: the other ranks' pass gathers them from this one too.
+                    self.core.model.lm.idle_pass(Pass::ForwardBackward)?;
                     continue;
                 }
                 let b = self.collator.tensors(&self.train, &mine);
@@ -307,10 +309,15 @@ impl SftTrainer {
         // Each rank scores its share of the held-out micro-batches; the sums are global.
         let batches = self.collator.in_order(&self.eval);
         let mut sums = [0.0; 2];
-        for mb in &batches[self.core.world.share(batches.len())] {
+        let mine = &batches[self.core.world.share(batches.len())];
+        for mb in mine {
             let b = self.collator.tensors(&self.eval, mb);
             sums[0] += tch::no_grad(|| forward_nll(&self.core.model, &mut self.ledger, &b))?.double_value(&[]);
             sums[1] += b.tgt.len() as f64;
+        }
+        // Sharded parameters: as many passes as the rank with the most batches.
+        for _ in mine.len()..batches.len().div_ceil(self.core.world.size) {
+            self.core.model.lm.idle_pass(Pass::Forward)?;
         }
         self.core.world.sum(&mut sums)?;
         let (loss, tokens) = (sums[0] / sums[1].max(1.0), sums[1] as usize);

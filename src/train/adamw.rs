@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Kind, Tensor, nn};
 
-use super::distributed::{DistError, World};
-use super::sharding::ShardedState;
+use super::distributed::{DistError, HeldState, World};
+use super::sharding::{FullShard, ShardedState};
 use crate::model::{ModelError, write_safetensors};
 
 /// Where [`AdamW::save`] writes the moments (and master weights).
@@ -130,7 +131,8 @@ pub struct AdamW {
     master: BTreeMap<String, Tensor>,
     /// Under `fsdp = "shard_grad_op"`: this rank's shards of the moments and master weights
     /// (the three maps above are then empty).
-    sharded: Option<ShardedState>,
+    /// Shared with the model's residency under `full_shard`.
+    sharded: Option<Arc<Mutex<ShardedState>>>,
 }
 
 /// The optimizer state as `optimizer.safetensors` and `optimizer.json` hold it.
@@ -184,15 +186,35 @@ impl AdamW {
     }
 
     /// Keeps only this rank's shards of the moments and master weights from now on
-    /// (`fsdp = "shard_grad_op"`; see `train::sharding`); the full ones are freed.
-    pub fn shard(&mut self, world: &World) -> Result<(), ModelError> {
-        if world.size > 1 && self.sharded.is_none() {
-            self.sharded = Some(ShardedState::new(&self.params, &self.master, world.rank, world.size)?);
-            self.exp_avg.clear();
-            self.exp_avg_sq.clear();
-            self.master.clear();
+    /// (`fsdp = "shard_grad_op"`, or with `full` `"full_shard"`, whose parameters are sharded
+    /// too; see `train::sharding`); the full ones are freed. Under `full_shard` the returned
+    /// residency goes to the model, which gathers units through it.
+    pub(crate) fn shard(
+        &mut self,
+        world: &Arc<World>,
+        full: Option<super::FsdpConfig>,
+    ) -> Result<Option<Arc<dyn crate::model::Residency>>, ModelError> {
+        if world.size < 2 || self.sharded.is_some() {
+            return Ok(None);
         }
-        Ok(())
+        let state = ShardedState::new(&self.params, &self.master, (world.rank, world.size), full.is_some())?;
+        let state = Arc::new(Mutex::new(state));
+        self.sharded = Some(state.clone());
+        self.exp_avg.clear();
+        self.exp_avg_sq.clear();
+        self.master.clear();
+        Ok(full.map(|config| {
+            let world = world.clone();
+            Arc::new(FullShard { state, world, config }) as Arc<dyn crate::model::Residency>
+        }))
+    }
+
+    /// The sharded state, locked.
+    fn sharded(&self) -> Option<MutexGuard<'_, ShardedState>> {
+        // Poisoned only by a panic of ours mid-update; the shards are whole tensors still.
+        self.sharded
+            .as_ref()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Whether the state is sharded over the ranks.
@@ -202,28 +224,47 @@ impl AdamW {
 
     /// Bytes of optimizer state this rank holds (moments and master weights).
     pub fn state_bytes(&self) -> u64 {
-        match &self.sharded {
+        match self.sharded() {
             Some(s) => s.bytes(),
             None => self.state_tensors().iter().map(|(_, t)| t.numel() as u64 * 4).sum(),
         }
     }
 
+    /// What this rank holds under `fsdp` of trained parameters of `parameters` bytes whole.
+    pub(crate) fn held(&self, fsdp: super::Fsdp, parameters: u64) -> HeldState {
+        let Some(s) = self.sharded() else {
+            return HeldState {
+                fsdp: super::Fsdp::NoShard.name(),
+                parameters,
+                gradients: parameters,
+                optimizer: self.state_bytes(),
+            };
+        };
+        let (parameters, gradients, optimizer) = s.held_full().unwrap_or((parameters, parameters, s.bytes()));
+        HeldState {
+            fsdp: fsdp.name(),
+            parameters,
+            gradients,
+            optimizer,
+        }
+    }
+
     /// Bytes of the fp32 gradient shards a sharded optimizer holds (0 replicated).
     pub fn gradient_shard_bytes(&self) -> u64 {
-        self.sharded.as_ref().map_or(0, |s| s.grad_bytes())
+        self.sharded().map_or(0, |s| s.grad_bytes())
     }
 
     /// Sums the gradients over `world`'s ranks: whole (replicated), or each rank its shard.
     pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
-        match &mut self.sharded {
-            Some(s) => s.reduce_grads(world),
+        match self.sharded() {
+            Some(mut s) => s.reduce_grads(world),
             None => world.all_reduce_grads(&self.parameters()),
         }
     }
 
     /// [`AdamW::clip_grad_norm`] of the reduced gradients, whole or sharded over `world`.
     pub(crate) fn clip_in(&self, max_norm: Option<f64>, world: &World) -> Result<f64, DistError> {
-        match &self.sharded {
+        match self.sharded() {
             Some(s) => s.clip(max_norm, world),
             None => Ok(self.clip_grad_norm(max_norm)),
         }
@@ -232,9 +273,10 @@ impl AdamW {
     /// [`AdamW::step`] of the reduced gradients; sharded, each rank updates its shard and the
     /// shards are all-gathered into the parameters.
     pub(crate) fn step_in(&mut self, lr: f64, world: &World) -> Result<(), ModelError> {
-        match &mut self.sharded {
+        match self.sharded.clone() {
             Some(s) => {
                 self.step += 1;
+                let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
                 s.step(lr, self.step, self.config, world)
             }
             None => self.step(lr),
@@ -244,13 +286,9 @@ impl AdamW {
     /// The state as a checkpoint holds it, whole: sharded state is all-gathered, so every
     /// rank calls this.
     pub fn snapshot(&self, world: &World) -> Result<OptimizerSnapshot, ModelError> {
-        let tensors = match &self.sharded {
+        let tensors = match self.sharded() {
             Some(s) => s.gather_named(world)?,
-            None => self
-                .state_tensors()
-                .into_iter()
-                .map(|(k, t)| (k, t.shallow_clone()))
-                .collect(),
+            None => self.state_tensors(),
         };
         Ok(OptimizerSnapshot {
             step: self.step,
@@ -266,9 +304,9 @@ impl AdamW {
 
     /// Every state tensor by its name in `optimizer.safetensors` (`exp_avg.<name>`,
     /// `exp_avg_sq.<name>`, `master.<name>`): what lives beside the parameters on their device.
-    pub fn state_tensors(&self) -> Vec<(String, &Tensor)> {
-        if let Some(s) = &self.sharded {
-            return s.tensors();
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        if let Some(s) = self.sharded() {
+            return s.tensors().into_iter().map(|(k, t)| (k, t.shallow_clone())).collect();
         }
         [
             ("exp_avg", &self.exp_avg),
@@ -276,7 +314,10 @@ impl AdamW {
             ("master", &self.master),
         ]
         .into_iter()
-        .flat_map(|(prefix, map)| map.iter().map(move |(k, t)| (format!("{prefix}.{k}"), t)))
+        .flat_map(|(prefix, map)| {
+            map.iter()
+                .map(move |(k, t)| (format!("{prefix}.{k}"), t.shallow_clone()))
+        })
         .collect()
     }
 
@@ -373,6 +414,21 @@ impl AdamW {
         Ok(None)
     }
 
+    /// [`AdamW::first_non_finite`] over `world`: under `full_shard` the parameters are read
+    /// from this rank's shards and every rank learns whether any rank found one (so all stop).
+    pub(crate) fn first_non_finite_in(&self, world: &World) -> Result<Option<String>, ModelError> {
+        let Some(found) = self.sharded().and_then(|s| s.held_full().map(|_| s.first_non_finite())) else {
+            return Ok(self.first_non_finite()?.map(str::to_string));
+        };
+        let mut found = found?;
+        let mut any = [f64::from(u8::from(found.is_some()))];
+        world.sum(&mut any).map_err(|e| ModelError::Input(e.to_string()))?;
+        if any[0] > 0.0 && found.is_none() {
+            found = Some("a parameter of another rank's shard".into());
+        }
+        Ok(found)
+    }
+
     /// Zeroes the parameters' gradients, whatever their state (a failed forward or backward).
     pub fn clear_param_grads(&self) {
         clear_grads(self.params.values());
@@ -381,8 +437,8 @@ impl AdamW {
     /// Clears every parameter's gradient (a sharded optimizer also drops its gradient shards
     /// and frees the gradients).
     pub fn zero_grad(&mut self) {
-        match &mut self.sharded {
-            Some(s) => s.discard_grads(),
+        match self.sharded() {
+            Some(mut s) => s.discard_grads(),
             None => clear_grads(self.params.values()),
         }
     }
@@ -431,7 +487,7 @@ impl AdamW {
                 "holds `{extra}`, a state of no parameter this run trains (a checkpoint of another model or adapter?)"
             )));
         }
-        if let Some(s) = &mut self.sharded {
+        if let Some(mut s) = self.sharded() {
             return s.load_named(&read);
         }
         // The parameters are the master weights rounded (as the checkpoint's weights already
@@ -456,7 +512,7 @@ impl AdamW {
 
     /// Every state tensor's name in `optimizer.safetensors` and its shape.
     fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        match &self.sharded {
+        match self.sharded() {
             Some(s) => s.named_shapes(),
             None => self.state_tensors().into_iter().map(|(k, t)| (k, t.size())).collect(),
         }

@@ -105,9 +105,13 @@ pub struct TrainConfig {
     pub distributed_backend: crate::train::distributed::CommBackend,
     /// How a multi-process run shares its state, as transformers' `fsdp`: `no_shard`
     /// (replicated, the default), `shard_grad_op` (ZeRO-2: gradients reduce-scattered, fp32
-    /// master weights and AdamW moments sharded) or `full_shard` (parameters too: not available
-    /// yet). One process does not shard.
+    /// master weights and AdamW moments sharded) or `full_shard` (ZeRO-3: parameters too,
+    /// gathered layer by layer). One process does not shard.
     pub fsdp: super::Fsdp,
+    /// `full_shard`'s prefetching (transformers' `fsdp_config`: `forward_prefetch`, on by
+    /// default here; `backward_prefetch`: `backward_pre`, the default, `backward_post` or
+    /// `no_prefetch`).
+    pub fsdp_config: super::FsdpConfig,
     /// Recompute each decoder layer's activations in backward instead of keeping them
     /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
     /// more forward of the stack per step). Same gradients.
@@ -148,6 +152,7 @@ impl Default for TrainConfig {
             distributed_timeout_s: 1800.0,
             distributed_backend: Default::default(),
             fsdp: Default::default(),
+            fsdp_config: Default::default(),
             gradient_checkpointing: false,
             lora: None,
         }
@@ -176,12 +181,6 @@ impl TrainConfig {
             ));
         }
         self.adamw.validate()?;
-        if self.fsdp == super::Fsdp::FullShard {
-            return Err(TrainError::config(
-                "fsdp",
-                "is \"full_shard\", which is not built yet (parameters gathered layer by layer); use \"shard_grad_op\" (optimizer state and gradients sharded) or \"no_shard\"",
-            ));
-        }
         if let Some(lora) = &self.lora {
             lora.validate()?;
         }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::distributed::{HeldState, World};
+use super::distributed::World;
 use super::output_lock::OutputLock;
 use super::report::{RunLogs, Scalars};
 use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, resume};
@@ -33,8 +33,9 @@ pub struct TrainCore {
     pub optim: Optimization,
     /// Special token ids from the tokenizer and `config.json`.
     pub special: SpecialTokens,
-    /// The processes of the run (one outside a multi-process launch).
-    pub world: World,
+    /// The processes of the run (one outside a multi-process launch); shared with a
+    /// `full_shard` model, which gathers its layers through it.
+    pub world: Arc<World>,
     /// Where metrics go (`report_to`; written by the main rank).
     pub(crate) logs: RunLogs,
     /// The checkpoint this run continued from (spared by `save_total_limit`).
@@ -86,10 +87,15 @@ impl TrainCore {
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
         let mut adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
-        let mut world = world;
+        let mut model = model;
+        let world = Arc::new(world);
         match (config.fsdp, world.is_distributed()) {
             (super::Fsdp::NoShard, _) => {}
-            (_, true) => adamw.shard(&world)?,
+            (mode, true) => {
+                let full = (mode == super::Fsdp::FullShard).then_some(config.fsdp_config);
+                let residency = adamw.shard(&world, full)?;
+                model.lm.set_residency(residency);
+            }
             (mode, false) => eprintln!(
                 "treetrain: fsdp = \"{}\" with one process: nothing to shard",
                 mode.name()
@@ -99,15 +105,7 @@ impl TrainCore {
             .values()
             .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
             .sum();
-        world.set_held(HeldState {
-            fsdp: match adamw.is_sharded() {
-                true => config.fsdp.name(),
-                false => super::Fsdp::NoShard.name(),
-            },
-            parameters,
-            gradients: parameters,
-            optimizer: adamw.state_bytes(),
-        });
+        world.set_held(adamw.held(config.fsdp, parameters));
         let schedule = schedule(config, 0);
         Ok(TrainCore {
             model,
@@ -127,8 +125,15 @@ impl TrainCore {
     /// A second instance of the policy with the same current weights (a generation thread's
     /// copy): the base loaded again and the trained variables copied (with LoRA, the adapter
     /// alone, attached to a fresh base).
+    /// Under `full_shard` the weights are gathered for the copy (a collective every rank calls).
     pub fn copy_of_policy(&self) -> Result<Model, TrainError> {
         let mut copy = Model::load(&self.model_dir, self.load_options)?;
+        self.model.lm.with_whole_weights(|| self.copy_into(&mut copy))?;
+        Ok(copy)
+    }
+
+    /// The trained variables copied into `copy`, a fresh load of the policy.
+    fn copy_into(&self, copy: &mut Model) -> Result<(), TrainError> {
         match &self.model.adapter {
             Some(adapter) => {
                 copy.copy_adapter_from(adapter)?;
@@ -139,7 +144,7 @@ impl TrainCore {
                 super::snapshot::load_snapshot(&copy.vs, &weights)?
             }
         }
-        Ok(copy)
+        Ok(())
     }
 
     /// Sets the learning-rate schedule for a run of `total_steps`.
@@ -194,10 +199,12 @@ impl TrainCore {
             true => None,
             false => Some(self.optim.adamw.snapshot(&self.world)?),
         };
-        let written = match self.world.is_main() {
+        // Under `full_shard` every rank gathers the weights (one unit at a time, into the
+        // parameters: no second copy) for rank 0 to write them.
+        let written = self.model.lm.with_whole_weights(|| match self.world.is_main() {
             true => self.write_checkpoint(config, out, step, (state, optimizer.as_ref()), extra),
             false => Ok(out.join(format!("checkpoint-{step}"))),
-        };
+        });
         // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
         // as the peer gone, within the timeout.
         let dir = written?;

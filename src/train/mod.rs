@@ -32,5 +32,5 @@ pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization, StepOutcome};
 pub use report::{EventScalars, ReportTo, Scalars};
 pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};
 pub use schedule::{LrSchedule, ScheduleKind};
-pub use sharding::Fsdp;
+pub use sharding::{BackwardPrefetch, Fsdp, FsdpConfig};
 pub use trainer::{Progress, RunState, Trainer, every};

@@ -87,12 +87,9 @@ impl Optimization {
         // precision): the run stops whatever `on_nan` says, before any checkpoint (which would
         // refuse the tensor anyway) or another step trains on it.
         if bad.is_none()
-            && let Some(name) = self.adamw.first_non_finite()?
+            && let Some(name) = self.adamw.first_non_finite_in(world)?
         {
-            return Err(TrainError::NonFiniteWeights {
-                step: step + 1,
-                name: name.to_string(),
-            });
+            return Err(TrainError::NonFiniteWeights { step: step + 1, name });
         }
         self.consecutive_skips = if bad.is_some() { self.consecutive_skips + 1 } else { 0 };
         match bad {

@@ -11,6 +11,12 @@
 //! into every rank's parameters. Elementwise, that is the replicated update: one process and
 //! N ranks agree up to the summation order of the gradients.
 
+mod full;
+mod settings;
+
+pub(crate) use full::FullShard;
+pub use settings::{BackwardPrefetch, Fsdp, FsdpConfig};
+
 use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
@@ -30,37 +36,15 @@ fn free_grad(p: &Tensor) {
     unsafe { tt_free_grad(p.as_ptr() as *mut std::ffi::c_void) }
 }
 
-/// The `fsdp` setting of both trainers, spelled as transformers' `TrainingArguments.fsdp`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fsdp {
-    /// Replicated data parallelism: every rank holds the parameters, gradients and optimizer
-    /// state whole (DDP).
-    #[default]
-    NoShard,
-    /// ZeRO-2: gradients reduce-scattered, fp32 master weights and AdamW moments sharded,
-    /// parameters replicated.
-    ShardGradOp,
-    /// ZeRO-3: parameters sharded as well (not available yet: refused with the reason).
-    FullShard,
-}
-
-impl Fsdp {
-    /// The name as written in a config.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fsdp::NoShard => "no_shard",
-            Fsdp::ShardGradOp => "shard_grad_op",
-            Fsdp::FullShard => "full_shard",
-        }
-    }
-}
-
 /// One unit of sharding: parameters flattened in name order into `size * shard` elements.
 #[derive(Debug)]
 struct Unit {
+    /// Which unit ([`unit_key`]).
+    key: (u8, usize),
     names: Vec<String>,
     params: Vec<Tensor>,
+    /// Bytes of each parameter's storage when whole (`full_shard` frees and refills them).
+    nbytes: Vec<i64>,
     /// Real elements (the rest of the last shard is padding).
     total: i64,
     /// Elements per rank.
@@ -82,6 +66,18 @@ pub(crate) struct ShardedState {
     decay: Vec<Tensor>,
     /// This step's summed gradient shards, fp32, between the reduce-scatter and the update.
     grads: Vec<Tensor>,
+    /// `full_shard`: parameters sharded too (every unit has a master shard).
+    full: bool,
+    /// `full_shard`: which units' parameters are whole now.
+    gathered: Vec<bool>,
+    /// `full_shard`: inside a use of the whole model (nothing is released).
+    whole: bool,
+    /// `full_shard`: each layer's gradient shard summed over this step's passes so far.
+    acc: Vec<Option<Tensor>>,
+    /// `full_shard`: all-gathers started ahead of a unit's use (prefetch).
+    inflight: Vec<Option<full::InFlight>>,
+    /// `full_shard`: reduce-scatters started as a layer's backward ended, not yet waited for.
+    reducing: Vec<full::Reducing>,
 }
 
 /// The unit a parameter belongs to: `(0, 0)` the embeddings, `(1, i)` decoder layer `i`,
@@ -98,6 +94,19 @@ fn unit_key(name: &str) -> (u8, usize) {
     }
 }
 
+/// `whole` `[size * shard]`, a unit's parameters flattened, split into one view per parameter
+/// in its shape.
+fn split(unit: &Unit, whole: &Tensor) -> Result<Vec<Tensor>, ModelError> {
+    let mut at = 0;
+    let mut pieces = Vec::with_capacity(unit.params.len());
+    for p in &unit.params {
+        let n = p.numel() as i64;
+        pieces.push(whole.f_narrow(0, at, n)?.f_view(p.size().as_slice())?);
+        at += n;
+    }
+    Ok(pieces)
+}
+
 /// Whether a checkpoint holds the state `prefix` (`exp_avg`, `exp_avg_sq`, `master`) of
 /// parameter `p`: the moments always, a master weight only for a half-precision parameter (as
 /// the replicated optimizer keeps them).
@@ -108,11 +117,13 @@ fn stored(prefix: &str, p: &Tensor) -> bool {
 impl ShardedState {
     /// The shards of rank `rank` of `size` over `params` (by name; the same on every rank),
     /// master weights from `masters` where given (mixed precision), else the parameters.
+    /// With `full` (`full_shard`) the parameters are sharded too: every unit keeps an fp32
+    /// master shard and the parameters' bytes are freed.
     pub(crate) fn new(
         params: &BTreeMap<String, Tensor>,
         masters: &BTreeMap<String, Tensor>,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
+        full: bool,
     ) -> Result<Self, ModelError> {
         let mut grouped: BTreeMap<(u8, usize), Vec<&String>> = BTreeMap::new();
         for name in params.keys() {
@@ -127,23 +138,38 @@ impl ShardedState {
             exp_avg_sq: Vec::new(),
             decay: Vec::new(),
             grads: Vec::new(),
+            full,
+            gathered: Vec::new(),
+            whole: false,
+            acc: Vec::new(),
+            inflight: Vec::new(),
+            reducing: Vec::new(),
         };
-        for names in grouped.into_values() {
+        if full {
+            let units: Vec<Vec<Tensor>> = grouped
+                .values()
+                .map(|names| names.iter().map(|n| params[*n].shallow_clone()).collect())
+                .collect();
+            full::own_storages(&units)?;
+        }
+        for (key, names) in grouped {
             let tensors: Vec<Tensor> = names.iter().map(|n| params[*n].shallow_clone()).collect();
             let total: i64 = tensors.iter().map(|t| t.numel() as i64).sum();
             let unit = Unit {
+                key,
                 names: names.into_iter().cloned().collect(),
+                nbytes: tensors.iter().map(full::storage_nbytes).collect(),
                 params: tensors,
                 total,
                 shard: (total + size as i64 - 1) / size as i64,
             };
-            let full = |f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>| state.flat(&unit, f);
+            let flat = |f: &dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>| state.flat(&unit, f);
             let half = unit.params.iter().any(|p| p.kind() != Kind::Float);
-            let master = match half {
-                true => Some(full(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?),
+            let master = match half || full {
+                true => Some(flat(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?),
                 false => None,
             };
-            let decay = full(&|n, p| {
+            let decay = flat(&|n, p| {
                 p.f_ones_like()?
                     .f_to_kind(Kind::Float)?
                     .f_mul_scalar(f64::from(u8::from(decays(n))))
@@ -153,6 +179,12 @@ impl ShardedState {
             state.master.push(master);
             state.decay.push(decay);
             state.units.push(unit);
+            state.gathered.push(true);
+            state.acc.push(None);
+            state.inflight.push(None);
+        }
+        if full {
+            state.release_all_units()?;
         }
         Ok(state)
     }
@@ -191,30 +223,49 @@ impl ShardedState {
     }
 
     /// Sums every unit's gradients over the ranks into this rank's fp32 shards (a parameter
-    /// without a gradient takes part with zeros), then frees the parameters' gradients.
+    /// without a gradient takes part with zeros), then frees the parameters' gradients. Under
+    /// `full_shard` a layer's shard was summed pass by pass as its backward ended.
     pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
-        let fail = |e: tch::TchError| DistError::new(world.rank, "reduce_scatter", e.to_string());
         self.grads.clear();
-        for unit in &self.units {
-            let grad = |_: &str, p: &Tensor| {
-                let g = p.grad();
-                if g.defined() { Ok(g) } else { p.f_zeros_like() }
+        self.finish_reductions(world)
+            .map_err(|e| DistError::new(world.rank, "reduce_scatter", e.to_string()))?;
+        for u in 0..self.units.len() {
+            let part = match (self.full && self.units[u].key.0 == 1, self.acc[u].take()) {
+                (true, Some(acc)) => acc,
+                (true, None) => Tensor::f_zeros([self.units[u].shard], (Kind::Float, self.decay[u].device()))
+                    .map_err(|e| DistError::new(world.rank, "reduce_scatter", e.to_string()))?,
+                (false, _) => self.reduced_shard(u, world)?,
             };
-            let flat = tch::no_grad(|| self.padded(unit, &grad)).map_err(fail)?;
-            unit.params.iter().for_each(free_grad);
-            let part = flat
-                .f_new_zeros([unit.shard], (flat.kind(), flat.device()))
-                .map_err(fail)?;
-            world.reduce_scatter(&flat, &part)?;
-            drop(flat);
-            self.grads.push(part.f_to_kind(Kind::Float).map_err(fail)?);
+            self.grads.push(part);
         }
         Ok(())
+    }
+
+    /// Unit `u`'s gradients summed over the ranks, this rank's part as fp32 `[shard]`; the
+    /// parameters' gradients are freed.
+    fn reduced_shard(&self, u: usize, world: &World) -> Result<Tensor, DistError> {
+        let fail = |e: tch::TchError| DistError::new(world.rank, "reduce_scatter", e.to_string());
+        let unit = &self.units[u];
+        let grad = |_: &str, p: &Tensor| {
+            let g = p.grad();
+            if g.defined() { Ok(g) } else { p.f_zeros_like() }
+        };
+        let flat = tch::no_grad(|| self.padded(unit, &grad)).map_err(fail)?;
+        unit.params.iter().for_each(free_grad);
+        let part = flat
+            .f_new_zeros([unit.shard], (flat.kind(), flat.device()))
+            .map_err(fail)?;
+        world.reduce_scatter(&flat, &part)?;
+        drop(flat);
+        part.f_to_kind(Kind::Float).map_err(fail)
     }
 
     /// Drops the gradient shards of a step that will not be applied, and any gradients.
     pub(crate) fn discard_grads(&mut self) {
         self.grads.clear();
+        // Dropped unwaited: each is waited for, then freed.
+        self.reducing.clear();
+        self.acc.iter_mut().for_each(|a| *a = None);
         self.units.iter().flat_map(|u| &u.params).for_each(free_grad);
     }
 
@@ -237,13 +288,14 @@ impl ShardedState {
     }
 
     /// One AdamW update of every shard at `lr` (update number `step`, 1-based), then the
-    /// updated shards all-gathered into every rank's parameters.
+    /// updated shards all-gathered into every rank's parameters (`full_shard`: the gathered
+    /// units freed; their next use gathers the new shards).
     pub(crate) fn step(&mut self, lr: f64, step: u64, c: AdamWConfig, world: &World) -> Result<(), ModelError> {
         let grads = std::mem::take(&mut self.grads);
-        for (u, (unit, g)) in self.units.iter().zip(&grads).enumerate() {
+        for (u, g) in grads.iter().enumerate() {
             let p = match &self.master[u] {
                 Some(master) => master.shallow_clone(),
-                None => self.flat(unit, &|_, p| p.f_to_kind(Kind::Float))?,
+                None => self.flat(&self.units[u], &|_, p| p.f_to_kind(Kind::Float))?,
             };
             tch::no_grad(|| -> Result<(), tch::TchError> {
                 let decayed = p.f_mul(&self.decay[u].f_mul_scalar(-lr * c.weight_decay)?.f_add_scalar(1.0)?)?;
@@ -251,7 +303,11 @@ impl ShardedState {
                 p.shallow_clone()
                     .f_copy_(&adam_update(&decayed, g, moments, lr, step, &c)?)
             })?;
-            self.gather_into_params(unit, &p, world)?;
+            match self.full {
+                // The next use gathers the updated shards.
+                true => self.release_unit(u)?,
+                false => self.gather_into_params(&self.units[u], &p, world)?,
+            }
         }
         Ok(())
     }
@@ -277,14 +333,7 @@ impl ShardedState {
         world
             .all_gather_into(shard, &whole)
             .map_err(|e| ModelError::Input(e.to_string()))?;
-        let mut at = 0;
-        let mut pieces = Vec::with_capacity(unit.params.len());
-        for p in &unit.params {
-            let n = p.numel() as i64;
-            pieces.push(whole.f_narrow(0, at, n)?.f_view(p.size().as_slice())?);
-            at += n;
-        }
-        Ok(pieces)
+        split(unit, &whole)
     }
 
     /// The whole state by its `optimizer.safetensors` names, as the replicated optimizer writes
@@ -328,11 +377,19 @@ impl ShardedState {
     /// Takes this rank's shards from the whole tensors `named` (every name of
     /// [`ShardedState::named_shapes`], checked by the caller); master weights of fp32
     /// parameters come from the parameters, and half-precision parameters get their master
-    /// weights rounded.
+    /// weights rounded (under `full_shard`, when next gathered).
     pub(crate) fn load_named(&mut self, named: &BTreeMap<String, Tensor>) -> Result<(), ModelError> {
         for u in 0..self.units.len() {
             let unit = &self.units[u];
-            let shards = ["exp_avg", "exp_avg_sq", "master"]
+            // `full_shard` keeps an fp32 unit's master shard from the loaded weights (its
+            // parameters hold no bytes now).
+            let own_master = self.full && unit.names.iter().all(|n| !named.contains_key(&format!("master.{n}")));
+            let prefixes: &[&str] = if own_master {
+                &["exp_avg", "exp_avg_sq"]
+            } else {
+                &["exp_avg", "exp_avg_sq", "master"]
+            };
+            let shards = prefixes
                 .iter()
                 .map(|prefix| {
                     let pick = |name: &str, p: &Tensor| match named.get(&format!("{prefix}.{name}")) {
@@ -352,7 +409,7 @@ impl ShardedState {
                     let Some(dst) = dst else { continue };
                     dst.shallow_clone().f_copy_(src)?;
                 }
-                for (name, p) in unit.names.iter().zip(&unit.params) {
+                for (name, p) in unit.names.iter().zip(&unit.params).filter(|_| !self.full) {
                     if let Some(m) = named.get(&format!("master.{name}")) {
                         p.shallow_clone().f_copy_(m)?;
                     }
@@ -377,6 +434,14 @@ impl ShardedState {
     /// Bytes of the gradient shards (fp32).
     pub(crate) fn grad_bytes(&self) -> u64 {
         self.grads.iter().map(|t| t.numel() as u64 * 4).sum()
+    }
+
+    /// `full_shard`: the bytes this rank holds between steps of parameters (the fp32 master
+    /// shards, which the parameters are gathered from), of gradients (fp32 shards) and of
+    /// AdamW's moments; `None` when the parameters are not sharded.
+    pub(crate) fn held_full(&self) -> Option<(u64, u64, u64)> {
+        let shard: u64 = self.units.iter().map(|u| u.shard as u64 * 4).sum();
+        self.full.then_some((shard, shard, 2 * shard))
     }
 
     /// Bytes of optimizer state this rank holds (moments and master shards).
@@ -440,10 +505,11 @@ mod tests {
             let store = store.clone();
             std::thread::spawn(move || {
                 let world = World::with_file_store(&store, rank, 2, Duration::from_secs(30)).unwrap();
+                let world = std::sync::Arc::new(world);
                 let vs = nn::VarStore::new(tch::Device::Cpu);
                 variables(&vs, rank);
                 let mut adamw = AdamW::new(&vs, config);
-                adamw.shard(&world).unwrap();
+                adamw.shard(&world, None).unwrap();
                 adamw.reduce_grads(&world).unwrap();
                 let norm = adamw.clip_in(Some(1.0), &world).unwrap();
                 adamw.step_in(1e-2, &world).unwrap();
