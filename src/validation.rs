@@ -94,12 +94,6 @@ pub const RULES: &[Rule] = &[
     rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
     rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
     rule(Scope::Train, "distributed_timeout_s", "finite and > 0", Some("inf")),
-    rule(
-        Scope::Train,
-        "fsdp",
-        "`no_shard` or `shard_grad_op` (`full_shard` is not built yet)",
-        Some("\"full_shard\""),
-    ),
     rule(Scope::Train, "lora.r", "at least 1", Some("0")),
     rule(Scope::Train, "lora.lora_alpha", "finite and > 0", Some("0.0")),
     rule(Scope::Train, "lora.lora_dropout", "in [0, 1)", Some("1.0")),
