@@ -1,16 +1,19 @@
 //! Data parallelism's cost: an SFT step on 2 ranks (c10d Gloo on loopback) split into compute,
-//! gradient communication and waiting for the slower rank, the bytes moved per step, against
-//! one process on the same global batch, interleaved (1 rank, 2 ranks `no_shard`, 2 ranks
-//! `shard_grad_op`, 1 rank, ...); per rank the bytes of parameters, gradients and optimizer
-//! state it holds and its peak resident memory.
+//! communication the compute did not hide and waiting for the slower rank, the bytes moved per
+//! step, against one process on the same global batch, interleaved (1 rank, 2 ranks of each
+//! `fsdp` mode, 1 rank, ...); per rank the bytes of parameters, gradients and optimizer state
+//! it holds, its peak resident memory and the peaks of all ranks summed. `full_shard` runs
+//! twice, with its prefetching and without (`fsdp_config`): the communication time the
+//! prefetching run no longer waits for is the fraction hidden behind compute.
 //!
-//! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--config config.json | --model DIR]
+//! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--modes no_shard,full_shard]
+//!     [--config config.json | --model DIR]
 //!
 //! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
 //! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
-//! measured on several accelerators (scripts/gpu-check.sh). Gradients are reduced after
-//! backward (4 MiB all-reduce buckets, or one reduce-scatter a sharding unit); communication
-//! does not overlap backward (not implemented).
+//! measured on several accelerators (scripts/gpu-check.sh). `no_shard` and `shard_grad_op`
+//! reduce gradients after backward (4 MiB all-reduce buckets, or one reduce-scatter a sharding
+//! unit); `full_shard` reduce-scatters each layer as its backward ends, overlapping the next.
 //! The shipped tiny model (or a random model of a published config), shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
 //! Under `cargo test` a 2-step smoke run of one round.
 
@@ -23,13 +26,76 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{Fsdp, TrainConfig, Trainer};
+use treetrain::train::{BackwardPrefetch, Fsdp, FsdpConfig, TrainConfig, Trainer};
 
 const WORKER: &str = "TREETRAIN_BENCH_DIST_WORKER";
 /// The model folder the parent hands its workers.
 const WORKER_MODEL: &str = "TREETRAIN_BENCH_DIST_MODEL";
-/// The `fsdp` setting of the workers (`no_shard`, `shard_grad_op`).
+/// The side the workers run ([`Side::name`]).
 const WORKER_FSDP: &str = "TREETRAIN_BENCH_DIST_FSDP";
+
+/// One side of the comparison: a world size and an `fsdp` mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    One,
+    NoShard,
+    ShardGradOp,
+    FullShard,
+    /// `full_shard` without prefetching: every gather and reduction waited for in place.
+    FullShardUnhidden,
+}
+
+impl Side {
+    const ALL: [Side; 5] = [
+        Side::One,
+        Side::NoShard,
+        Side::ShardGradOp,
+        Side::FullShard,
+        Side::FullShardUnhidden,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Side::One => "one_process",
+            Side::NoShard => "no_shard",
+            Side::ShardGradOp => "shard_grad_op",
+            Side::FullShard => "full_shard",
+            Side::FullShardUnhidden => "full_shard_no_prefetch",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Side::One => "1 process, batch 8",
+            Side::NoShard => "2 ranks no_shard, batch 4",
+            Side::ShardGradOp => "2 ranks shard_grad_op, batch 4",
+            Side::FullShard => "2 ranks full_shard, batch 4",
+            Side::FullShardUnhidden => "2 ranks full_shard unprefetched",
+        }
+    }
+
+    fn ranks(self) -> usize {
+        if self == Side::One { 1 } else { 2 }
+    }
+
+    /// The workers' settings.
+    fn settings(self) -> (Fsdp, FsdpConfig) {
+        let unhidden = FsdpConfig {
+            forward_prefetch: false,
+            backward_prefetch: BackwardPrefetch::NoPrefetch,
+        };
+        match self {
+            Side::One | Side::NoShard => (Fsdp::NoShard, FsdpConfig::default()),
+            Side::ShardGradOp => (Fsdp::ShardGradOp, FsdpConfig::default()),
+            Side::FullShard => (Fsdp::FullShard, FsdpConfig::default()),
+            Side::FullShardUnhidden => (Fsdp::FullShard, unhidden),
+        }
+    }
+
+    fn named(name: &str) -> Option<Side> {
+        Side::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
 
 /// What rank 0 of a run measured, per step (medians over the measured steps).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -49,6 +115,9 @@ struct Measured {
     /// Rank 0's peak resident memory over the run, MiB.
     #[serde(default)]
     peak_rss_mib: f64,
+    /// Every rank's peak resident memory summed (what the run asks of one host), MiB.
+    #[serde(default)]
+    peak_rss_all_mib: f64,
 }
 
 impl Measured {
@@ -66,6 +135,10 @@ struct Cli {
     /// Interleaved 1-process / 2-rank rounds (a full run).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// The sides to run, comma separated (`one_process`, `no_shard`, `shard_grad_op`,
+    /// `full_shard`, `full_shard_no_prefetch`); default all.
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
 }
 
 fn main() {
@@ -81,31 +154,43 @@ fn main() {
         true => cli.rounds,
         false => 1,
     };
-    let (mut ones, mut twos, mut sharded) = (Vec::new(), Vec::new(), Vec::new());
+    let sides: Vec<Side> = match cli.modes.is_empty() {
+        true => Side::ALL.to_vec(),
+        false => cli
+            .modes
+            .iter()
+            .map(|m| Side::named(m).expect("a side's name"))
+            .collect(),
+    };
+    let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); sides.len()];
     for _ in 0..rounds {
-        ones.push(run(1, steps, &model, Fsdp::NoShard));
-        twos.push(run(2, steps, &model, Fsdp::NoShard));
-        sharded.push(run(2, steps, &model, Fsdp::ShardGradOp));
+        for (side, runs) in sides.iter().zip(&mut runs) {
+            runs.push(run(*side, steps, &model));
+        }
     }
-    let ratios = |runs: &[Measured]| -> Vec<f64> { ones.iter().zip(runs).map(|(a, b)| b.step_s / a.step_s).collect() };
-    let (ratios, sharded_ratios) = (ratios(&twos), ratios(&sharded));
     println!(
         "SFT step, {} fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds",
         model.display()
     );
     println!(
-        "{:<34}{:>9}{:>11}{:>10}{:>10}{:>13}{:>10}{:>10}{:>10}{:>10}",
-        "", "step s", "compute s", "comm s", "wait s", "bytes/step", "param MB", "grad MB", "optim MB", "peak MiB"
+        "{:<34}{:>9}{:>11}{:>10}{:>10}{:>13}{:>10}{:>10}{:>10}{:>10}{:>10}",
+        "",
+        "step s",
+        "compute s",
+        "comm s",
+        "wait s",
+        "bytes/step",
+        "param MB",
+        "grad MB",
+        "optim MB",
+        "peak MiB",
+        "all MiB"
     );
-    let runs = [
-        ("1 process, batch 8", &ones),
-        ("2 ranks no_shard, batch 4", &twos),
-        ("2 ranks shard_grad_op, batch 4", &sharded),
-    ];
-    for (name, runs) in runs {
+    for (side, runs) in sides.iter().zip(&runs) {
         let m = median_of(runs);
         println!(
-            "{name:<34}{:>9.3}{:>11.3}{:>10.4}{:>10.4}{:>13.0}{:>10.1}{:>10.1}{:>10.1}{:>10.0}",
+            "{:<34}{:>9.3}{:>11.3}{:>10.4}{:>10.4}{:>13.0}{:>10.1}{:>10.1}{:>10.1}{:>10.0}{:>10.0}",
+            side.label(),
             m.step_s,
             m.compute_s,
             m.all_reduce_s,
@@ -114,37 +199,72 @@ fn main() {
             m.param_bytes / 1e6,
             m.grad_bytes / 1e6,
             m.optimizer_bytes / 1e6,
-            m.peak_rss_mib
+            m.peak_rss_mib,
+            m.peak_rss_all_mib
         );
     }
-    let ratio = common::median(&ratios);
-    let sharded_ratio = common::median(&sharded_ratios);
-    println!(
-        "2-rank step / 1-process step: no_shard {ratio:.2} (pairs {ratios:.2?}), shard_grad_op {sharded_ratio:.2} (pairs {sharded_ratios:.2?})"
-    );
-    let (two, zero2) = (median_of(&twos), median_of(&sharded));
-    println!(
-        "per-rank state (parameters + gradients + optimizer): shard_grad_op / no_shard {:.2}; peak resident memory {:.2}",
-        zero2.state_bytes() / two.state_bytes(),
-        zero2.peak_rss_mib / two.peak_rss_mib
-    );
-    println!(
-        "all-reduce rate: {:.2} GB/s of gradient bytes per rank",
-        two.bytes_per_step / two.all_reduce_s.max(1e-9) / 1e9
-    );
-    args.write_result(
-        "distributed",
-        &serde_json::json!({
-            "steps": steps, "rounds": rounds, "model": model.display().to_string(), "one_process": ones, "two_ranks": twos,
-            "two_ranks_shard_grad_op": sharded, "pairwise_step_ratios": ratios, "median_step_ratio": ratio,
-            "shard_grad_op_pairwise_step_ratios": sharded_ratios, "shard_grad_op_median_step_ratio": sharded_ratio,
-            "state_ratio_shard_grad_op": zero2.state_bytes() / two.state_bytes(),
-        }),
-    );
+    let mut result = serde_json::json!({"steps": steps, "rounds": rounds, "model": model.display().to_string()});
+    for (side, runs) in sides.iter().zip(&runs) {
+        result[side.name()] = serde_json::json!(runs);
+    }
+    compare(&sides, &runs, &mut result);
+    args.write_result("distributed", &result);
+}
+
+/// Each side against its baseline, printed and added to `result`: step time (the median of
+/// ratios paired within rounds), per-rank state and peak memory, and the share of
+/// `full_shard`'s communication its prefetching hides.
+fn compare(sides: &[Side], runs: &[Vec<Measured>], result: &mut serde_json::Value) {
+    let of = |side: Side| sides.iter().position(|s| *s == side).map(|i| &runs[i]);
+    let steps = [
+        (Side::NoShard, Side::One),
+        (Side::ShardGradOp, Side::One),
+        (Side::FullShard, Side::NoShard),
+        (Side::FullShardUnhidden, Side::FullShard),
+    ];
+    for (side, base) in steps {
+        let (Some(a), Some(b)) = (of(side), of(base)) else {
+            continue;
+        };
+        let pairs: Vec<f64> = a.iter().zip(b).map(|(a, b)| a.step_s / b.step_s).collect();
+        let ratio = common::median(&pairs);
+        println!(
+            "step time {} / {}: {ratio:.2} (pairs {pairs:.2?})",
+            side.name(),
+            base.name()
+        );
+        result[format!("{}_vs_{}_step_ratio", side.name(), base.name())] = ratio.into();
+    }
+    for side in [Side::ShardGradOp, Side::FullShard] {
+        let (Some(a), Some(b)) = (of(side), of(Side::NoShard)) else {
+            continue;
+        };
+        let (a, b) = (median_of(a), median_of(b));
+        let state = a.state_bytes() / b.state_bytes();
+        let (peak, all) = (a.peak_rss_mib / b.peak_rss_mib, a.peak_rss_all_mib / b.peak_rss_all_mib);
+        println!(
+            "{} / no_shard: per-rank state (parameters + gradients + optimizer) {state:.2}; peak resident memory {peak:.2} (all ranks {all:.2})",
+            side.name()
+        );
+        result[format!("{}_vs_no_shard_state_ratio", side.name())] = state.into();
+        result[format!("{}_vs_no_shard_peak_ratio", side.name())] = peak.into();
+    }
+    if let (Some(hidden), Some(unhidden)) = (of(Side::FullShard), of(Side::FullShardUnhidden)) {
+        let (h, u) = (median_of(hidden), median_of(unhidden));
+        let fraction = 1.0 - h.all_reduce_s / u.all_reduce_s.max(1e-9);
+        println!(
+            "full_shard communication hidden behind compute: {:.0}% ({:.3} s waited of {:.3} s unprefetched)",
+            fraction * 100.0,
+            h.all_reduce_s,
+            u.all_reduce_s
+        );
+        result["full_shard_hidden_fraction"] = fraction.into();
+    }
 }
 
 /// One run of `ranks` worker processes (rank 0 hosting the store on loopback); rank 0's numbers.
-fn run(ranks: usize, steps: u64, model: &Path, fsdp: Fsdp) -> Measured {
+fn run(side: Side, steps: u64, model: &Path) -> Measured {
+    let ranks = side.ranks();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -156,7 +276,7 @@ fn run(ranks: usize, steps: u64, model: &Path, fsdp: Fsdp) -> Measured {
             let mut c = Command::new(&exe);
             c.env(WORKER, steps.to_string())
                 .env(WORKER_MODEL, model)
-                .env(WORKER_FSDP, fsdp.name())
+                .env(WORKER_FSDP, side.name())
                 .env("OMP_NUM_THREADS", (cores / ranks).max(1).to_string())
                 .stdout(Stdio::piped());
             if ranks > 1 {
@@ -175,25 +295,37 @@ fn run(ranks: usize, steps: u64, model: &Path, fsdp: Fsdp) -> Measured {
     for o in &outputs {
         assert!(o.status.success(), "a worker failed: {o:?}");
     }
-    let text = String::from_utf8_lossy(&outputs[0].stdout);
-    serde_json::from_str(text.lines().last().expect("rank 0 prints its numbers")).expect("numbers")
+    let measured: Vec<Measured> = outputs
+        .iter()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout);
+            serde_json::from_str(text.lines().last().expect("a rank prints its numbers")).expect("numbers")
+        })
+        .collect();
+    Measured {
+        peak_rss_all_mib: measured.iter().map(|m| m.peak_rss_mib).sum(),
+        ..measured[0]
+    }
 }
 
-/// A worker: 2 warm-up steps, then `steps` timed ones; rank 0 prints its medians as JSON.
+/// A worker: 2 warm-up steps, then `steps` timed ones; each rank prints its medians as JSON.
 fn worker() {
     let steps: u64 = std::env::var(WORKER).expect("steps").parse().expect("steps");
     let world: usize = std::env::var("WORLD_SIZE").map_or(1, |w| w.parse().expect("WORLD_SIZE"));
     let root = &common::root();
+    let side = std::env::var(WORKER_FSDP)
+        .ok()
+        .and_then(|n| Side::named(&n))
+        .expect("a side");
+    let (fsdp, fsdp_config) = side.settings();
     let cfg = SftConfig {
         train: TrainConfig {
             model: std::env::var(WORKER_MODEL).expect("model folder"),
             dataset: root.join("datasets/sft/train.parquet"),
             learning_rate: 2e-3,
             distributed_timeout_s: 120.0,
-            fsdp: match std::env::var(WORKER_FSDP).as_deref() {
-                Ok("shard_grad_op") => Fsdp::ShardGradOp,
-                _ => Fsdp::NoShard,
-            },
+            fsdp,
+            fsdp_config,
             ..Default::default()
         },
         tokenize: TokenizeOptions {
@@ -228,34 +360,25 @@ fn worker() {
             ..held(&t)
         });
     }
-    if t.core().world.is_main() {
-        println!("{}", serde_json::to_string(&median_of(&per_step)).expect("json"));
-    }
+    println!("{}", serde_json::to_string(&median_of(&per_step)).expect("json"));
 }
 
-/// What rank 0 holds after a step's backward: the trained parameters, their gradients (and a
-/// sharded optimizer's gradient shards, fp32), the optimizer state; and its peak resident
-/// memory so far.
+/// What this rank holds between steps (the world's account of it: whole parameters,
+/// gradients and optimizer state, or this rank's shards of them), and its peak resident memory
+/// so far.
 fn held(t: &SftTrainer) -> Measured {
-    let core = t.core();
-    let bytes = |t: &tch::Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as f64;
-    let params: Vec<tch::Tensor> = core.model.trainable().trainable_variables();
-    let param_bytes: f64 = params.iter().map(bytes).sum();
-    let adamw = &core.optim.adamw;
-    // Every rank's backward fills whole gradients (freed after the reduce-scatter when
-    // sharded, kept and zeroed when not); a sharded step adds its fp32 gradient shards (held
-    // between the reduce-scatter and the update: 0 here, after it).
-    let grad_bytes = param_bytes + adamw.gradient_shard_bytes() as f64;
+    let held = t.core().world.held().expect("the trainer says what it holds");
     Measured {
         step_s: 0.0,
         all_reduce_s: 0.0,
         wait_s: 0.0,
         compute_s: 0.0,
         bytes_per_step: 0.0,
-        param_bytes,
-        grad_bytes,
-        optimizer_bytes: adamw.state_bytes() as f64,
+        param_bytes: held.parameters as f64,
+        grad_bytes: held.gradients as f64,
+        optimizer_bytes: held.optimizer as f64,
         peak_rss_mib: common::status_kib("VmHWM:") / 1024.0,
+        peak_rss_all_mib: 0.0,
     }
 }
 
@@ -271,5 +394,6 @@ fn median_of(runs: &[Measured]) -> Measured {
         grad_bytes: field(|m| m.grad_bytes),
         optimizer_bytes: field(|m| m.optimizer_bytes),
         peak_rss_mib: field(|m| m.peak_rss_mib),
+        peak_rss_all_mib: field(|m| m.peak_rss_all_mib),
     }
 }
