@@ -511,6 +511,110 @@ fn resumes_exactly(name: &str, extra: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A wider copy of the shipped tiny model (about 50M parameters, seeded, its weights written
+/// once here): its checkpoint takes long enough to write that a test can see it being written.
+fn wider_model(dir: &Path) -> PathBuf {
+    let tiny = datasets().join("tiny-qwen3");
+    let model = dir.join("wide-qwen3");
+    std::fs::create_dir_all(&model).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json", "treetrain_init.json"] {
+        std::fs::copy(tiny.join(file), model.join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny.join("config.json")).unwrap()).unwrap();
+    for (key, value) in [
+        ("hidden_size", 1024),
+        ("intermediate_size", 3072),
+        ("num_attention_heads", 16),
+        ("num_key_value_heads", 8),
+    ] {
+        config[key] = value.into();
+    }
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let options = treetrain::model::LoadOptions::default();
+    treetrain::model::Model::load(&model, options).unwrap();
+    model
+}
+
+/// A `full_shard` run whose writer (rank 0) is killed with SIGKILL while it writes
+/// `checkpoint-2`: the launcher names it, no `checkpoint-2` appears (only its temporary
+/// folder), `checkpoint-1` is the newest complete checkpoint, and the run resumed from it on 2
+/// ranks ends with the same bytes as a run never killed.
+#[test]
+#[ignore = "slow: a 50M-parameter model, three 2-rank runs"]
+fn a_rank_killed_writing_a_sharded_checkpoint_leaves_the_previous_one() {
+    let dir = scratch("kill-ckpt");
+    let model = wider_model(&dir);
+    let toml = |name: &str, out: &Path| {
+        let text = format!(
+            "model = {model:?}\ndataset = {:?}\noutput_dir = {out:?}\npacking = \"bfd\"\nbatch_size = 2\n\
+             learning_rate = 0.001\nmax_steps = 3\nsave_steps = 1\neval_fraction = 0.0\nseed = 42\n\
+             distributed_timeout_s = 60\nfsdp = \"full_shard\"\n[tokenize]\nmax_length = 128\n",
+            datasets().join("sft/train.parquet"),
+        );
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (whole, killed) = (dir.join("whole"), dir.join("killed"));
+    let (cfg_whole, cfg_killed) = (toml("whole", &whole), toml("killed", &killed));
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg_whole.to_str().unwrap()]),
+        LIMIT,
+    ));
+    let mut l = launch(2, &["sft", "--config", cfg_killed.to_str().unwrap()]);
+    let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
+    // The writer's temporary folder is `.checkpoint-2.<pid>.tmp`.
+    let started = Instant::now();
+    let writer: u32 = loop {
+        let entries = std::fs::read_dir(&killed).into_iter().flatten().flatten();
+        let name = entries
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with(".checkpoint-2.") && n.ends_with(".tmp"));
+        if let Some(n) = name {
+            break n.split('.').nth(2).unwrap().parse().unwrap();
+        }
+        assert!(started.elapsed() < LIMIT, "checkpoint-2 was never written");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // SAFETY: signalling a worker of the launcher this test started.
+    unsafe {
+        libc::kill(writer as i32, libc::SIGKILL);
+    }
+    let (status, err) = exit_within(&mut launcher.0[0], "launch after its writer was killed");
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!("rank 0 (pid {writer}) was killed by signal 9")),
+        "{err}"
+    );
+    assert!(
+        !killed.join("checkpoint-2").exists(),
+        "a checkpoint appeared half-written"
+    );
+    let newest = treetrain::train::latest_checkpoint(&killed).unwrap();
+    assert_eq!(newest, Some(killed.join("checkpoint-1")));
+    let c = killed.join("checkpoint-1");
+    ok(&run_bounded(
+        launch(
+            2,
+            &[
+                "sft",
+                "--config",
+                cfg_killed.to_str().unwrap(),
+                "--resume-from",
+                c.to_str().unwrap(),
+            ],
+        ),
+        LIMIT,
+    ));
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let a = std::fs::read(whole.join("checkpoint-3").join(file)).unwrap();
+        let b = std::fs::read(killed.join("checkpoint-3").join(file)).unwrap();
+        assert!(a == b, "{file} of the resumed run differs");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Waits for `child` to exit (well within the runs' 60 s timeout, else it hangs); its status
 /// and standard error.
 fn exit_within(child: &mut Child, what: &str) -> (std::process::ExitStatus, String) {

@@ -167,20 +167,26 @@ impl AdamW {
     /// [`AdamW::new`]; with `fp32_master`, half-precision variables get fp32 master copies that
     /// the updates go to (mixed precision: half compute, fp32 master weights and moments).
     pub fn with_master_weights(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool) -> Self {
+        Self::with_state(vs, config, fp32_master, true)
+    }
+
+    /// [`AdamW::with_master_weights`], the whole moments and master weights made only when
+    /// `whole` (a run about to [`AdamW::shard`] makes only its shards, never the whole state).
+    pub(crate) fn with_state(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool, whole: bool) -> Self {
         let params: BTreeMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let zeros = |t: &Tensor| Tensor::zeros_like(t).to_kind(Kind::Float);
-        let master = params
-            .iter()
+        let kept = || params.iter().filter(|_| whole);
+        let master = kept()
             .filter(|(_, t)| fp32_master && t.kind() != Kind::Float)
             .map(|(k, t)| (k.clone(), t.detach().to_kind(Kind::Float)))
             .collect();
         AdamW {
             config,
             step: 0,
-            exp_avg: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
-            exp_avg_sq: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
-            params,
+            exp_avg: kept().map(|(k, t)| (k.clone(), zeros(t))).collect(),
+            exp_avg_sq: kept().map(|(k, t)| (k.clone(), zeros(t))).collect(),
             master,
+            params,
             sharded: None,
         }
     }
@@ -431,6 +437,9 @@ impl AdamW {
 
     /// Zeroes the parameters' gradients, whatever their state (a failed forward or backward).
     pub fn clear_param_grads(&self) {
+        if let Some(mut s) = self.sharded() {
+            s.discard_grads();
+        }
         clear_grads(self.params.values());
     }
 

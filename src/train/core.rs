@@ -86,7 +86,8 @@ impl TrainCore {
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
-        let mut adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
+        let whole = config.fsdp == super::Fsdp::NoShard || !world.is_distributed();
+        let mut adamw = AdamW::with_state(model.trainable(), config.adamw, config.mixed_precision, whole);
         let mut model = model;
         let world = Arc::new(world);
         match (config.fsdp, world.is_distributed()) {

@@ -56,22 +56,20 @@ fn storage_id(p: &Tensor) -> i64 {
 
 /// Gives every unit storages of its own: a unit's parameters whose storage holds bytes of
 /// anything else (the CPU loader puts all unfused weights of a dtype in one buffer, frozen ones
-/// included) are moved into one buffer of the unit's, so freeing a unit frees nothing another
-/// tensor reads. A layer's fused q/k/v and gate/up buffers hold that layer's weights alone and
-/// stay.
-pub(super) fn own_storages(units: &[Vec<Tensor>]) -> Result<(), ModelError> {
+/// included) get fresh storage, uninitialised (the master shards hold the values), so freeing
+/// a unit frees nothing another tensor reads; the shared buffer goes once nothing trained
+/// points into it. A layer's fused q/k/v and gate/up buffers hold that layer's weights alone
+/// and stay.
+pub(super) fn own_storages(units: &[&[Tensor]]) -> Result<(), ModelError> {
     for params in units {
         let mut covered: std::collections::HashMap<i64, i64> = Default::default();
-        for p in params {
+        for p in params.iter() {
             *covered.entry(storage_id(p)).or_default() += (p.numel() * p.kind().elt_size_in_bytes()) as i64;
         }
-        let mut shared: Vec<Tensor> = params
-            .iter()
-            .filter(|p| covered[&storage_id(p)] < storage_nbytes(p))
-            .map(Tensor::shallow_clone)
-            .collect();
-        let mut refs: Vec<&mut Tensor> = shared.iter_mut().collect();
-        crate::model::host_memory::gather(&mut refs)?;
+        for p in params.iter().filter(|p| covered[&storage_id(p)] < storage_nbytes(p)) {
+            let fresh = Tensor::f_empty(p.size(), (p.kind(), p.device()))?;
+            p.shallow_clone().f_set_data(&fresh)?;
+        }
     }
     Ok(())
 }

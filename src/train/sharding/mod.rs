@@ -62,8 +62,8 @@ pub(crate) struct ShardedState {
     master: Vec<Option<Tensor>>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
-    /// 1 where weight decay applies, 0 elsewhere.
-    decay: Vec<Tensor>,
+    /// Where weight decay applies in each shard: `(start, len)` element ranges.
+    decay: Vec<Vec<(i64, i64)>>,
     /// This step's summed gradient shards, fp32, between the reduce-scatter and the update.
     grads: Vec<Tensor>,
     /// `full_shard`: parameters sharded too (every unit has a master shard).
@@ -92,6 +92,25 @@ fn unit_key(name: &str) -> (u8, usize) {
         None if name.contains("embed_tokens") => (0, 0),
         None => (2, 0),
     }
+}
+
+/// The element ranges of the shard starting at `from` of `unit`'s flattened parameters whose
+/// parameter takes weight decay (adjacent ones merged).
+fn decay_ranges(unit: &Unit, from: i64) -> Vec<(i64, i64)> {
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
+    let mut at = 0;
+    for (name, p) in unit.names.iter().zip(&unit.params) {
+        let (start, end) = (at.max(from), (at + p.numel() as i64).min(from + unit.shard));
+        at += p.numel() as i64;
+        if start >= end || !decays(name) {
+            continue;
+        }
+        match ranges.last_mut() {
+            Some(last) if last.0 + last.1 == start - from => last.1 += end - start,
+            _ => ranges.push((start - from, end - start)),
+        }
+    }
+    ranges
 }
 
 /// `whole` `[size * shard]`, a unit's parameters flattened, split into one view per parameter
@@ -145,20 +164,13 @@ impl ShardedState {
             inflight: Vec::new(),
             reducing: Vec::new(),
         };
-        if full {
-            let units: Vec<Vec<Tensor>> = grouped
-                .values()
-                .map(|names| names.iter().map(|n| params[*n].shallow_clone()).collect())
-                .collect();
-            full::own_storages(&units)?;
-        }
         for (key, names) in grouped {
             let tensors: Vec<Tensor> = names.iter().map(|n| params[*n].shallow_clone()).collect();
             let total: i64 = tensors.iter().map(|t| t.numel() as i64).sum();
             let unit = Unit {
                 key,
                 names: names.into_iter().cloned().collect(),
-                nbytes: tensors.iter().map(full::storage_nbytes).collect(),
+                nbytes: Vec::new(),
                 params: tensors,
                 total,
                 shard: (total + size as i64 - 1) / size as i64,
@@ -169,19 +181,28 @@ impl ShardedState {
                 true => Some(flat(&|n, p| masters.get(n).unwrap_or(p).f_to_kind(Kind::Float))?),
                 false => None,
             };
-            let decay = flat(&|n, p| {
-                p.f_ones_like()?
-                    .f_to_kind(Kind::Float)?
-                    .f_mul_scalar(f64::from(u8::from(decays(n))))
-            })?;
-            state.exp_avg.push(decay.f_zeros_like()?);
-            state.exp_avg_sq.push(decay.f_zeros_like()?);
+            let device = unit.params[0].device();
+            state
+                .exp_avg
+                .push(Tensor::f_zeros([unit.shard], (Kind::Float, device))?);
+            state
+                .exp_avg_sq
+                .push(Tensor::f_zeros([unit.shard], (Kind::Float, device))?);
             state.master.push(master);
-            state.decay.push(decay);
+            state.decay.push(decay_ranges(&unit, rank as i64 * unit.shard));
             state.units.push(unit);
             state.gathered.push(true);
             state.acc.push(None);
             state.inflight.push(None);
+        }
+        if full {
+            // The master shards hold the values now: parameters sharing storage with another
+            // unit's get storage of their own, uninitialised, freed next with the rest.
+            let units: Vec<&[Tensor]> = state.units.iter().map(|u| u.params.as_slice()).collect();
+            full::own_storages(&units)?;
+        }
+        for unit in &mut state.units {
+            unit.nbytes = unit.params.iter().map(full::storage_nbytes).collect();
         }
         if full {
             state.release_all_units()?;
@@ -232,7 +253,7 @@ impl ShardedState {
         for u in 0..self.units.len() {
             let part = match (self.full && self.units[u].key.0 == 1, self.acc[u].take()) {
                 (true, Some(acc)) => acc,
-                (true, None) => Tensor::f_zeros([self.units[u].shard], (Kind::Float, self.decay[u].device()))
+                (true, None) => Tensor::f_zeros([self.units[u].shard], (Kind::Float, self.exp_avg[u].device()))
                     .map_err(|e| DistError::new(world.rank, "reduce_scatter", e.to_string()))?,
                 (false, _) => self.reduced_shard(u, world)?,
             };
@@ -292,13 +313,21 @@ impl ShardedState {
     /// units freed; their next use gathers the new shards).
     pub(crate) fn step(&mut self, lr: f64, step: u64, c: AdamWConfig, world: &World) -> Result<(), ModelError> {
         let grads = std::mem::take(&mut self.grads);
+        // A gather started before a failed pass would bring the old shards.
+        self.inflight.iter_mut().for_each(|f| *f = None);
         for (u, g) in grads.iter().enumerate() {
             let p = match &self.master[u] {
                 Some(master) => master.shallow_clone(),
                 None => self.flat(&self.units[u], &|_, p| p.f_to_kind(Kind::Float))?,
             };
             tch::no_grad(|| -> Result<(), tch::TchError> {
-                let decayed = p.f_mul(&self.decay[u].f_mul_scalar(-lr * c.weight_decay)?.f_add_scalar(1.0)?)?;
+                // `p * (1 - lr * weight_decay)` where decay applies, as the replicated step.
+                let decayed = p.f_mul_scalar(1.0)?;
+                for &(start, len) in self.decay[u].iter().filter(|_| c.weight_decay != 0.0) {
+                    let _ = decayed
+                        .f_narrow(0, start, len)?
+                        .f_mul_scalar_(1.0 - lr * c.weight_decay)?;
+                }
                 let moments = (&self.exp_avg[u], &self.exp_avg_sq[u]);
                 p.shallow_clone()
                     .f_copy_(&adam_update(&decayed, g, moments, lr, step, &c)?)
