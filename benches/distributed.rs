@@ -7,7 +7,7 @@
 //! prefetching run no longer waits for is the fraction hidden behind compute.
 //!
 //! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--modes no_shard,full_shard]
-//!     [--config config.json | --model DIR]
+//!     [--gradient-checkpointing] [--config config.json | --model DIR]
 //!
 //! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
 //! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
@@ -33,6 +33,8 @@ const WORKER: &str = "TREETRAIN_BENCH_DIST_WORKER";
 const WORKER_MODEL: &str = "TREETRAIN_BENCH_DIST_MODEL";
 /// The side the workers run ([`Side::name`]).
 const WORKER_FSDP: &str = "TREETRAIN_BENCH_DIST_FSDP";
+/// Set when the workers recompute activations.
+const WORKER_CHECKPOINTING: &str = "TREETRAIN_BENCH_DIST_CHECKPOINTING";
 
 /// One side of the comparison: a world size and an `fsdp` mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +141,9 @@ struct Cli {
     /// `full_shard`, `full_shard_no_prefetch`); default all.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
+    /// Recompute layer activations in backward (every side).
+    #[arg(long)]
+    gradient_checkpointing: bool,
 }
 
 fn main() {
@@ -165,12 +170,17 @@ fn main() {
     let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); sides.len()];
     for _ in 0..rounds {
         for (side, runs) in sides.iter().zip(&mut runs) {
-            runs.push(run(*side, steps, &model));
+            runs.push(run(*side, steps, &model, cli.gradient_checkpointing));
         }
     }
     println!(
-        "SFT step, {} fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds",
-        model.display()
+        "SFT step, {} fp32, 8 rows of 256 a global step, {steps} steps after 2 warm-ups, {rounds} interleaved rounds{}",
+        model.display(),
+        if cli.gradient_checkpointing {
+            ", gradient checkpointing"
+        } else {
+            ""
+        }
     );
     println!(
         "{:<34}{:>9}{:>11}{:>10}{:>10}{:>13}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -263,7 +273,7 @@ fn compare(sides: &[Side], runs: &[Vec<Measured>], result: &mut serde_json::Valu
 }
 
 /// One run of `ranks` worker processes (rank 0 hosting the store on loopback); rank 0's numbers.
-fn run(side: Side, steps: u64, model: &Path) -> Measured {
+fn run(side: Side, steps: u64, model: &Path, checkpointing: bool) -> Measured {
     let ranks = side.ranks();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -277,6 +287,7 @@ fn run(side: Side, steps: u64, model: &Path) -> Measured {
             c.env(WORKER, steps.to_string())
                 .env(WORKER_MODEL, model)
                 .env(WORKER_FSDP, side.name())
+                .env(WORKER_CHECKPOINTING, if checkpointing { "1" } else { "" })
                 .env("OMP_NUM_THREADS", (cores / ranks).max(1).to_string())
                 .stdout(Stdio::piped());
             if ranks > 1 {
@@ -326,6 +337,7 @@ fn worker() {
             distributed_timeout_s: 120.0,
             fsdp,
             fsdp_config,
+            gradient_checkpointing: std::env::var(WORKER_CHECKPOINTING).is_ok_and(|v| v == "1"),
             ..Default::default()
         },
         tokenize: TokenizeOptions {
