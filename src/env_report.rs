@@ -201,7 +201,17 @@ impl EnvReport {
                 }
             ),
         };
-        vec![("data parallelism", backend.to_string()), ("world", world)]
+        let sharding = match self.gloo {
+            true => {
+                "fsdp per run: no_shard (default), shard_grad_op (ZeRO-2) or full_shard (ZeRO-3); a run's World display shows its mode and per-rank bytes"
+            }
+            false => "unavailable without a process group",
+        };
+        vec![
+            ("data parallelism", backend.to_string()),
+            ("sharding", sharding.to_string()),
+            ("world", world),
+        ]
     }
 
     fn policy_rows(&self) -> Vec<(&'static str, String)> {

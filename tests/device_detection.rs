@@ -220,6 +220,12 @@ fn env_report_renders_every_section() {
             .unwrap()
             .contains("ProcessGroupGloo")
     );
+    let sharding = json["processes"]["sharding"].as_str().unwrap();
+    assert!(
+        ["no_shard", "shard_grad_op", "full_shard"]
+            .iter()
+            .all(|m| sharding.contains(m))
+    );
 }
 
 #[test]
