@@ -12,6 +12,7 @@ use tch::Tensor;
 use super::ShardedState;
 use crate::model::{ModelError, ParamUnit, Phase, Residency};
 use crate::train::distributed::{Flat, Pending, World};
+use crate::util::ErrBuf;
 
 unsafe extern "C" {
     /// c10d_shim.cpp: the bytes of the tensor's storage.
@@ -31,15 +32,11 @@ unsafe extern "C" {
 
 /// Runs a shim call with an error buffer; its message as a [`ModelError`].
 fn shim(call: impl FnOnce(*mut std::ffi::c_char, usize) -> i32) -> Result<(), ModelError> {
-    let mut err = vec![0u8; 512];
-    if call(err.as_mut_ptr().cast(), err.len()) == 0 {
-        return Ok(());
+    let mut err = ErrBuf::new();
+    match call(err.ptr(), ErrBuf::LEN) {
+        0 => Ok(()),
+        _ => Err(ModelError::Input(format!("full_shard: {}", err.message()))),
     }
-    let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
-    Err(ModelError::Input(format!(
-        "full_shard: {}",
-        String::from_utf8_lossy(&err[..end])
-    )))
 }
 
 /// The bytes `p`'s storage holds.
