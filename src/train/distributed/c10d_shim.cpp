@@ -95,22 +95,17 @@ void allreduce_flat(tt_group* g, at::Tensor& flat, bool average, bool* staged) {
   if (!work.is_same(flat)) flat.copy_(work);
 }
 
-// Runs `start(out, in)`, a collective from the flat `input` into the flat `output`, on the
-// group's device (copies there and back where needed) and waits for it; or, with `pending`,
-// hands the work in flight back there for `tt_work_wait`.
+// Starts `start(out, in)`, a collective from the flat `input` into the flat `output`, on the
+// group's device (copies there, and back when waited for, where needed) and hands the work in
+// flight back in `pending` for `tt_work_wait`.
 template <typename Start>
 void flat_collective(tt_group* g, at::Tensor& input, at::Tensor& output, int* staged, tt_work** pending,
                      Start start) {
   bool moved = false;
   at::Tensor in = on_group_device(g, input, &moved);
   at::Tensor out = on_group_device(g, output, &moved);
-  auto* w = new tt_work{start(out, in), in, out, output, g->timeout};
+  *pending = new tt_work{start(out, in), in, out, output, g->timeout};
   *staged = moved ? 1 : 0;
-  if (pending != nullptr) {
-    *pending = w;
-    return;
-  }
-  finish(w);
 }
 
 void require_gloo() {

@@ -251,7 +251,8 @@ pub enum Flat {
 }
 
 impl Flat {
-    fn name(self) -> &'static str {
+    /// The collective's name in errors.
+    pub fn name(self) -> &'static str {
         match self {
             Flat::ReduceScatter => "reduce_scatter",
             Flat::AllGather => "all_gather",
@@ -492,36 +493,12 @@ impl ProcessGroup {
         self.check("all_gather", rc, &err).map(|()| out)
     }
 
-    /// Sums the flat `input` `[size * n]` over every rank and leaves this rank's part
-    /// (elements `rank * n ..`) in `output` `[n]` (one dtype, contiguous).
-    pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
-        self.flat_collective(Flat::ReduceScatter, input, output, None)
-    }
-
-    /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order.
-    pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<Staged, DistError> {
-        self.flat_collective(Flat::AllGather, input, output, None)
-    }
-
-    /// `op` started and left running: `output` is written once the [`Pending`] is waited for
-    /// (the tensors are kept alive until then).
+    /// `op` from the flat `input` into the flat `output` (one dtype, contiguous), started and
+    /// left running: `output` is written once the [`Pending`] is waited for (the tensors are
+    /// kept alive until then). A reduce-scatter sums `input` `[size * n]` over every rank and
+    /// leaves this rank's part (elements `rank * n ..`) in `output` `[n]`; an all-gather puts
+    /// every rank's `input` `[n]` into `output` `[size * n]`, in rank order.
     pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<(Staged, Pending), DistError> {
-        let mut pending = Pending {
-            ptr: std::ptr::null_mut(),
-            rank: self.rank,
-            op: op.name(),
-        };
-        let staged = self.flat_collective(op, input, output, Some(&mut pending.ptr))?;
-        Ok((staged, pending))
-    }
-
-    fn flat_collective(
-        &self,
-        op: Flat,
-        input: &Tensor,
-        output: &Tensor,
-        pending: Option<&mut *mut tt_work>,
-    ) -> Result<Staged, DistError> {
         let n = output.numel().max(input.numel());
         let small = input.numel().min(output.numel());
         if small * self.size != n {
@@ -540,7 +517,11 @@ impl ProcessGroup {
             Flat::ReduceScatter => tt_reduce_scatter,
             Flat::AllGather => tt_all_gather_flat,
         };
-        let pending = pending.map_or(std::ptr::null_mut(), |p| p as *mut *mut tt_work);
+        let mut pending = Pending {
+            ptr: std::ptr::null_mut(),
+            rank: self.rank,
+            op: op.name(),
+        };
         let (mut staged, mut err) = (0, ErrBuf::new());
         // SAFETY: live tensors of the sizes checked above for the duration of the call; a
         // started collective holds its own references to them until it is waited for.
@@ -550,12 +531,12 @@ impl ProcessGroup {
                 input.as_ptr() as AtTensor,
                 output.as_ptr() as AtTensor,
                 &mut staged,
-                pending,
+                &mut pending.ptr,
                 err.ptr(),
                 ErrBuf::LEN,
             )
         };
-        self.check(op.name(), rc, &err).map(|()| staged != 0)
+        self.check(op.name(), rc, &err).map(|()| (staged != 0, pending))
     }
 
     /// Waits until every rank gets here.

@@ -234,24 +234,25 @@ impl World {
     /// Sums the flat `input` `[size * n]` over every rank into this rank's part `output` `[n]`
     /// (elements `rank * n ..`); one process copies its input.
     pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
-        self.flat("reduce_scatter", input, output, ProcessGroup::reduce_scatter)
+        self.wait(self.start(Flat::ReduceScatter, input, output)?)
     }
 
     /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order; one process
     /// copies its input.
     pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
-        self.flat("all_gather", input, output, ProcessGroup::all_gather_into)
+        self.wait(self.start(Flat::AllGather, input, output)?)
     }
 
     /// [`World::reduce_scatter`] or [`World::all_gather_into`] started and left running:
-    /// `output` holds the result once [`World::wait`] returns (`None`: one process, done).
+    /// `output` holds the result once [`World::wait`] returns (`None`: one process, done). Timed
+    /// and counted by the larger side's bytes.
     pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<Option<Pending>, DistError> {
         let larger = input.numel().max(output.numel());
         let bytes = (larger * input.kind().elt_size_in_bytes()) as u64;
         match self.timed(bytes, |g| tch::no_grad(|| g.start(op, input, output))) {
             None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
                 .map(|_| None)
-                .map_err(|e| DistError::new(self.rank, "copy", e.to_string())),
+                .map_err(|e| DistError::new(self.rank, op.name(), e.to_string())),
             Some(r) => r.map(|(staged, pending)| {
                 self.note_staged(staged);
                 Some(pending)
@@ -266,24 +267,6 @@ impl World {
         match self.timed(0, |_| p.wait()) {
             Some(r) => r,
             None => Ok(()),
-        }
-    }
-
-    /// A collective from the flat `input` into the flat `output` (`op` names it), timed and
-    /// counted by the larger side's bytes; the identity copy for one process.
-    fn flat(
-        &self,
-        op: &'static str,
-        input: &Tensor,
-        output: &Tensor,
-        f: fn(&ProcessGroup, &Tensor, &Tensor) -> Result<bool, DistError>,
-    ) -> Result<(), DistError> {
-        let larger = input.numel().max(output.numel());
-        let bytes = (larger * input.kind().elt_size_in_bytes()) as u64;
-        match self.timed(bytes, |g| tch::no_grad(|| f(g, input, output))) {
-            None => tch::no_grad(|| output.shallow_clone().f_copy_(input))
-                .map_err(|e| DistError::new(self.rank, op, e.to_string())),
-            Some(r) => r.map(|staged| self.note_staged(staged)),
         }
     }
 
