@@ -423,7 +423,7 @@ impl AdamW {
     /// [`AdamW::first_non_finite`] over `world`: under `full_shard` the parameters are read
     /// from this rank's shards and every rank learns whether any rank found one (so all stop).
     pub(crate) fn first_non_finite_in(&self, world: &World) -> Result<Option<String>, ModelError> {
-        let Some(found) = self.sharded().and_then(|s| s.held_full().map(|_| s.first_non_finite())) else {
+        let Some(found) = self.sharded().filter(|s| s.is_full()).map(|s| s.first_non_finite()) else {
             return Ok(self.first_non_finite()?.map(str::to_string));
         };
         let mut found = found?;

@@ -149,35 +149,22 @@ impl ShardedState {
         Ok(())
     }
 
-    /// Starts summing unit `u`'s gradients over the ranks (flattened, then freed); the sum
-    /// joins this rank's accumulated shard when waited for: at the next layer's reduction
-    /// (this one overlaps that layer's backward) or at the step.
+    /// Starts summing unit `u`'s gradients over the ranks (then freed); the sum joins this
+    /// rank's accumulated shard when waited for: at the next layer's reduction (this one
+    /// overlaps that layer's backward) or at the step.
     fn reduce_unit(&mut self, u: usize, world: &World) -> Result<(), ModelError> {
         self.finish_reductions(world)?;
-        let unit = &self.units[u];
-        let grad = |_: &str, p: &Tensor| {
-            let g = p.grad();
-            if g.defined() { Ok(g) } else { p.f_zeros_like() }
-        };
-        let flat = tch::no_grad(|| self.padded(unit, &grad))?;
-        unit.params.iter().for_each(super::free_grad);
-        let part = flat.f_new_empty([unit.shard], (flat.kind(), flat.device()))?;
-        let pending = world.start(Flat::ReduceScatter, &flat, &part).map_err(dist)?;
-        self.reducing.push(Reducing {
-            unit: u,
-            pending,
-            _flat: flat,
-            part,
-        });
+        let started = self.start_reduction(u, world).map_err(dist)?;
+        self.reducing.push(started);
         Ok(())
     }
 
     /// Waits for the reductions in flight and adds each into its unit's accumulated shard.
     pub(super) fn finish_reductions(&mut self, world: &World) -> Result<(), ModelError> {
         for r in std::mem::take(&mut self.reducing) {
-            world.wait(r.pending).map_err(dist)?;
-            let part = r.part.f_to_kind(tch::Kind::Float)?;
-            self.acc[r.unit] = Some(match self.acc[r.unit].take() {
+            let u = r.unit;
+            let part = r.finish(world).map_err(dist)?;
+            self.acc[u] = Some(match self.acc[u].take() {
                 Some(acc) => acc.f_add(&part)?,
                 None => part,
             });
@@ -218,16 +205,6 @@ pub(super) struct InFlight {
     pending: Option<Pending>,
     whole: Tensor,
     _shard: Tensor,
-}
-
-/// A layer's gradient reduce-scatter in flight: its flat input (kept alive) and this rank's
-/// part of the sum.
-#[derive(Debug)]
-pub(super) struct Reducing {
-    unit: usize,
-    pending: Option<Pending>,
-    _flat: Tensor,
-    part: Tensor,
 }
 
 /// A collective's error as the model's.

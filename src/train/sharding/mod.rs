@@ -9,7 +9,8 @@
 //! of this rank's part), clips by the global norm (shard norms summed over ranks), applies
 //! AdamW to the shard in PyTorch's order of operations, and all-gathers the updated shards
 //! into every rank's parameters. Elementwise, that is the replicated update: one process and
-//! N ranks agree up to the summation order of the gradients.
+//! N ranks agree up to the summation order of the gradients. `full_shard` (module `full`)
+//! shards the parameters too, on the same units and state.
 
 mod full;
 mod settings;
@@ -22,7 +23,7 @@ use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
 use super::adamw::{AdamWConfig, adam_update, decays, squared_norm};
-use super::distributed::{DistError, World};
+use super::distributed::{DistError, Flat, Pending, World};
 use crate::model::ModelError;
 
 unsafe extern "C" {
@@ -57,8 +58,9 @@ pub(crate) struct ShardedState {
     rank: usize,
     size: usize,
     units: Vec<Unit>,
-    /// fp32 master shard of each unit whose parameters are not fp32 (mixed precision): the
-    /// weights the updates go to. An fp32 unit's shard is read from its parameters.
+    /// fp32 master shard of each unit whose parameters are not fp32 (mixed precision), and of
+    /// every unit under `full_shard`: the weights the updates go to. Otherwise an fp32 unit's
+    /// shard is read from its parameters.
     master: Vec<Option<Tensor>>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
@@ -77,7 +79,7 @@ pub(crate) struct ShardedState {
     /// `full_shard`: all-gathers started ahead of a unit's use (prefetch).
     inflight: Vec<Option<full::InFlight>>,
     /// `full_shard`: reduce-scatters started as a layer's backward ended, not yet waited for.
-    reducing: Vec<full::Reducing>,
+    reducing: Vec<Reducing>,
 }
 
 /// The unit a parameter belongs to: `(0, 0)` the embeddings, `(1, i)` decoder layer `i`,
@@ -124,6 +126,24 @@ fn split(unit: &Unit, whole: &Tensor) -> Result<Vec<Tensor>, ModelError> {
         at += n;
     }
     Ok(pieces)
+}
+
+/// A unit's gradient reduce-scatter in flight: its flat input (kept alive until it ends) and
+/// this rank's part of the sum.
+#[derive(Debug)]
+struct Reducing {
+    unit: usize,
+    pending: Option<Pending>,
+    _flat: Tensor,
+    part: Tensor,
+}
+
+impl Reducing {
+    /// Waits for the sum; this rank's part as fp32.
+    fn finish(self, world: &World) -> Result<Tensor, DistError> {
+        world.wait(self.pending)?;
+        (self.part.f_to_kind(Kind::Float)).map_err(|e| DistError::new(world.rank, "reduce_scatter", e.to_string()))
+    }
 }
 
 /// Whether a checkpoint holds the state `prefix` (`exp_avg`, `exp_avg_sq`, `master`) of
@@ -265,6 +285,12 @@ impl ShardedState {
     /// Unit `u`'s gradients summed over the ranks, this rank's part as fp32 `[shard]`; the
     /// parameters' gradients are freed.
     fn reduced_shard(&self, u: usize, world: &World) -> Result<Tensor, DistError> {
+        self.start_reduction(u, world)?.finish(world)
+    }
+
+    /// Starts summing unit `u`'s gradients over the ranks (flattened, zeros for a parameter
+    /// without one); the parameters' gradients are freed.
+    fn start_reduction(&self, u: usize, world: &World) -> Result<Reducing, DistError> {
         let fail = |e: tch::TchError| DistError::new(world.rank, "reduce_scatter", e.to_string());
         let unit = &self.units[u];
         let grad = |_: &str, p: &Tensor| {
@@ -274,11 +300,15 @@ impl ShardedState {
         let flat = tch::no_grad(|| self.padded(unit, &grad)).map_err(fail)?;
         unit.params.iter().for_each(free_grad);
         let part = flat
-            .f_new_zeros([unit.shard], (flat.kind(), flat.device()))
+            .f_new_empty([unit.shard], (flat.kind(), flat.device()))
             .map_err(fail)?;
-        world.reduce_scatter(&flat, &part)?;
-        drop(flat);
-        part.f_to_kind(Kind::Float).map_err(fail)
+        let pending = world.start(Flat::ReduceScatter, &flat, &part)?;
+        Ok(Reducing {
+            unit: u,
+            pending,
+            _flat: flat,
+            part,
+        })
     }
 
     /// Drops the gradient shards of a step that will not be applied, and any gradients.
@@ -463,6 +493,11 @@ impl ShardedState {
     /// Bytes of the gradient shards (fp32).
     pub(crate) fn grad_bytes(&self) -> u64 {
         self.grads.iter().map(|t| t.numel() as u64 * 4).sum()
+    }
+
+    /// Whether the parameters are sharded too (`full_shard`).
+    pub(crate) fn is_full(&self) -> bool {
+        self.full
     }
 
     /// `full_shard`: the bytes this rank holds between steps of parameters (the fp32 master
