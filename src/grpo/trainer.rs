@@ -233,7 +233,6 @@ impl GrpoTrainer {
             Source::Async(a) => {
                 let (mut wait, mut dropped) = (0.0, 0);
                 let mut groups = Vec::with_capacity(self.config.rollouts.prompts_per_step);
-                let stale = |a: &AsyncRollouts| version - a.published() > self.config.rollouts.max_staleness;
                 while groups.len() < self.config.rollouts.prompts_per_step {
                     let t = Instant::now();
                     let queued = a.next()?;
@@ -247,7 +246,8 @@ impl GrpoTrainer {
                     // Until the generator has weights recent enough, all it makes is dropped.
                     // (Sharded parameters are gathered for a publish by every rank at once, so
                     // there the step publishes before it waits: see `publish_weights`.)
-                    if stale(a) && !self.core.model.lm.is_sharded() {
+                    if version - a.published() > self.config.rollouts.max_staleness && !self.core.model.lm.is_sharded()
+                    {
                         a.publish(version, self.core.model.trainable());
                         self.state.forced_syncs += 1;
                     }

@@ -68,11 +68,9 @@ impl CausalLm {
         };
         // 2. The stack, keeping each layer's input [batch, seq, hidden] (a leaf, with the
         //    layer's output when kept) and where the dropout stream stood when it ran.
-        let dropout = self.dropout_stream();
-        let draws = || dropout.as_ref().map_or(0, |d| d.draws());
         self.gather(ParamUnit::Root)?;
-        let (stack, x) = self.forward_stack(&ids, keep, (&cos, &sin), &kv, &draws)?;
-        let after = draws();
+        let (stack, x) = self.forward_stack(&ids, keep, (&cos, &sin), &kv)?;
+        let after = stack.draws();
         // 3. The final norm and the head from a leaf at the last layer's output.
         let leaf = x.detach().set_requires_grad(true);
         let (loss, out) = head(&self.norm.forward(&leaf))?;
@@ -100,7 +98,7 @@ impl CausalLm {
         if grad.defined() {
             backward(&(self.embed(&ids) * &grad).sum(Kind::Float))?;
         }
-        if let Some(d) = &dropout {
+        if let Some(d) = &stack.dropout {
             d.set_draws(after);
         }
         Ok(out)
@@ -115,17 +113,17 @@ impl CausalLm {
         keep: bool,
         (cos, sin): (&Tensor, &Tensor),
         kv: &dyn Fn() -> KeyValues<'a>,
-        draws: &dyn Fn() -> u64,
     ) -> Result<(Stack, Tensor), ModelError> {
         let n = self.layers.len();
         let mut stack = Stack {
             inputs: Vec::with_capacity(n),
             outputs: Vec::with_capacity(n),
             replay: Vec::with_capacity(n),
+            dropout: self.dropout_stream(),
         };
         let mut x = tch::no_grad(|| self.embed(ids));
         for (i, layer) in self.layers.iter().enumerate() {
-            stack.replay.push(draws());
+            stack.replay.push(stack.draws());
             self.gather(ParamUnit::Layer(i))?;
             self.prefetch(Some(i + 1), Phase::Forward)?;
             let y = match keep {
@@ -154,18 +152,13 @@ impl CausalLm {
         kv: &dyn Fn() -> KeyValues<'a>,
         grad: &Tensor,
     ) -> Result<Tensor, ModelError> {
-        let Stack {
-            inputs,
-            outputs,
-            replay,
-        } = stack;
-        let (input, y) = match outputs.get(i) {
-            Some(y) => (inputs[i].shallow_clone(), y.shallow_clone()),
+        let (input, y) = match stack.outputs.get(i) {
+            Some(y) => (stack.inputs[i].shallow_clone(), y.shallow_clone()),
             None => {
-                if let Some(d) = self.dropout_stream() {
-                    d.set_draws(replay[i]);
+                if let Some(d) = &stack.dropout {
+                    d.set_draws(stack.replay[i]);
                 }
-                let input = inputs[i].detach().set_requires_grad(true);
+                let input = stack.inputs[i].detach().set_requires_grad(true);
                 let y = layer.forward(&input, cos, sin, i, &mut kv())?;
                 (input, y)
             }
@@ -210,12 +203,20 @@ impl CausalLm {
 }
 
 /// What a layer-by-layer forward keeps for the backward: each layer's input (a leaf when its
-/// graph is kept), its output with its graph (kept only), and where the dropout stream stood
-/// when it ran (replayed by a recompute).
+/// graph is kept), its output with its graph (kept only), and where the LoRA adapter's dropout
+/// stream stood when it ran (replayed by a recompute).
 struct Stack {
     inputs: Vec<Tensor>,
     outputs: Vec<Tensor>,
     replay: Vec<u64>,
+    dropout: Option<Arc<DropoutStream>>,
+}
+
+impl Stack {
+    /// Masks the dropout stream has drawn so far (0 without one).
+    fn draws(&self) -> u64 {
+        self.dropout.as_ref().map_or(0, |d| d.draws())
+    }
 }
 
 /// Elements a training step keeps at least for `seq` tokens until its backward: per token
