@@ -45,6 +45,7 @@ mod projection;
 mod recompute;
 mod residency;
 mod rope;
+mod safetensors_out;
 mod save;
 mod sdpa;
 mod seeded;
@@ -72,6 +73,7 @@ pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_
 pub use projection::{Projected, Projections};
 pub use recompute::Activations;
 pub use residency::{ParamUnit, Pass, Phase, Residency};
+pub use safetensors_out::SafetensorsOut;
 pub use save::{kind_name, refuse_overlap};
 pub use sdpa::{AttentionCall, SdpaKernel, sdpa_kernels};
 pub use seeded::SEED_FILE;

@@ -1,13 +1,13 @@
 //! Reading and writing parameters as safetensors under their PyTorch `state_dict` names.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::{Dtype, SafeTensors};
 use tch::{Kind, Tensor, nn};
 
 use super::ModelError;
+use super::SafetensorsOut;
 use crate::util::SplitMix64;
 
 /// The safetensors files of a checkpoint folder: the shards named by
@@ -218,58 +218,15 @@ pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelEr
     Ok(())
 }
 
-struct RawTensor {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl View for &RawTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-fn raw(t: &Tensor, kind: Kind) -> Result<RawTensor, ModelError> {
-    let t = t.f_to_kind(kind)?.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
-    let dtype = match kind {
-        Kind::Float => Dtype::F32,
-        Kind::BFloat16 => Dtype::BF16,
-        Kind::Half => Dtype::F16,
-        other => return Err(ModelError::Input(format!("cannot save dtype {other:?}"))),
-    };
-    let numel = t.numel();
-    let mut data = vec![0u8; numel * kind.elt_size_in_bytes()];
-    t.f_copy_data_u8(&mut data, numel)?;
-    Ok(RawTensor {
-        dtype,
-        shape: t.size().iter().map(|&d| d as usize).collect(),
-        data,
-    })
-}
-
 /// Writes `tensors` (name -> tensor) as one safetensors file in `kind`, with the
-/// `{"format": "pt"}` metadata transformers checks.
+/// `{"format": "pt"}` metadata transformers checks; one tensor's bytes in memory at a time
+/// ([`SafetensorsOut`]).
 pub fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>, kind: Kind) -> Result<(), ModelError> {
-    let raws: BTreeMap<&String, RawTensor> = tensors
-        .iter()
-        .map(|(k, t)| Ok((k, raw(t, kind)?)))
-        .collect::<Result<_, ModelError>>()?;
-    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::serialize(raws.iter().map(|(k, v)| (k.as_str(), v)), Some(meta)).map_err(|e| {
-        ModelError::Safetensors {
-            file: path.into(),
-            message: e.to_string(),
-        }
-    })?;
-    std::fs::write(path, bytes).map_err(|e| ModelError::io(path, e))
+    let sorted: BTreeMap<&String, &Tensor> = tensors.iter().collect();
+    let entries = sorted.iter().map(|(n, t)| ((*n).clone(), t.size())).collect();
+    let mut out = SafetensorsOut::create(path, entries, kind, &[])?;
+    for t in sorted.values() {
+        out.write(t)?;
+    }
+    out.finish()
 }
