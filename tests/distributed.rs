@@ -459,18 +459,50 @@ fn a_two_rank_run_resumes_exactly_from_rank_zeros_checkpoint() {
     resumes_exactly("resume", "");
 }
 
-/// The same with the optimizer state sharded: the checkpoint holds it whole (gathered), every
-/// rank takes its shard back, and the resumed run writes the same bytes.
+/// The same with the optimizer state sharded: each rank writes its shard file and rank 0 the
+/// manifest, every rank reads its own file back, and the resumed run writes the same bytes. A
+/// replicated run resumes from the same checkpoint too (the shards assembled whole).
 #[test]
 fn a_sharded_two_rank_run_resumes_exactly() {
     resumes_exactly("resume-zero2", "fsdp = \"shard_grad_op\"\n");
 }
 
-/// The same with the parameters sharded too: the weights are gathered for the checkpoint and
-/// every rank shards them again on resume.
+/// The same with the parameters sharded too: `model.safetensors` is written unit by unit as
+/// the ranks gather them, and every rank shards the weights again on resume.
 #[test]
 fn a_fully_sharded_two_rank_run_resumes_exactly() {
     resumes_exactly("resume-zero3", "fsdp = \"full_shard\"\n");
+}
+
+/// The optimizer files of a checkpoint: the whole state, or one file per rank and the
+/// manifest naming them.
+fn optimizer_files(ckpt: &Path) -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.starts_with("optimizer"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// A sharded run's checkpoint, resumed by a replicated (`no_shard`) run of the same world
+/// size: the state is assembled whole, and the run ends where the sharded one did.
+fn replicated_resume_of_sharded(dir: &Path, ckpt: &Path, whole: &Path) {
+    let out = dir.join("replicated");
+    let cfg = sft_toml(dir, "replicated", 2, &out, 4, "save_steps = 4");
+    let c = ckpt.to_str().unwrap();
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg.to_str().unwrap(), "--resume-from", c]),
+        LIMIT,
+    ));
+    assert!(out.join("checkpoint-4/optimizer.safetensors").is_file());
+    let gap = relative_gap(
+        &ckpt.join("model.safetensors"),
+        &whole.join("checkpoint-4/model.safetensors"),
+        &out.join("checkpoint-4/model.safetensors"),
+    );
+    assert!(gap < 1e-3, "weights differ by {gap:e} of the last two steps' update");
 }
 
 fn resumes_exactly(name: &str, extra: &str) {
@@ -493,7 +525,19 @@ fn resumes_exactly(name: &str, extra: &str) {
         launch(2, &["sft", "--config", cfg_split.to_str().unwrap(), "--resume-from", c]),
         LIMIT,
     ));
-    for file in ["model.safetensors", "optimizer.safetensors"] {
+    let files = optimizer_files(&ckpt);
+    let sharded = extra.contains("fsdp");
+    let expected: &[&str] = match sharded {
+        true => &[
+            "optimizer.json",
+            "optimizer.shard-0-of-2.safetensors",
+            "optimizer.shard-1-of-2.safetensors",
+            "optimizer.shards.json",
+        ],
+        false => &["optimizer.json", "optimizer.safetensors"],
+    };
+    assert_eq!(files, expected);
+    for file in files.iter().map(String::as_str).chain(["model.safetensors"]) {
         let a = std::fs::read(whole.join("checkpoint-4").join(file)).unwrap();
         let b = std::fs::read(split.join("checkpoint-4").join(file)).unwrap();
         assert!(a == b, "{file} of the resumed run differs");
@@ -508,6 +552,9 @@ fn resumes_exactly(name: &str, extra: &str) {
         err.contains("written by a run of 2 process(es), resumed with 1"),
         "{err}"
     );
+    if sharded {
+        replicated_resume_of_sharded(&dir, &ckpt, &whole);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -536,12 +583,14 @@ fn wider_model(dir: &Path) -> PathBuf {
     model
 }
 
-/// A `full_shard` run whose writer (rank 0) is killed with SIGKILL while it writes
-/// `checkpoint-2`: the launcher names it, no `checkpoint-2` appears (only its temporary
-/// folder), `checkpoint-1` is the newest complete checkpoint, and the run resumed from it on 2
-/// ranks ends with the same bytes as a run never killed.
+/// A `full_shard` run with a rank killed with SIGKILL while the checkpoint `checkpoint-2` is
+/// being written: rank 0 (which writes the model, the state and the manifest) once the
+/// temporary folder appears, and rank 1 once its shard file does. Each time the launcher names
+/// the rank, no `checkpoint-2` appears (only the temporary folder), `checkpoint-1` is the
+/// newest complete checkpoint, and the run resumed from it on 2 ranks ends with the same bytes
+/// as a run never killed.
 #[test]
-#[ignore = "slow: a 50M-parameter model, three 2-rank runs"]
+#[ignore = "slow: a 50M-parameter model, five 2-rank runs"]
 fn a_rank_killed_writing_a_sharded_checkpoint_leaves_the_previous_one() {
     let dir = scratch("kill-ckpt");
     let model = wider_model(&dir);
@@ -556,63 +605,85 @@ fn a_rank_killed_writing_a_sharded_checkpoint_leaves_the_previous_one() {
         std::fs::write(&path, text).unwrap();
         path
     };
-    let (whole, killed) = (dir.join("whole"), dir.join("killed"));
-    let (cfg_whole, cfg_killed) = (toml("whole", &whole), toml("killed", &killed));
+    let whole = dir.join("whole");
     ok(&run_bounded(
-        launch(2, &["sft", "--config", cfg_whole.to_str().unwrap()]),
+        launch(2, &["sft", "--config", toml("whole", &whole).to_str().unwrap()]),
         LIMIT,
     ));
-    let mut l = launch(2, &["sft", "--config", cfg_killed.to_str().unwrap()]);
+    for rank in [0, 1] {
+        let killed = dir.join(format!("killed-{rank}"));
+        let cfg = toml(&format!("killed-{rank}"), &killed);
+        kill_while_writing(&cfg, &killed, rank);
+        assert!(
+            !killed.join("checkpoint-2").exists(),
+            "a checkpoint appeared half-written"
+        );
+        let newest = treetrain::train::latest_checkpoint(&killed).unwrap();
+        assert_eq!(newest, Some(killed.join("checkpoint-1")));
+        let c = killed.join("checkpoint-1");
+        let args = [
+            "sft",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--resume-from",
+            c.to_str().unwrap(),
+        ];
+        ok(&run_bounded(launch(2, &args), LIMIT));
+        let last = whole.join("checkpoint-3");
+        for file in optimizer_files(&last)
+            .iter()
+            .map(String::as_str)
+            .chain(["model.safetensors"])
+        {
+            let a = std::fs::read(last.join(file)).unwrap();
+            let b = std::fs::read(killed.join("checkpoint-3").join(file)).unwrap();
+            assert!(a == b, "{file} of the run resumed after rank {rank} was killed differs");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `cfg` on 2 ranks and SIGKILLs `rank` while `checkpoint-2` is being written (rank 0
+/// once the temporary folder appears, another rank once its shard file does); the launcher
+/// must fail naming the rank.
+fn kill_while_writing(cfg: &Path, out: &Path, rank: usize) {
+    let mut l = launch(2, &["sft", "--config", cfg.to_str().unwrap()]);
     let mut launcher = Workers(vec![l.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()]);
-    // The writer's temporary folder is `.checkpoint-2.<pid>.tmp`.
     let started = Instant::now();
-    let writer: u32 = loop {
-        let entries = std::fs::read_dir(&killed).into_iter().flatten().flatten();
+    // The temporary folder is `.checkpoint-2.<pid of rank 0>.tmp`.
+    let (tmp, rank0) = loop {
+        let entries = std::fs::read_dir(out).into_iter().flatten().flatten();
         let name = entries
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .find(|n| n.starts_with(".checkpoint-2.") && n.ends_with(".tmp"));
         if let Some(n) = name {
-            break n.split('.').nth(2).unwrap().parse().unwrap();
+            let pid: u32 = n.split('.').nth(2).unwrap().parse().unwrap();
+            break (out.join(n), pid);
         }
         assert!(started.elapsed() < LIMIT, "checkpoint-2 was never written");
         std::thread::sleep(Duration::from_millis(1));
     };
+    let victim = match rank {
+        0 => rank0,
+        _ => {
+            while !tmp.join(format!("optimizer.shard-{rank}-of-2.safetensors")).exists() {
+                assert!(started.elapsed() < LIMIT, "rank {rank} never wrote its shard");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let workers = children(launcher.0[0].id());
+            *workers.iter().find(|&&p| p != rank0).expect("the other worker")
+        }
+    };
     // SAFETY: signalling a worker of the launcher this test started.
     unsafe {
-        libc::kill(writer as i32, libc::SIGKILL);
+        libc::kill(victim as i32, libc::SIGKILL);
     }
-    let (status, err) = exit_within(&mut launcher.0[0], "launch after its writer was killed");
+    let (status, err) = exit_within(&mut launcher.0[0], "launch after a rank was killed");
     assert!(!status.success(), "{err}");
     assert!(
-        err.contains(&format!("rank 0 (pid {writer}) was killed by signal 9")),
+        err.contains(&format!("rank {rank} (pid {victim}) was killed by signal 9")),
         "{err}"
     );
-    assert!(
-        !killed.join("checkpoint-2").exists(),
-        "a checkpoint appeared half-written"
-    );
-    let newest = treetrain::train::latest_checkpoint(&killed).unwrap();
-    assert_eq!(newest, Some(killed.join("checkpoint-1")));
-    let c = killed.join("checkpoint-1");
-    ok(&run_bounded(
-        launch(
-            2,
-            &[
-                "sft",
-                "--config",
-                cfg_killed.to_str().unwrap(),
-                "--resume-from",
-                c.to_str().unwrap(),
-            ],
-        ),
-        LIMIT,
-    ));
-    for file in ["model.safetensors", "optimizer.safetensors"] {
-        let a = std::fs::read(whole.join("checkpoint-3").join(file)).unwrap();
-        let b = std::fs::read(killed.join("checkpoint-3").join(file)).unwrap();
-        assert!(a == b, "{file} of the resumed run differs");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Waits for `child` to exit (well within the runs' 60 s timeout, else it hangs); its status

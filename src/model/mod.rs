@@ -79,5 +79,5 @@ pub use sdpa::{AttentionCall, SdpaKernel, sdpa_kernels};
 pub use seeded::SEED_FILE;
 pub use special::SpecialTokens;
 pub use truncation::Truncation;
-pub(crate) use weights::load_into;
 pub use weights::{all_finite, weight_files, weights_fingerprint, write_safetensors};
+pub(crate) use weights::{load_into, write_json};

@@ -23,6 +23,18 @@ pub enum ParamUnit {
     Layer(usize),
 }
 
+impl ParamUnit {
+    /// The unit a parameter of this `state_dict` name belongs to: `...layers.<i>....` is
+    /// layer `i`, anything else the root.
+    pub fn of(name: &str) -> Self {
+        let layer = name
+            .split_once("layers.")
+            .and_then(|(_, rest)| rest.split('.').next())
+            .and_then(|i| i.parse().ok());
+        layer.map_or(ParamUnit::Root, ParamUnit::Layer)
+    }
+}
+
 /// What a pass does, for [`CausalLm::idle_pass`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pass {
@@ -93,6 +105,11 @@ impl CausalLm {
     /// `unit`'s gradients handed to their owners (nothing unsharded).
     pub(crate) fn reduce(&self, unit: ParamUnit) -> Result<(), ModelError> {
         self.residency.as_ref().map_or(Ok(()), |r| r.reduce(unit))
+    }
+
+    /// Every gathered unit freed, the root included (nothing unsharded).
+    pub(crate) fn release_all(&self) -> Result<(), ModelError> {
+        self.residency.as_ref().map_or(Ok(()), |r| r.release_all())
     }
 
     /// `f` with every parameter whole (generation, saving, a weight copy); under `full_shard`

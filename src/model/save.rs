@@ -1,12 +1,13 @@
 //! Saving a model as a folder transformers loads unchanged, written atomically: a temporary
 //! sibling renamed into place, never over the user's files.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 use super::weights::{write_json, write_safetensors};
-use super::{Model, ModelError};
+use super::{Model, ModelError, ParamUnit, SafetensorsOut, all_finite};
 
 /// The `torch_dtype` name of a parameter kind (`float32`, `bfloat16`, `float16`).
 pub fn kind_name(kind: Kind) -> &'static str {
@@ -153,6 +154,13 @@ impl Model {
 
     fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
         self.check_finite()?;
+        self.write_config_files(dir, tokenizer_from)?;
+        write_safetensors(&dir.join("model.safetensors"), &self.vs.variables(), self.kind())
+    }
+
+    /// `config.json` and `generation_config.json` (the weights' dtype), and the tokenizer files
+    /// of `tokenizer_from` when given: a model folder but its weights.
+    pub(crate) fn write_config_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
         let kind = self.kind();
         let mut cfg = self.hf_config.clone();
         if cfg.dtype.is_some() || cfg.torch_dtype.is_none() {
@@ -187,11 +195,67 @@ impl Model {
             generation.insert("pad_token_id".into(), p.into());
         }
         json(&serde_json::Value::Object(generation), "generation_config.json")?;
-        let tensors = self.vs.variables();
-        write_safetensors(&dir.join("model.safetensors"), &tensors, kind)?;
         match tokenizer_from {
             Some(src) => Ok(crate::tokenizer::copy_tokenizer_files(src, dir)?),
             None => Ok(()),
         }
     }
+
+    /// `model.safetensors` of a model whose parameters are sharded (`full_shard`), a
+    /// collective: every rank calls it, and the rank given a `file` writes. One unit at a time
+    /// is gathered, written and freed, in the model's order, so no process holds more of the
+    /// model whole than the root and one layer, and the file is written as the units come. A
+    /// failure to write (a non-finite weight, the disk) stops the writing, never the gathers
+    /// the other ranks wait on. Unsharded, the writing rank writes and the others do nothing.
+    pub(crate) fn write_weights_by_unit(&self, file: Option<&Path>) -> Result<(), ModelError> {
+        let vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        let mut units: BTreeMap<(bool, usize), Vec<&String>> = BTreeMap::new();
+        for name in vars.keys() {
+            let key = match ParamUnit::of(name) {
+                ParamUnit::Root => (false, 0),
+                ParamUnit::Layer(i) => (true, i),
+            };
+            units.entry(key).or_default().push(name);
+        }
+        let entries = units
+            .values()
+            .flatten()
+            .map(|n| ((*n).clone(), vars[*n].size()))
+            .collect();
+        let mut out = file
+            .map(|f| SafetensorsOut::create(f, entries, self.kind(), &[]))
+            .transpose();
+        for (&(layer, i), names) in &units {
+            let unit = if layer { ParamUnit::Layer(i) } else { ParamUnit::Root };
+            self.lm.gather(unit)?;
+            if let Ok(Some(writer)) = &mut out
+                && let Err(e) = write_checked(writer, names, &vars)
+            {
+                out = Err(e);
+            }
+            if layer {
+                self.lm.release(unit)?;
+            }
+        }
+        self.lm.release_all()?;
+        out?.map_or(Ok(()), SafetensorsOut::finish)
+    }
+}
+
+/// Writes `names` of `vars`, each refused when not finite.
+fn write_checked(
+    out: &mut SafetensorsOut,
+    names: &[&String],
+    vars: &BTreeMap<String, Tensor>,
+) -> Result<(), ModelError> {
+    for name in names {
+        if !all_finite(&vars[*name])? {
+            return Err(ModelError::NonFinite {
+                name: (*name).clone(),
+                place: "to be written".into(),
+            });
+        }
+        out.write(&vars[*name])?;
+    }
+    Ok(())
 }

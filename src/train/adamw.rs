@@ -1,20 +1,19 @@
 //! AdamW over tch tensors, written out so its state can be saved and restored exactly (tch's C++
 //! optimizers cannot export theirs), with weight-decay groups and gradient-norm clipping.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Kind, Tensor, nn};
 
 use super::distributed::{DistError, HeldState, World};
 use super::sharding::{FullShard, ShardedState};
-use crate::model::{ModelError, write_safetensors};
+use crate::model::ModelError;
 
-/// Where [`AdamW::save`] writes the moments (and master weights).
-pub(crate) const MOMENTS_FILE: &str = "optimizer.safetensors";
-/// Where [`AdamW::save`] writes the step and hyper-parameters.
-pub(crate) const STEP_FILE: &str = "optimizer.json";
+mod files;
+
+pub use files::OptimizerSnapshot;
+pub(crate) use files::{MOMENTS_FILE, STEP_FILE, moment_from};
 
 /// `|g|^2`, accumulated in f64: libtorch's f32 `norm` of a CPU tensor of millions of elements
 /// is off in the fifth digit, enough to tell one process from N ranks apart.
@@ -133,29 +132,6 @@ pub struct AdamW {
     /// (the three maps above are then empty).
     /// Shared with the model's residency under `full_shard`.
     sharded: Option<Arc<Mutex<ShardedState>>>,
-}
-
-/// The optimizer state as `optimizer.safetensors` and `optimizer.json` hold it.
-pub struct OptimizerSnapshot {
-    step: u64,
-    config: AdamWConfig,
-    pub(crate) tensors: Vec<(String, Tensor)>,
-}
-
-impl OptimizerSnapshot {
-    /// Writes `optimizer.safetensors` (the tensors) and `optimizer.json` (the step and
-    /// hyper-parameters) into `dir`.
-    pub fn write(&self, dir: &Path) -> Result<(), ModelError> {
-        let tensors: HashMap<String, Tensor> = self
-            .tensors
-            .iter()
-            .map(|(k, t)| (k.clone(), t.shallow_clone()))
-            .collect();
-        write_safetensors(&dir.join(MOMENTS_FILE), &tensors, Kind::Float)?;
-        let meta = serde_json::json!({"step": self.step, "config": self.config});
-        let path = dir.join(STEP_FILE);
-        std::fs::write(&path, meta.to_string()).map_err(|e| ModelError::io(&path, e))
-    }
 }
 
 impl AdamW {
@@ -287,20 +263,6 @@ impl AdamW {
             }
             None => self.step(lr),
         }
-    }
-
-    /// The state as a checkpoint holds it, whole: sharded state is all-gathered, so every
-    /// rank calls this.
-    pub fn snapshot(&self, world: &World) -> Result<OptimizerSnapshot, ModelError> {
-        let tensors = match self.sharded() {
-            Some(s) => s.gather_named(world)?,
-            None => self.state_tensors(),
-        };
-        Ok(OptimizerSnapshot {
-            step: self.step,
-            config: self.config,
-            tensors,
-        })
     }
 
     /// The fp32 master weight of a half-precision parameter, by name (mixed precision).
@@ -450,99 +412,5 @@ impl AdamW {
             Some(mut s) => s.discard_grads(),
             None => clear_grads(self.params.values()),
         }
-    }
-
-    /// Writes the state (`optimizer.safetensors` with `exp_avg.<name>` / `exp_avg_sq.<name>`
-    /// and, in mixed precision, `master.<name>`; `optimizer.json` with the step and
-    /// hyper-parameters) into `dir`. A sharded state is written from its
-    /// [`AdamW::snapshot`], which every rank takes.
-    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
-        self.snapshot(&World::single())?.write(dir)
-    }
-
-    /// Restores a state written by [`AdamW::save`]. Every moment must be present, fp32, in its
-    /// parameter's shape and finite, and the file must hold no tensor of another parameter:
-    /// errors name the file and the tensor.
-    pub fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
-        let path = dir.join(STEP_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-        let json = |message: String| ModelError::Json {
-            path: path.clone(),
-            message,
-        };
-        let meta: serde_json::Value = serde_json::from_str(&text).map_err(|e| json(e.to_string()))?;
-        self.step = meta["step"]
-            .as_u64()
-            .ok_or_else(|| json(format!("`step` is {}; must be a whole number of updates", meta["step"])))?;
-        let file = dir.join(MOMENTS_FILE);
-        let bytes = std::fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
-        let bad = |message: String| ModelError::Safetensors {
-            file: file.clone(),
-            message,
-        };
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let mut read = BTreeMap::new();
-        for (key, shape) in self.named_shapes() {
-            let view = st.tensor(&key).map_err(|_| ModelError::MissingTensor {
-                name: key.clone(),
-                dir: dir.into(),
-                files: MOMENTS_FILE.into(),
-            })?;
-            let src = moment_from(&view, &key, &shape).map_err(bad)?;
-            read.insert(key, src);
-        }
-        if let Some(extra) = st.names().into_iter().find(|n| !read.contains_key(*n)) {
-            return Err(bad(format!(
-                "holds `{extra}`, a state of no parameter this run trains (a checkpoint of another model or adapter?)"
-            )));
-        }
-        if let Some(mut s) = self.sharded() {
-            return s.load_named(&read);
-        }
-        // The parameters are the master weights rounded (as the checkpoint's weights already
-        // are; this keeps them consistent whatever wrote the weights).
-        tch::no_grad(|| -> Result<(), ModelError> {
-            for (key, src) in &read {
-                let (prefix, name) = key.split_once('.').unwrap_or_default();
-                let map = match prefix {
-                    "exp_avg" => &self.exp_avg,
-                    "exp_avg_sq" => &self.exp_avg_sq,
-                    _ => &self.master,
-                };
-                map[name].shallow_clone().f_copy_(src)?;
-                if prefix == "master" {
-                    self.params[name].shallow_clone().f_copy_(src)?;
-                }
-            }
-            Ok(())
-        })?;
-        Ok(())
-    }
-
-    /// Every state tensor's name in `optimizer.safetensors` and its shape.
-    fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        match self.sharded() {
-            Some(s) => s.named_shapes(),
-            None => self.state_tensors().into_iter().map(|(k, t)| (k, t.size())).collect(),
-        }
-    }
-}
-
-/// A stored optimizer tensor as fp32 in `shape`, refusing another dtype or shape and
-/// non-finite values (what a corrupt or foreign file holds).
-fn moment_from(view: &safetensors::tensor::TensorView<'_>, key: &str, shape: &[i64]) -> Result<Tensor, String> {
-    if view.dtype() != safetensors::Dtype::F32 {
-        return Err(format!("`{key}` is {:?}; optimizer state is F32", view.dtype()));
-    }
-    let stored: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-    if stored != shape {
-        return Err(format!("`{key}` has shape {stored:?}; its parameter has {shape:?}"));
-    }
-    let t = Tensor::f_from_data_size(view.data(), shape, Kind::Float).map_err(|e| format!("`{key}`: {e}"))?;
-    match crate::model::all_finite(&t) {
-        Ok(true) if !key.starts_with("exp_avg_sq.") || t.numel() == 0 || t.min().double_value(&[]) >= 0.0 => Ok(t),
-        Ok(true) => Err(format!("`{key}` holds negative values (second moments are squares)")),
-        Ok(false) => Err(format!("`{key}` holds NaN or infinite values")),
-        Err(e) => Err(format!("`{key}`: {e}")),
     }
 }

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AdamW, OptimizerSnapshot, TrainError};
-use crate::model::Model;
+use super::TrainError;
+use super::distributed::World;
 
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
 /// place, so a crash never leaves a half-written checkpoint under the real name. The temporary
@@ -13,69 +13,109 @@ pub fn save_atomically(
     step: u64,
     write: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<PathBuf, TrainError> {
-    let dir = out.join(format!("checkpoint-{step}"));
-    let tmp = out.join(format!(".checkpoint-{step}.{}.tmp", std::process::id()));
-    let fail = |message: String| TrainError::Checkpoint {
-        path: dir.clone(),
-        message,
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
-    if let Err(e) = write(&tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(fail(e));
+    let world = World::single();
+    let staged = Staged::new(out, step, &world)?;
+    let written = write(staged.path()).map_err(|message| staged.error(message));
+    staged.commit(&world, written, |_| Ok(()))
+}
+
+/// A checkpoint folder every rank of a run writes its part into: `out/.checkpoint-<step>.<pid
+/// of rank 0>.tmp`, renamed to `out/checkpoint-<step>` by rank 0 once every rank has said its
+/// part is written. Until the rename nothing under the real name exists, so a rank killed at
+/// any moment leaves the previous checkpoint the newest complete one. Sharded runs need
+/// `output_dir` on a filesystem every rank sees.
+pub(crate) struct Staged {
+    dir: PathBuf,
+    tmp: PathBuf,
+}
+
+impl Staged {
+    /// Every rank: the folder, made by rank 0 (a collective).
+    pub(crate) fn new(out: &Path, step: u64, world: &World) -> Result<Self, TrainError> {
+        let mut pid = [if world.is_main() {
+            std::process::id() as f64
+        } else {
+            0.0
+        }];
+        world.sum(&mut pid)?;
+        let staged = Staged {
+            dir: out.join(format!("checkpoint-{step}")),
+            tmp: out.join(format!(".checkpoint-{step}.{}.tmp", pid[0] as u32)),
+        };
+        let made = match world.is_main() {
+            true => {
+                let _ = std::fs::remove_dir_all(&staged.tmp);
+                std::fs::create_dir_all(&staged.tmp).map_err(|e| staged.error(format!("{}: {e}", staged.tmp.display())))
+            }
+            false => Ok(()),
+        };
+        staged.agree(world, made)?;
+        Ok(staged)
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(|e| fail(e.to_string()))?;
-    Ok(dir)
+
+    /// Where the ranks write.
+    pub(crate) fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// A checkpoint error of this folder.
+    pub(crate) fn error(&self, message: String) -> TrainError {
+        TrainError::Checkpoint {
+            path: self.dir.clone(),
+            message,
+        }
+    }
+
+    /// Every rank, with how its part went: once every rank's is written, rank 0 runs `seal`
+    /// (the last file, naming the others) and renames the folder into place. A failure of any
+    /// rank removes the folder and is every rank's error, naming the rank.
+    pub(crate) fn commit(
+        self,
+        world: &World,
+        mine: Result<(), TrainError>,
+        seal: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<PathBuf, TrainError> {
+        self.agree(world, mine)?;
+        let sealed = match world.is_main() {
+            true => seal(&self.tmp).map_err(|m| self.error(m)).and_then(|()| {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                std::fs::rename(&self.tmp, &self.dir).map_err(|e| self.error(e.to_string()))
+            }),
+            false => Ok(()),
+        };
+        self.agree(world, sealed)?;
+        Ok(self.dir)
+    }
+
+    /// Every rank learns whether every rank's `mine` succeeded; on a failure rank 0 removes
+    /// the temporary folder.
+    fn agree(&self, world: &World, mine: Result<(), TrainError>) -> Result<(), TrainError> {
+        let said = mine.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+        let all = world.all_gather_bytes(said.as_bytes())?;
+        let failed = all.iter().position(|m| !m.is_empty());
+        if failed.is_some() && world.is_main() {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+        mine?;
+        match failed {
+            Some(rank) => Err(self.error(format!(
+                "rank {rank} could not write its part: {}",
+                String::from_utf8_lossy(&all[rank])
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
-/// Writes `out/checkpoint-<step>/` atomically: the model as a Hugging Face folder, or its LoRA
-/// adapter as PEFT's folder (with the tokenizer files of `tokenizer_dir`), the optimizer state
-/// (unless `optimizer` is `None`: `save_only_model`), `trainer_state.json` and whatever
-/// `extra` writes into the folder (a trainer's own files).
-pub fn save_checkpoint(
-    out: &Path,
-    step: u64,
-    model: &Model,
-    tokenizer_dir: &Path,
-    optimizer: Option<&OptimizerSnapshot>,
-    state: &impl serde::Serialize,
-    extra: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<PathBuf, TrainError> {
-    save_atomically(out, step, |tmp| {
-        match &model.adapter {
-            // A LoRA run's checkpoint is the adapter in PEFT's format (plus the tokenizer): the
-            // base is the run's `model`.
-            Some(adapter) => adapter
-                .write_files(tmp)
-                .and_then(|_| Ok(crate::tokenizer::copy_tokenizer_files(tokenizer_dir, tmp)?)),
-            None => model.save(tmp, Some(tokenizer_dir)),
-        }
-        .map_err(|e| e.to_string())?;
-        if let Some(optimizer) = optimizer {
-            optimizer.write(tmp).map_err(|e| e.to_string())?;
-        }
-        let state = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
-        std::fs::write(tmp.join(STATE_FILE), state).map_err(|e| e.to_string())?;
-        extra(tmp)
-    })
-}
-
-/// Restores `optimizer` from a folder written by [`save_checkpoint`] and returns the trainer
-/// state saved with it.
-pub fn load_checkpoint<T: serde::de::DeserializeOwned>(
-    checkpoint: &Path,
-    optimizer: &mut AdamW,
-) -> Result<T, TrainError> {
-    let fail = |message: String| TrainError::Checkpoint {
-        path: checkpoint.into(),
-        message,
-    };
-    optimizer.load(checkpoint).map_err(|e| fail(e.to_string()))?;
+/// Reads the trainer state `trainer_state.json` of a checkpoint folder.
+pub(crate) fn read_state(checkpoint: &Path) -> Result<serde_json::Value, TrainError> {
     let path = checkpoint.join(STATE_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| fail(format!("{}: {e}", path.display())))
+    let fail = |e: String| TrainError::Checkpoint {
+        path: checkpoint.into(),
+        message: format!("{}: {e}", path.display()),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| fail(e.to_string()))
 }
 
 pub(crate) const STATE_FILE: &str = "trainer_state.json";

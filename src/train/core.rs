@@ -171,8 +171,8 @@ impl TrainCore {
     /// Writes `output_dir/checkpoint-<step>/` atomically: the model as a Hugging Face folder
     /// (with the tokenizer files), the optimizer state (not with `save_only_model`) and `state`
     /// with the run's world size and log folder; then deletes checkpoints beyond
-    /// `save_total_limit`. Rank 0 writes (every rank holds the same weights); the others wait
-    /// until it is written.
+    /// `save_total_limit`. Every rank calls it: rank 0 writes the model and the state; a
+    /// sharded optimizer's ranks each write their shard, and rank 0 the manifest last.
     pub fn save_checkpoint(
         &self,
         config: &TrainConfig,
@@ -195,37 +195,68 @@ impl TrainCore {
             .output_dir
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
-        // A sharded optimizer's state is gathered by every rank, then written by rank 0.
-        let optimizer = match config.save_only_model {
-            true => None,
-            false => Some(self.optim.adamw.snapshot(&self.world)?),
-        };
-        // Under `full_shard` every rank gathers the weights (one unit at a time, into the
-        // parameters: no second copy) for rank 0 to write them.
-        let written = self.model.lm.with_whole_weights(|| match self.world.is_main() {
-            true => self.write_checkpoint(config, out, step, (state, optimizer.as_ref()), extra),
-            false => Ok(out.join(format!("checkpoint-{step}"))),
-        });
-        // A failure on rank 0 must not leave the others waiting for a checkpoint: they see it
-        // as the peer gone, within the timeout.
-        let dir = written?;
-        self.world.barrier()?;
+        let staged = checkpoint::Staged::new(out, step, &self.world)?;
+        // The model first: under `full_shard` its writing gathers unit by unit, collectives
+        // every rank makes whatever else fails.
+        let mut mine = self.write_model(staged.path());
+        if mine.is_ok() && !config.save_only_model {
+            mine = Ok(self.optim.adamw.write_state(staged.path(), &self.world)?);
+        }
+        if mine.is_ok() && self.world.is_main() {
+            mine = self
+                .write_state(staged.path(), (config, state), extra)
+                .map_err(|m| staged.error(m));
+        }
+        let adamw = &self.optim.adamw;
+        let dir = staged.commit(&self.world, mine, |tmp| {
+            adamw.write_manifest(tmp).map_err(|e| e.to_string())
+        })?;
+        if let (Some(limit), true) = (config.save_total_limit, self.world.is_main()) {
+            let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            resume::rotate(out, limit, &keep)?;
+        }
         Ok(dir)
     }
 
-    /// Rank 0's part of [`TrainCore::save_checkpoint`].
-    fn write_checkpoint(
+    /// The model into the checkpoint folder `dir`: rank 0 writes a Hugging Face folder (or a
+    /// LoRA run's adapter as PEFT's folder) with the tokenizer files; a sharded model's ranks
+    /// take part in gathering it.
+    fn write_model(&self, dir: &Path) -> Result<(), TrainError> {
+        let main = self.world.is_main();
+        let tokenizer = &self.tokenizer.dir;
+        match &self.model.adapter {
+            // A LoRA run's checkpoint is the adapter in PEFT's format: the base is the run's
+            // `model`. The adapter is small; it is gathered whole.
+            Some(adapter) => self.model.lm.with_whole_weights(|| match main {
+                true => {
+                    adapter.write_files(dir)?;
+                    Ok(crate::tokenizer::copy_tokenizer_files(tokenizer, dir)?)
+                }
+                false => Ok(()),
+            }),
+            None => {
+                let file = dir.join("model.safetensors");
+                self.model.write_weights_by_unit(main.then_some(file.as_path()))?;
+                match main {
+                    true => Ok(self.model.write_config_files(dir, Some(tokenizer))?),
+                    false => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Rank 0's `trainer_state.json` (`state` with the run's world size, LoRA dropout draws,
+    /// log folder and base fingerprint) and the trainer's own files.
+    fn write_state(
         &self,
-        config: &TrainConfig,
-        out: &Path,
-        step: u64,
-        (state, optimizer): (&impl serde::Serialize, Option<&super::OptimizerSnapshot>),
+        dir: &Path,
+        (config, state): (&TrainConfig, &impl serde::Serialize),
         extra: impl FnOnce(&Path) -> Result<(), String>,
-    ) -> Result<PathBuf, TrainError> {
-        let mut value = serde_json::to_value(state).map_err(|e| TrainError::Checkpoint {
-            path: out.into(),
-            message: e.to_string(),
-        })?;
+    ) -> Result<(), String> {
+        let mut value = serde_json::to_value(state).map_err(|e| e.to_string())?;
         value[WORLD_SIZE_KEY] = self.world.size.into();
         if let Some(adapter) = &self.model.adapter {
             value[DROPOUT_DRAWS_KEY] = adapter.dropout_draws().into();
@@ -236,15 +267,9 @@ impl TrainCore {
         if let Some(base) = &self.base_fingerprint {
             value[BASE_MODEL_KEY] = serde_json::json!({"model": config.model, "fingerprint": base});
         }
-        let dir = checkpoint::save_checkpoint(out, step, &self.model, &self.tokenizer.dir, optimizer, &value, extra)?;
-        if let Some(limit) = config.save_total_limit {
-            let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
-                .into_iter()
-                .flatten()
-                .collect();
-            resume::rotate(out, limit, &keep)?;
-        }
-        Ok(dir)
+        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join(checkpoint::STATE_FILE), text).map_err(|e| e.to_string())?;
+        extra(dir)
     }
 
     /// Restores the optimizer and the state saved in `checkpoint` for a run of `total_steps`
@@ -279,7 +304,7 @@ impl TrainCore {
         if checkpoint.join(checkpoint::STATE_FILE).is_file() && !resume::resumable(checkpoint) {
             return Err(resume::not_resumable(checkpoint));
         }
-        let value: serde_json::Value = checkpoint::load_checkpoint(checkpoint, &mut self.optim.adamw)?;
+        let value = checkpoint::read_state(checkpoint)?;
         let saved = match value.get(WORLD_SIZE_KEY) {
             None => 1,
             Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
@@ -289,16 +314,19 @@ impl TrainCore {
                 ))
             })? as usize,
         };
-        let step = check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
         if let Some(base) = &self.base_fingerprint {
             check_base(&value, base).map_err(fail)?;
         }
+        // Checked before the optimizer's files are read: their state would re-shard, but the
+        // run's batches would not be the same.
         if saved != self.world.size {
             return Err(fail(format!(
                 "written by a run of {saved} process(es), resumed with {}: the global batch (per-process batch x processes) and the data position would change; resume with {saved} process(es)",
                 self.world.size
             )));
         }
+        self.optim.adamw.load(checkpoint).map_err(|e| fail(e.to_string()))?;
+        let step = check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
         if let (Some(adapter), Some(draws)) = (&self.model.adapter, value.get(DROPOUT_DRAWS_KEY)) {
             adapter.set_dropout_draws(draws.as_u64().unwrap_or(0));
         }

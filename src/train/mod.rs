@@ -24,7 +24,7 @@ mod trainer;
 
 pub use crate::run_state;
 pub use adamw::{AdamW, AdamWConfig, OptimizerSnapshot, decays, zero_grads};
-pub use checkpoint::{load_checkpoint, save_atomically, save_checkpoint};
+pub use checkpoint::save_atomically;
 pub use config::{NanPolicy, TrainConfig};
 pub use core::TrainCore;
 pub use error::TrainError;

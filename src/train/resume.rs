@@ -100,15 +100,13 @@ pub fn checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
     found
 }
 
-/// Whether `dir` holds what a resume needs (a `save_only_model` checkpoint does not).
+/// Whether `dir` holds what a resume needs (a `save_only_model` checkpoint does not): the
+/// state, `optimizer.json`, and the whole optimizer state or a sharded one's manifest.
 pub(crate) fn resumable(dir: &Path) -> bool {
-    [
-        super::checkpoint::STATE_FILE,
-        super::adamw::STEP_FILE,
-        super::adamw::MOMENTS_FILE,
-    ]
-    .iter()
-    .all(|f| dir.join(f).is_file())
+    let has = |f: &str| dir.join(f).is_file();
+    has(super::checkpoint::STATE_FILE)
+        && has(super::adamw::STEP_FILE)
+        && (has(super::adamw::MOMENTS_FILE) || has(super::sharding::MANIFEST_FILE))
 }
 
 /// The newest resumable checkpoint of `out`. Checkpoint folders only ever appear whole (they

@@ -12,9 +12,11 @@
 //! N ranks agree up to the summation order of the gradients. `full_shard` (module `full`)
 //! shards the parameters too, on the same units and state.
 
+mod files;
 mod full;
 mod settings;
 
+pub(crate) use files::{MANIFEST_FILE, Manifest};
 pub(crate) use full::FullShard;
 pub use settings::{BackwardPrefetch, Fsdp, FsdpConfig};
 
@@ -24,7 +26,7 @@ use tch::{Kind, Tensor};
 
 use super::adamw::{AdamWConfig, adam_update, decays, squared_norm};
 use super::distributed::{DistError, Flat, Pending, World};
-use crate::model::ModelError;
+use crate::model::{ModelError, ParamUnit};
 
 unsafe extern "C" {
     /// c10d_shim.cpp: resets the tensor's gradient to undefined.
@@ -85,14 +87,10 @@ pub(crate) struct ShardedState {
 /// The unit a parameter belongs to: `(0, 0)` the embeddings, `(1, i)` decoder layer `i`,
 /// `(2, 0)` the rest, so units run in the model's order.
 fn unit_key(name: &str) -> (u8, usize) {
-    let layer = name
-        .split_once("layers.")
-        .and_then(|(_, rest)| rest.split('.').next())
-        .and_then(|i| i.parse().ok());
-    match layer {
-        Some(i) => (1, i),
-        None if name.contains("embed_tokens") => (0, 0),
-        None => (2, 0),
+    match ParamUnit::of(name) {
+        ParamUnit::Layer(i) => (1, i),
+        ParamUnit::Root if name.contains("embed_tokens") => (0, 0),
+        ParamUnit::Root => (2, 0),
     }
 }
 
@@ -395,30 +393,8 @@ impl ShardedState {
         split(unit, &whole)
     }
 
-    /// The whole state by its `optimizer.safetensors` names, as the replicated optimizer writes
-    /// it (`exp_avg.<name>`, `exp_avg_sq.<name>`, `master.<name>` for parameters that are not
-    /// fp32), all-gathered one unit at a time: a collective every rank calls.
-    pub(crate) fn gather_named(&self, world: &World) -> Result<Vec<(String, Tensor)>, ModelError> {
-        let mut out = Vec::new();
-        for (u, unit) in self.units.iter().enumerate() {
-            let kinds = [
-                ("exp_avg", Some(&self.exp_avg[u])),
-                ("exp_avg_sq", Some(&self.exp_avg_sq[u])),
-                ("master", self.master[u].as_ref()),
-            ];
-            for (prefix, shard) in kinds.into_iter().filter_map(|(p, s)| Some((p, s?))) {
-                let pieces = self.gather_pieces(unit, shard, world)?;
-                for ((name, p), piece) in unit.names.iter().zip(&unit.params).zip(pieces) {
-                    if stored(prefix, p) {
-                        out.push((format!("{prefix}.{name}"), piece));
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The names and whole shapes [`ShardedState::gather_named`] writes.
+    /// The whole state's names in `optimizer.safetensors` (`exp_avg.<name>`, `exp_avg_sq.<name>`,
+    /// `master.<name>` of parameters that are not fp32) and their shapes.
     pub(crate) fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
         let mut out = Vec::new();
         for prefix in ["exp_avg", "exp_avg_sq", "master"] {
@@ -552,13 +528,15 @@ mod tests {
         }
     }
 
-    /// Two ranks (threads on a file store) step the sharded state; one replicated optimizer
-    /// steps on the sum of their gradients: the same norms, the same parameters, and the
-    /// gathered state equals the replicated one.
+    /// Two ranks (threads on a file store) step the sharded state and write it rank by rank;
+    /// one replicated optimizer steps on the sum of their gradients: the same norms, the same
+    /// parameters; the state read back by a replicated optimizer (assembled from both files)
+    /// equals the replicated one, and each rank of a new sharded run reads its own file back.
     #[test]
     fn sharded_steps_equal_the_replicated_update() {
         let dir = std::env::temp_dir().join(format!("treetrain-shard-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = dir.join("checkpoint");
+        std::fs::create_dir_all(&ckpt).unwrap();
         let store = dir.join("store");
         let _ = std::fs::remove_file(&store);
         let config = AdamWConfig {
@@ -566,21 +544,35 @@ mod tests {
             ..AdamWConfig::default()
         };
         let run = |rank: usize| {
-            let store = store.clone();
+            let (store, ckpt) = (store.clone(), ckpt.clone());
             std::thread::spawn(move || {
                 let world = World::with_file_store(&store, rank, 2, Duration::from_secs(30)).unwrap();
                 let world = std::sync::Arc::new(world);
+                let sharded = |vs: &nn::VarStore| {
+                    variables(vs, rank);
+                    let mut adamw = AdamW::new(vs, config);
+                    adamw.shard(&world, None).unwrap();
+                    adamw
+                };
                 let vs = nn::VarStore::new(tch::Device::Cpu);
-                variables(&vs, rank);
-                let mut adamw = AdamW::new(&vs, config);
-                adamw.shard(&world, None).unwrap();
+                let mut adamw = sharded(&vs);
                 adamw.reduce_grads(&world).unwrap();
                 let norm = adamw.clip_in(Some(1.0), &world).unwrap();
                 adamw.step_in(1e-2, &world).unwrap();
-                let snapshot = adamw.snapshot(&world).unwrap();
-                let state: BTreeMap<String, Tensor> = snapshot.tensors.into_iter().collect();
+                adamw.write_state(&ckpt, &world).unwrap();
+                world.barrier().unwrap();
+                if rank == 0 {
+                    adamw.write_manifest(&ckpt).unwrap();
+                }
+                world.barrier().unwrap();
+                let mut again = sharded(&nn::VarStore::new(tch::Device::Cpu));
+                again.load(&ckpt).unwrap();
+                assert_eq!(again.step, 1);
+                for ((k, a), (_, b)) in adamw.state_tensors().iter().zip(again.state_tensors()) {
+                    assert!(a.equal(&b), "rank {rank} read its {k} back changed");
+                }
                 let params: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
-                (norm, params, state)
+                (norm, params)
             })
         };
         let (a, b) = (run(0), run(1));
@@ -598,18 +590,24 @@ mod tests {
         let mut adamw = AdamW::new(&vs, config);
         let norm = adamw.clip_grad_norm(Some(1.0));
         adamw.step(1e-2).unwrap();
-        for (got_norm, params, state) in [a, b] {
+        for (got_norm, params) in [a, b] {
             assert!((got_norm - norm).abs() <= 1e-6 * norm, "{got_norm} vs {norm}");
             for (name, v) in vs.variables() {
                 let diff = (&params[&name] - &v).abs().max().double_value(&[]);
                 assert!(diff <= 1e-7, "{name}: {diff}");
             }
-            let want = adamw.state_tensors();
-            assert_eq!(state.len(), want.len());
-            for (key, t) in want {
-                let diff = (&state[&key] - t).abs().max().double_value(&[]);
-                assert!(diff <= 1e-7, "{key}: {diff}");
-            }
+        }
+        let fresh = nn::VarStore::new(tch::Device::Cpu);
+        variables(&fresh, 0);
+        let mut whole = AdamW::new(&fresh, config);
+        whole.load(&ckpt).unwrap();
+        assert_eq!(whole.step, 1);
+        let want = adamw.state_tensors();
+        let got: BTreeMap<String, Tensor> = whole.state_tensors().into_iter().collect();
+        assert_eq!(got.len(), want.len());
+        for (key, t) in want {
+            let diff = (&got[&key] - t).abs().max().double_value(&[]);
+            assert!(diff <= 1e-7, "{key}: {diff}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

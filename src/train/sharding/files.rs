@@ -1,0 +1,234 @@
+//! A sharded run's optimizer state in a checkpoint: each rank writes its own shards to
+//! `optimizer.shard-<rank>-of-<size>.safetensors` (`exp_avg.unit<i>`, `exp_avg_sq.unit<i>` and,
+//! where kept, `master.unit<i>`: fp32 `[shard]` each; under `full_shard` the master shard is the
+//! rank's parameter shard), and rank 0, once every file is there, the manifest
+//! `optimizer.shards.json`: the world size, each unit's parameters (name, shape) and shard
+//! length, and each file with its size. No process ever holds another rank's state.
+//!
+//! A run of the same world size and units reads its own file back; any other run (another
+//! `fsdp`, no sharding, other ranks) gets the whole tensors assembled from every file under the
+//! names `optimizer.safetensors` uses, and shards them its own way.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use super::ShardedState;
+use crate::model::{ModelError, SafetensorsOut};
+use crate::train::adamw::moment_from;
+
+/// The manifest's file name.
+pub(crate) const MANIFEST_FILE: &str = "optimizer.shards.json";
+
+/// What rank 0 writes last: how the state was cut and where each rank's part is.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    world_size: usize,
+    units: Vec<UnitLayout>,
+    files: Vec<ShardFile>,
+}
+
+/// One unit: its parameters in flattening order, and the elements of each rank's shard.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct UnitLayout {
+    params: Vec<(String, Vec<i64>)>,
+    shard: i64,
+}
+
+/// One rank's file and its size in bytes.
+#[derive(Debug, Serialize, Deserialize)]
+struct ShardFile {
+    rank: usize,
+    file: String,
+    bytes: u64,
+}
+
+/// The file name of rank `rank`'s shards of `size`.
+fn shard_file(rank: usize, size: usize) -> String {
+    format!("optimizer.shard-{rank}-of-{size}.safetensors")
+}
+
+const PREFIXES: [&str; 3] = ["exp_avg", "exp_avg_sq", "master"];
+
+impl ShardedState {
+    fn layout(&self) -> Vec<UnitLayout> {
+        let unit = |u: &super::Unit| UnitLayout {
+            params: u.names.iter().cloned().zip(u.params.iter().map(|p| p.size())).collect(),
+            shard: u.shard,
+        };
+        self.units.iter().map(unit).collect()
+    }
+
+    /// Writes this rank's shards into the checkpoint folder `dir`, a tensor at a time.
+    pub(crate) fn write_shard(&self, dir: &Path) -> Result<(), ModelError> {
+        let tensors = self.tensors();
+        let entries = tensors.iter().map(|(n, t)| (n.clone(), t.size())).collect();
+        let meta = [("rank", self.rank.to_string()), ("world_size", self.size.to_string())];
+        let path = dir.join(shard_file(self.rank, self.size));
+        let mut out = SafetensorsOut::create(&path, entries, Kind::Float, &meta)?;
+        for (_, t) in &tensors {
+            out.write(t)?;
+        }
+        out.finish()
+    }
+
+    /// Rank 0, once every rank has written its file into `dir`: the manifest naming them. A
+    /// file missing is an error naming its rank.
+    pub(crate) fn write_manifest(&self, dir: &Path) -> Result<(), ModelError> {
+        let mut files = Vec::new();
+        for rank in 0..self.size {
+            let file = shard_file(rank, self.size);
+            let path = dir.join(&file);
+            let bytes = std::fs::metadata(&path)
+                .map_err(|e| {
+                    let why = format!("rank {rank}'s shard: {e} (is output_dir on a filesystem every rank sees?)");
+                    ModelError::io(&path, std::io::Error::other(why))
+                })?
+                .len();
+            files.push(ShardFile { rank, file, bytes });
+        }
+        let manifest = Manifest {
+            world_size: self.size,
+            units: self.layout(),
+            files,
+        };
+        let value = serde_json::to_value(&manifest).map_err(|e| ModelError::Json {
+            path: dir.join(MANIFEST_FILE),
+            message: e.to_string(),
+        })?;
+        crate::model::write_json(&dir.join(MANIFEST_FILE), &value)
+    }
+
+    /// Whether this state is cut as the manifest's: then each rank reads its own file.
+    pub(crate) fn cut_as(&self, manifest: &Manifest) -> bool {
+        manifest.world_size == self.size && manifest.units == self.layout()
+    }
+
+    /// Reads this rank's file of a checkpoint cut as this state ([`ShardedState::cut_as`]).
+    /// A unit's master shard the file lacks (an fp32 run without sharded parameters) stays as
+    /// made from the checkpoint's weights.
+    pub(crate) fn load_own(&self, dir: &Path, manifest: &Manifest) -> Result<(), ModelError> {
+        let bytes = manifest.read_file(dir, self.rank)?;
+        let path = dir.join(shard_file(self.rank, self.size));
+        let st = open(&bytes, &path)?;
+        for (key, dst) in self.tensors() {
+            let Ok(view) = st.tensor(&key) else {
+                if key.starts_with("master.") {
+                    continue;
+                }
+                return Err(missing(&key, dir, &path));
+            };
+            let src = moment_from(&view, &key, &dst.size()).map_err(|m| bad(&path, m))?;
+            tch::no_grad(|| dst.shallow_clone().f_copy_(&src))?;
+        }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// The manifest of the checkpoint folder `dir`.
+    pub(crate) fn read(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path,
+            message: e.to_string(),
+        })
+    }
+
+    /// Rank `rank`'s file, checked against the size the manifest recorded.
+    fn read_file(&self, dir: &Path, rank: usize) -> Result<Vec<u8>, ModelError> {
+        let entry = self.files.iter().find(|f| f.rank == rank);
+        let name = entry.map_or_else(|| shard_file(rank, self.world_size), |f| f.file.clone());
+        let path = dir.join(&name);
+        let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
+        match entry {
+            Some(f) if f.bytes == bytes.len() as u64 => Ok(bytes),
+            Some(f) => Err(bad(
+                &path,
+                format!("is {} bytes; the manifest says {}", bytes.len(), f.bytes),
+            )),
+            None => Err(bad(&path, format!("rank {rank} is not in {MANIFEST_FILE}"))),
+        }
+    }
+
+    /// The whole state under `optimizer.safetensors`' names, assembled from every rank's file:
+    /// each of `wanted` (name, shape), checked as a whole file's tensors are. A parameter the
+    /// manifest holds but `wanted` does not is an error (another model's state); master
+    /// weights nobody wants (an fp32 run reading a `full_shard` one's) are skipped.
+    pub(crate) fn assemble(
+        &self,
+        dir: &Path,
+        wanted: &[(String, Vec<i64>)],
+    ) -> Result<BTreeMap<String, Tensor>, ModelError> {
+        let files = (0..self.world_size)
+            .map(|r| self.read_file(dir, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let path = dir.join(MANIFEST_FILE);
+        let shapes: BTreeMap<&str, &Vec<i64>> = wanted.iter().map(|(k, s)| (k.as_str(), s)).collect();
+        let mut out = BTreeMap::new();
+        for (u, unit) in self.units.iter().enumerate() {
+            for prefix in PREFIXES {
+                let Some(whole) = self.unit_whole(dir, &files, &format!("{prefix}.unit{u}"), unit.shard)? else {
+                    continue;
+                };
+                let mut at = 0;
+                for (name, shape) in &unit.params {
+                    let key = format!("{prefix}.{name}");
+                    let n: i64 = shape.iter().product();
+                    match shapes.get(key.as_str()) {
+                        Some(want) if *want != shape => {
+                            let m = format!("`{key}` has shape {shape:?}; its parameter has {want:?}");
+                            return Err(bad(&path, m));
+                        }
+                        Some(_) => drop(out.insert(key, whole.f_narrow(0, at, n)?.f_view(shape.as_slice())?)),
+                        None if prefix == "master" => {}
+                        None => {
+                            let m = format!("holds `{key}`, a state of no parameter this run trains");
+                            return Err(bad(&path, m));
+                        }
+                    }
+                    at += n;
+                }
+            }
+        }
+        match wanted.iter().find(|(k, _)| !out.contains_key(k)) {
+            Some((key, _)) => Err(missing(key, dir, &path)),
+            None => Ok(out),
+        }
+    }
+
+    /// One unit's `key` from every rank's file, concatenated (`None` when the files lack it).
+    fn unit_whole(&self, dir: &Path, files: &[Vec<u8>], key: &str, shard: i64) -> Result<Option<Tensor>, ModelError> {
+        let mut parts = Vec::new();
+        for (rank, bytes) in files.iter().enumerate() {
+            let path = dir.join(shard_file(rank, self.world_size));
+            let Ok(view) = open(bytes, &path)?.tensor(key) else {
+                return Ok(None);
+            };
+            parts.push(moment_from(&view, key, &[shard]).map_err(|m| bad(&path, m))?);
+        }
+        Ok(Some(Tensor::f_cat(&parts, 0)?))
+    }
+}
+
+fn open<'a>(bytes: &'a [u8], path: &Path) -> Result<safetensors::SafeTensors<'a>, ModelError> {
+    safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(path, e.to_string()))
+}
+
+fn bad(path: &Path, message: String) -> ModelError {
+    ModelError::Safetensors {
+        file: path.into(),
+        message,
+    }
+}
+
+fn missing(key: &str, dir: &Path, path: &Path) -> ModelError {
+    ModelError::MissingTensor {
+        name: key.into(),
+        dir: dir.into(),
+        files: path.file_name().unwrap_or_default().to_string_lossy().into(),
+    }
+}
