@@ -144,13 +144,6 @@ impl Reducing {
     }
 }
 
-/// Whether a checkpoint holds the state `prefix` (`exp_avg`, `exp_avg_sq`, `master`) of
-/// parameter `p`: the moments always, a master weight only for a half-precision parameter (as
-/// the replicated optimizer keeps them).
-fn stored(prefix: &str, p: &Tensor) -> bool {
-    prefix != "master" || p.kind() != Kind::Float
-}
-
 impl ShardedState {
     /// The shards of rank `rank` of `size` over `params` (by name; the same on every rank),
     /// master weights from `masters` where given (mixed precision), else the parameters.
@@ -391,68 +384,6 @@ impl ShardedState {
             .all_gather_into(shard, &whole)
             .map_err(|e| ModelError::Input(e.to_string()))?;
         split(unit, &whole)
-    }
-
-    /// The whole state's names in `optimizer.safetensors` (`exp_avg.<name>`, `exp_avg_sq.<name>`,
-    /// `master.<name>` of parameters that are not fp32) and their shapes.
-    pub(crate) fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let mut out = Vec::new();
-        for prefix in ["exp_avg", "exp_avg_sq", "master"] {
-            for unit in &self.units {
-                for (name, p) in unit.names.iter().zip(&unit.params) {
-                    if stored(prefix, p) {
-                        out.push((format!("{prefix}.{name}"), p.size()));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Takes this rank's shards from the whole tensors `named` (every name of
-    /// [`ShardedState::named_shapes`], checked by the caller); master weights of fp32
-    /// parameters come from the parameters, and half-precision parameters get their master
-    /// weights rounded (under `full_shard`, when next gathered).
-    pub(crate) fn load_named(&mut self, named: &BTreeMap<String, Tensor>) -> Result<(), ModelError> {
-        for u in 0..self.units.len() {
-            let unit = &self.units[u];
-            // `full_shard` keeps an fp32 unit's master shard from the loaded weights (its
-            // parameters hold no bytes now).
-            let own_master = self.full && unit.names.iter().all(|n| !named.contains_key(&format!("master.{n}")));
-            let prefixes: &[&str] = if own_master {
-                &["exp_avg", "exp_avg_sq"]
-            } else {
-                &["exp_avg", "exp_avg_sq", "master"]
-            };
-            let shards = prefixes
-                .iter()
-                .map(|prefix| {
-                    let pick = |name: &str, p: &Tensor| match named.get(&format!("{prefix}.{name}")) {
-                        Some(t) => t.f_to_kind(Kind::Float),
-                        None => p.f_to_kind(Kind::Float),
-                    };
-                    self.flat(unit, &pick)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            tch::no_grad(|| -> Result<(), ModelError> {
-                let dsts = [
-                    Some(&self.exp_avg[u]),
-                    Some(&self.exp_avg_sq[u]),
-                    self.master[u].as_ref(),
-                ];
-                for (dst, src) in dsts.into_iter().zip(&shards) {
-                    let Some(dst) = dst else { continue };
-                    dst.shallow_clone().f_copy_(src)?;
-                }
-                for (name, p) in unit.names.iter().zip(&unit.params).filter(|_| !self.full) {
-                    if let Some(m) = named.get(&format!("master.{name}")) {
-                        p.shallow_clone().f_copy_(m)?;
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        Ok(())
     }
 
     /// The shards, by `<kind>.<unit index>`: what lives beside the parameters on their device.
