@@ -42,7 +42,7 @@ impl OptimizerSnapshot {
 
 impl AdamW {
     /// The whole state as `optimizer.safetensors` holds it (a replicated state; a sharded one
-    /// is written rank by rank, [`AdamW::write_state`]).
+    /// is written rank by rank, each its own file).
     pub fn snapshot(&self) -> Result<OptimizerSnapshot, ModelError> {
         if self.sharded.is_some() {
             return Err(ModelError::Input(
@@ -86,8 +86,8 @@ impl AdamW {
         self.sharded().map_or(Ok(()), |s| s.write_manifest(dir))
     }
 
-    /// Restores a state written by [`AdamW::save`] or by every rank's
-    /// [`AdamW::write_state`]. Every moment must be present, fp32, in its parameter's shape
+    /// Restores a state written by [`AdamW::save`] or by the ranks of a sharded run (a file
+    /// each and the manifest). Every moment must be present, fp32, in its parameter's shape
     /// and finite, and the files must hold no state of another parameter: errors name the file
     /// and the tensor.
     pub fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
