@@ -220,11 +220,20 @@ fn sft_matches_one_rank_with(name: &str, extra: &str, two_ranks: impl FnOnce(&Pa
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Replicated (`no_shard`), with the gradient buckets all-reduced during the last backward
+/// (the default; with two micro-batches a step, only the second's backward reduces) and after
+/// it.
 #[test]
 fn sft_on_two_ranks_under_launch_equals_one_rank() {
-    sft_matches_one_rank("sft-launch", |cfg| {
-        launch(2, &["sft", "--config", cfg.to_str().unwrap()])
-    });
+    for (name, extra) in [
+        ("sft-launch", ""),
+        ("sft-launch-accum", "gradient_accumulation_steps = 2"),
+        ("sft-launch-after", "overlap_grad_reduce = false"),
+    ] {
+        sft_matches_one_rank_with(name, extra, |cfg| {
+            launch(2, &["sft", "--config", cfg.to_str().unwrap()])
+        });
+    }
 }
 
 /// `fsdp = "shard_grad_op"` (gradients reduce-scattered, optimizer state sharded) on 2 ranks

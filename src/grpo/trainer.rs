@@ -350,6 +350,8 @@ impl GrpoTrainer {
         let objective = self.objective();
         let entropy_coef = objective.entropy_coef;
         let accumulated = idle_rows(lm, update.rows.len(), world).and_then(|idle| {
+            // One backward pass a row, idle ones included: the same count on every rank.
+            lm.expect_backward_passes(update.rows.len() + idle);
             let objective = with_entropy_floor(lm, (&update.rows, idle), objective, world)?;
             let stats = accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective)?;
             idle_share(lm, idle, &objective)?;

@@ -235,11 +235,12 @@ pub(crate) fn with_entropy_floor(
     Ok(floored(&all, objective))
 }
 
-/// How many rows fewer than the busiest rank this one has, when the policy's parameters are
-/// sharded (`full_shard`: each pass gathers every layer from every rank, so every rank makes
-/// as many passes); 0 otherwise, without a collective.
+/// How many rows fewer than the busiest rank this one has, when the policy runs in lockstep
+/// (`full_shard`: each pass gathers every layer from every rank; `no_shard` across processes:
+/// the last pass reduces the gradients; so every rank makes as many passes); 0 otherwise,
+/// without a collective.
 pub(crate) fn idle_rows(policy: &CausalLm, rows: usize, world: &World) -> Result<usize, TrainError> {
-    if !policy.is_sharded() {
+    if !policy.in_lockstep() {
         return Ok(0);
     }
     let mut counts = vec![0.0; world.size];

@@ -47,7 +47,8 @@ impl CausalLm {
         head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
     ) -> Result<T, ModelError> {
         self.check_activations_fit(input_ids, activations)?;
-        if activations == Activations::Kept && !self.is_sharded() {
+        self.begin_pass(super::Pass::ForwardBackward)?;
+        if activations == Activations::Kept && !self.in_lockstep() {
             let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
             if let Some(loss) = loss {
@@ -55,8 +56,9 @@ impl CausalLm {
             }
             return Ok(out);
         }
-        // Layer by layer: recomputed, or (sharded) each layer's graph kept apart so its
-        // parameters can be freed between its forward and its backward.
+        // Layer by layer: recomputed, or (in lockstep) each layer's graph kept apart so its
+        // parameters can be freed between its forward and its backward, and its gradients
+        // reduced as soon as they are done.
         let keep = activations == Activations::Kept;
         // 1. Inputs, RoPE and mask as the plain forward makes them.
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
@@ -78,10 +80,10 @@ impl CausalLm {
             backward(&loss)?;
         }
         // 4. Each layer, last first, back-propagated from its output's gradient (run again
-        //    with autograd unless kept). Sharded, every layer takes part even without one.
+        //    with autograd unless kept). In lockstep, every layer takes part even without one.
         let mut grad = leaf.grad();
         for (i, layer) in self.layers.iter().enumerate().rev() {
-            if !grad.defined() && !self.is_sharded() {
+            if !grad.defined() && !self.in_lockstep() {
                 break;
             }
             self.gather(ParamUnit::Layer(i))?;

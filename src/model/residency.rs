@@ -71,6 +71,17 @@ pub trait Residency: Send + Sync + std::fmt::Debug {
     fn gather_all(&self) -> Result<(), ModelError>;
     /// Frees every gathered unit, the root included.
     fn release_all(&self) -> Result<(), ModelError>;
+    /// Whether the parameters are sharded between uses (otherwise the residency only reduces
+    /// gradients as they are done, and every gather is a no-op).
+    fn shards_parameters(&self) -> bool {
+        true
+    }
+    /// The step's coming passes: `backward` of them back-propagate (the same on every rank).
+    fn expect_backward_passes(&self, _backward: usize) {}
+    /// A `pass` begins.
+    fn begin_pass(&self, _pass: Pass) -> Result<(), ModelError> {
+        Ok(())
+    }
 }
 
 impl CausalLm {
@@ -81,7 +92,27 @@ impl CausalLm {
 
     /// Whether the parameters are sharded between uses.
     pub fn is_sharded(&self) -> bool {
+        self.residency.as_ref().is_some_and(|r| r.shards_parameters())
+    }
+
+    /// Whether every rank must make the same passes (a residency gathers or reduces during
+    /// them, collectives every rank makes), layer by layer.
+    pub(crate) fn in_lockstep(&self) -> bool {
         self.residency.is_some()
+    }
+
+    /// Tells the residency how many passes of this step back-propagate (the same on every
+    /// rank: with idle passes counted); under `no_shard` across processes the last one's
+    /// backward all-reduces the gradients as they are done. Nothing without a residency.
+    pub fn expect_backward_passes(&self, backward: usize) {
+        if let Some(r) = &self.residency {
+            r.expect_backward_passes(backward);
+        }
+    }
+
+    /// A `pass` begins (nothing without a residency).
+    pub(crate) fn begin_pass(&self, pass: Pass) -> Result<(), ModelError> {
+        self.residency.as_ref().map_or(Ok(()), |r| r.begin_pass(pass))
     }
 
     /// `unit` whole before its use (nothing unsharded).
@@ -129,6 +160,7 @@ impl CausalLm {
         if self.residency.is_none() {
             return Ok(());
         }
+        self.begin_pass(pass)?;
         self.gather(ParamUnit::Root)?;
         for i in 0..self.layers.len() {
             self.gather(ParamUnit::Layer(i))?;

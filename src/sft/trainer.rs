@@ -248,6 +248,8 @@ impl SftTrainer {
             let mut sums = [0.0; 3];
             let training = self.core.model.training();
             let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
+            // Every rank makes a pass (or an idle one) per micro-batch.
+            self.core.model.lm.expect_backward_passes(window.len());
             for mb in &window {
                 let mine: MicroBatch = mb[self.core.world.share(mb.len())].to_vec();
                 if mine.is_empty() {

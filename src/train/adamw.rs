@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Kind, Tensor, nn};
 
-use super::distributed::{DistError, HeldState, World};
+use super::distributed::{DistError, HeldState, OverlappedReduce, World};
 use super::sharding::{FullShard, ShardedState};
 use crate::model::ModelError;
 
@@ -132,6 +132,9 @@ pub struct AdamW {
     /// (the three maps above are then empty).
     /// Shared with the model's residency under `full_shard`.
     sharded: Option<Arc<Mutex<ShardedState>>>,
+    /// Under `fsdp = "no_shard"` across processes with `overlap_grad_reduce`: the reducer the
+    /// model's last backward of a step starts gradient buckets through.
+    overlap: Option<Arc<OverlappedReduce>>,
 }
 
 impl AdamW {
@@ -164,6 +167,7 @@ impl AdamW {
             master,
             params,
             sharded: None,
+            overlap: None,
         }
     }
 
@@ -189,6 +193,18 @@ impl AdamW {
             let world = world.clone();
             Arc::new(FullShard { state, world, config }) as Arc<dyn crate::model::Residency>
         }))
+    }
+
+    /// All-reduces the replicated gradients in buckets during the step's last backward from
+    /// now on (`no_shard` across processes): the returned residency goes to the model, which
+    /// calls it as each layer's gradients are done. `None` for one process.
+    pub(crate) fn overlap(&mut self, world: &Arc<World>) -> Option<Arc<dyn crate::model::Residency>> {
+        if world.size < 2 || self.sharded.is_some() {
+            return None;
+        }
+        let reducer = Arc::new(OverlappedReduce::new(&self.params, world.clone()));
+        self.overlap = Some(reducer.clone());
+        Some(reducer as Arc<dyn crate::model::Residency>)
     }
 
     /// The sharded state, locked.
@@ -240,7 +256,10 @@ impl AdamW {
     pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
         match self.sharded() {
             Some(mut s) => s.reduce_grads(world),
-            None => world.all_reduce_grads(&self.parameters()),
+            None => match &self.overlap {
+                Some(o) => o.finish(),
+                None => world.all_reduce_grads(&self.parameters()),
+            },
         }
     }
 
@@ -402,12 +421,18 @@ impl AdamW {
         if let Some(mut s) = self.sharded() {
             s.discard_grads();
         }
+        if let Some(o) = &self.overlap {
+            o.discard();
+        }
         clear_grads(self.params.values());
     }
 
     /// Clears every parameter's gradient (a sharded optimizer also drops its gradient shards
     /// and frees the gradients).
     pub fn zero_grad(&mut self) {
+        if let Some(o) = &self.overlap {
+            o.discard();
+        }
         match self.sharded() {
             Some(mut s) => s.discard_grads(),
             None => clear_grads(self.params.values()),

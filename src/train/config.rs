@@ -112,6 +112,11 @@ pub struct TrainConfig {
     /// default here; `backward_prefetch`: `backward_pre`, the default, `backward_post` or
     /// `no_prefetch`).
     pub fsdp_config: super::FsdpConfig,
+    /// `no_shard` across processes: all-reduce the gradients in buckets during the step's last
+    /// backward, as each layer's are done (DDP's overlap; the default), or `false`: all of
+    /// them after it. Same sums either way. (Megatron's name; the sharded modes always
+    /// overlap.)
+    pub overlap_grad_reduce: bool,
     /// Recompute each decoder layer's activations in backward instead of keeping them
     /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
     /// more forward of the stack per step). Same gradients.
@@ -153,6 +158,7 @@ impl Default for TrainConfig {
             distributed_backend: Default::default(),
             fsdp: Default::default(),
             fsdp_config: Default::default(),
+            overlap_grad_reduce: true,
             gradient_checkpointing: false,
             lora: None,
         }

@@ -91,6 +91,9 @@ impl TrainCore {
         let mut model = model;
         let world = Arc::new(world);
         match (config.fsdp, world.is_distributed()) {
+            (super::Fsdp::NoShard, true) if config.overlap_grad_reduce => {
+                model.lm.set_residency(adamw.overlap(&world));
+            }
             (super::Fsdp::NoShard, _) => {}
             (mode, true) => {
                 let full = (mode == super::Fsdp::FullShard).then_some(config.fsdp_config);

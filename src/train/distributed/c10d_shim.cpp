@@ -57,6 +57,8 @@ struct tt_work {
   at::Tensor out;
   at::Tensor output;
   std::chrono::milliseconds timeout;
+  // A gradient bucket's gradients, given their part of `output` once it is done.
+  std::vector<at::Tensor> grads;
 };
 
 namespace {
@@ -68,6 +70,11 @@ void finish(tt_work* w) {
     throw std::runtime_error("collective did not finish within the timeout");
   }
   if (!w->out.is_same(w->output)) w->output.copy_(w->out);
+  int64_t offset = 0;
+  for (auto& gr : w->grads) {
+    gr.copy_(w->output.narrow(0, offset, gr.numel()).view_as(gr));
+    offset += gr.numel();
+  }
 }
 
 void wait(tt_group* g, const c10::intrusive_ptr<c10d::Work>& work) {
@@ -302,6 +309,31 @@ int tt_all_gather_flat(tt_group* g, at::Tensor* input, at::Tensor* output, int* 
       opts.timeout = g->timeout;
       return g->pg->_allgather_base(out, in, opts);
     });
+  });
+}
+
+// Starts summing the gradients of `params` (one dtype) over the ranks as one flat bucket; a
+// parameter without a gradient takes part with zeros and gets one. The sum is copied into the
+// gradients when `pending` is waited for; until then they must not change.
+int tt_all_reduce_grads_start(tt_group* g, at::Tensor** params, size_t n, int* staged, tt_work** pending,
+                              char* err, size_t len) {
+  return guarded(err, len, [&] {
+    std::vector<at::Tensor> grads, parts;
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor& p = *params[i];
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+      parts.push_back(p.grad().reshape({-1}));
+    }
+    at::Tensor flat = at::cat(parts);
+    bool moved = false;
+    at::Tensor work = on_group_device(g, flat, &moved);
+    std::vector<at::Tensor> ts{work};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = g->timeout;
+    *pending = new tt_work{g->pg->allreduce(ts, opts), work, work, flat, g->timeout, std::move(grads)};
+    *staged = moved ? 1 : 0;
   });
 }
 

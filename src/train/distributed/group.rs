@@ -112,6 +112,15 @@ unsafe extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    fn tt_all_reduce_grads_start(
+        g: *mut tt_group,
+        params: *const AtTensor,
+        n: usize,
+        staged: *mut c_int,
+        pending: *mut *mut tt_work,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn tt_work_wait(w: *mut tt_work, err: *mut c_char, len: usize) -> c_int;
     fn tt_work_free(w: *mut tt_work);
     fn tt_barrier(g: *mut tt_group, err: *mut c_char, len: usize) -> c_int;
@@ -453,6 +462,35 @@ impl ProcessGroup {
             )
         };
         self.check("all_reduce (gradients)", rc, &err).map(|()| staged != 0)
+    }
+
+    /// Starts summing the gradients of `params` (one dtype; the same parameters in the same
+    /// order on every rank) as one flat bucket; a parameter without a gradient takes part with
+    /// zeros and gets one. The gradients hold the sum once the [`Pending`] is waited for, and
+    /// must not change until then.
+    pub fn start_grads(&self, params: &[&Tensor]) -> Result<(Staged, Pending), DistError> {
+        let ptrs: Vec<AtTensor> = params.iter().map(|t| t.as_ptr() as AtTensor).collect();
+        let mut pending = Pending {
+            ptr: std::ptr::null_mut(),
+            rank: self.rank,
+            op: "all_reduce (gradients)",
+        };
+        let (mut staged, mut err) = (0, ErrBuf::new());
+        // SAFETY: live tensors for the duration of the call; the started collective holds its
+        // own references to its flat copy and the gradients until it is waited for.
+        let rc = unsafe {
+            tt_all_reduce_grads_start(
+                self.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                &mut staged,
+                &mut pending.ptr,
+                err.ptr(),
+                ErrBuf::LEN,
+            )
+        };
+        self.check("all_reduce (gradients)", rc, &err)
+            .map(|()| (staged != 0, pending))
     }
 
     /// Copies each tensor of rank `root` into the same tensor on every other rank.

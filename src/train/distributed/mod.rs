@@ -9,7 +9,8 @@
 //! - batch sizes are per process (TRL's `per_device_train_batch_size`): N ranks with batch `b`
 //!   train on global batches of `N x b`, equal to one process with batch `N x b`;
 //! - each rank forwards its share of every global batch; losses are normalised over the whole
-//!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]) and clipped after;
+//!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]), during the
+//!   step's last backward as each layer's are done (`overlap`) or after it, and clipped after;
 //! - rank 0 alone logs, displays and writes checkpoints.
 //!
 //! The collectives run on Gloo or, for CUDA runs, on NCCL (`distributed_backend`, [`CommBackend`]:
@@ -23,6 +24,7 @@ mod group;
 mod launch;
 mod launch_env;
 pub mod nccl;
+mod overlap;
 mod world;
 
 pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
@@ -30,4 +32,5 @@ pub use error::DistError;
 pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
+pub(crate) use overlap::OverlappedReduce;
 pub use world::{BUCKET_BYTES, CommTotals, HeldState, World, bind, share};

@@ -231,6 +231,23 @@ impl World {
         }
     }
 
+    /// [`World::all_reduce_grads`] of one bucket, started and left running: the gradients of
+    /// `params` (one dtype) hold the sum once [`World::wait`] returns (`None`: one process,
+    /// nothing to do). Timed and counted as the all-reduce's bytes.
+    pub fn start_grads(&self, params: &[&Tensor]) -> Result<Option<Pending>, DistError> {
+        let bytes = params
+            .iter()
+            .map(|p| p.numel() as u64 * p.kind().elt_size_in_bytes() as u64)
+            .sum();
+        match self.timed(bytes, |g| g.start_grads(params)) {
+            None => Ok(None),
+            Some(r) => r.map(|(staged, pending)| {
+                self.note_staged(staged);
+                Some(pending)
+            }),
+        }
+    }
+
     /// Sums the flat `input` `[size * n]` over every rank into this rank's part `output` `[n]`
     /// (elements `rank * n ..`); one process copies its input.
     pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {

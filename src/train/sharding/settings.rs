@@ -12,7 +12,7 @@ pub enum Fsdp {
     /// ZeRO-2: gradients reduce-scattered, fp32 master weights and AdamW moments sharded,
     /// parameters replicated.
     ShardGradOp,
-    /// ZeRO-3: parameters sharded as well (not available yet: refused with the reason).
+    /// ZeRO-3: parameters sharded as well, gathered layer by layer around their uses.
     FullShard,
 }
 
