@@ -2,18 +2,21 @@
 //! communication the compute did not hide and waiting for the slower rank, the bytes moved per
 //! step, against one process on the same global batch, interleaved (1 rank, 2 ranks of each
 //! `fsdp` mode, 1 rank, ...); per rank the bytes of parameters, gradients and optimizer state
-//! it holds, its peak resident memory and the peaks of all ranks summed. `full_shard` runs
-//! twice, with its prefetching and without (`fsdp_config`): the communication time the
-//! prefetching run no longer waits for is the fraction hidden behind compute.
+//! it holds, its peak resident memory and the peaks of all ranks summed. `no_shard` runs twice,
+//! its gradient buckets all-reduced during the last backward and after it
+//! (`overlap_grad_reduce`), and `full_shard` twice, with its prefetching and without
+//! (`fsdp_config`): the communication time the overlapping run no longer waits for is the
+//! fraction hidden behind compute.
 //!
 //! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--modes no_shard,full_shard]
 //!     [--gradient-checkpointing] [--config config.json | --model DIR]
 //!
 //! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
 //! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
-//! measured on several accelerators (scripts/gpu-check.sh). `no_shard` and `shard_grad_op`
-//! reduce gradients after backward (4 MiB all-reduce buckets, or one reduce-scatter a sharding
-//! unit); `full_shard` reduce-scatters each layer as its backward ends, overlapping the next.
+//! measured on several accelerators (scripts/gpu-check.sh). `no_shard` all-reduces 4 MiB
+//! buckets as each layer's backward ends; `shard_grad_op` reduce-scatters after backward (one
+//! reduce-scatter a sharding unit); `full_shard` reduce-scatters each layer as its backward
+//! ends, overlapping the next.
 //! The shipped tiny model (or a random model of a published config), shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
 //! Under `cargo test` a 2-step smoke run of one round.
 
@@ -41,6 +44,8 @@ const WORKER_CHECKPOINTING: &str = "TREETRAIN_BENCH_DIST_CHECKPOINTING";
 enum Side {
     One,
     NoShard,
+    /// `no_shard` with its gradients all-reduced after backward (`overlap_grad_reduce = false`).
+    NoShardAfter,
     ShardGradOp,
     FullShard,
     /// `full_shard` without prefetching: every gather and reduction waited for in place.
@@ -48,9 +53,10 @@ enum Side {
 }
 
 impl Side {
-    const ALL: [Side; 5] = [
+    const ALL: [Side; 6] = [
         Side::One,
         Side::NoShard,
+        Side::NoShardAfter,
         Side::ShardGradOp,
         Side::FullShard,
         Side::FullShardUnhidden,
@@ -60,6 +66,7 @@ impl Side {
         match self {
             Side::One => "one_process",
             Side::NoShard => "no_shard",
+            Side::NoShardAfter => "no_shard_after_backward",
             Side::ShardGradOp => "shard_grad_op",
             Side::FullShard => "full_shard",
             Side::FullShardUnhidden => "full_shard_no_prefetch",
@@ -70,6 +77,7 @@ impl Side {
         match self {
             Side::One => "1 process, batch 8",
             Side::NoShard => "2 ranks no_shard, batch 4",
+            Side::NoShardAfter => "2 ranks no_shard, reduce after",
             Side::ShardGradOp => "2 ranks shard_grad_op, batch 4",
             Side::FullShard => "2 ranks full_shard, batch 4",
             Side::FullShardUnhidden => "2 ranks full_shard unprefetched",
@@ -80,17 +88,18 @@ impl Side {
         if self == Side::One { 1 } else { 2 }
     }
 
-    /// The workers' settings.
-    fn settings(self) -> (Fsdp, FsdpConfig) {
+    /// The workers' settings: `fsdp`, `fsdp_config`, `overlap_grad_reduce`.
+    fn settings(self) -> (Fsdp, FsdpConfig, bool) {
         let unhidden = FsdpConfig {
             forward_prefetch: false,
             backward_prefetch: BackwardPrefetch::NoPrefetch,
         };
         match self {
-            Side::One | Side::NoShard => (Fsdp::NoShard, FsdpConfig::default()),
-            Side::ShardGradOp => (Fsdp::ShardGradOp, FsdpConfig::default()),
-            Side::FullShard => (Fsdp::FullShard, FsdpConfig::default()),
-            Side::FullShardUnhidden => (Fsdp::FullShard, unhidden),
+            Side::One | Side::NoShard => (Fsdp::NoShard, FsdpConfig::default(), true),
+            Side::NoShardAfter => (Fsdp::NoShard, FsdpConfig::default(), false),
+            Side::ShardGradOp => (Fsdp::ShardGradOp, FsdpConfig::default(), true),
+            Side::FullShard => (Fsdp::FullShard, FsdpConfig::default(), true),
+            Side::FullShardUnhidden => (Fsdp::FullShard, unhidden, true),
         }
     }
 
@@ -137,8 +146,9 @@ struct Cli {
     /// Interleaved 1-process / 2-rank rounds (a full run).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// The sides to run, comma separated (`one_process`, `no_shard`, `shard_grad_op`,
-    /// `full_shard`, `full_shard_no_prefetch`); default all.
+    /// The sides to run, comma separated (`one_process`, `no_shard`,
+    /// `no_shard_after_backward`, `shard_grad_op`, `full_shard`, `full_shard_no_prefetch`);
+    /// default all.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Recompute layer activations in backward (every side).
@@ -223,11 +233,12 @@ fn main() {
 
 /// Each side against its baseline, printed and added to `result`: step time (the median of
 /// ratios paired within rounds), per-rank state and peak memory, and the share of
-/// `full_shard`'s communication its prefetching hides.
+/// communication that `no_shard`'s overlapped buckets and `full_shard`'s prefetching hide.
 fn compare(sides: &[Side], runs: &[Vec<Measured>], result: &mut serde_json::Value) {
     let of = |side: Side| sides.iter().position(|s| *s == side).map(|i| &runs[i]);
     let steps = [
         (Side::NoShard, Side::One),
+        (Side::NoShard, Side::NoShardAfter),
         (Side::ShardGradOp, Side::One),
         (Side::FullShard, Side::NoShard),
         (Side::FullShardUnhidden, Side::FullShard),
@@ -259,16 +270,27 @@ fn compare(sides: &[Side], runs: &[Vec<Measured>], result: &mut serde_json::Valu
         result[format!("{}_vs_no_shard_state_ratio", side.name())] = state.into();
         result[format!("{}_vs_no_shard_peak_ratio", side.name())] = peak.into();
     }
-    if let (Some(hidden), Some(unhidden)) = (of(Side::FullShard), of(Side::FullShardUnhidden)) {
-        let (h, u) = (median_of(hidden), median_of(unhidden));
-        let fraction = 1.0 - h.all_reduce_s / u.all_reduce_s.max(1e-9);
+    let hidden = [
+        (Side::NoShard, Side::NoShardAfter, "after backward"),
+        (Side::FullShard, Side::FullShardUnhidden, "unprefetched"),
+    ];
+    for (side, base, what) in hidden {
+        let (Some(a), Some(b)) = (of(side), of(base)) else {
+            continue;
+        };
+        // Waiting for the slower rank counts as communication on both sides: the overlapped
+        // side cannot tell it apart.
+        let comm = |m: &Measured| m.all_reduce_s + m.wait_s;
+        let (a, b) = (median_of(a), median_of(b));
+        let fraction = 1.0 - comm(&a) / comm(&b).max(1e-9);
         println!(
-            "full_shard communication hidden behind compute: {:.0}% ({:.3} s waited of {:.3} s unprefetched)",
+            "{} communication hidden behind compute: {:.0}% ({:.3} s waited of {:.3} s {what})",
+            side.name(),
             fraction * 100.0,
-            h.all_reduce_s,
-            u.all_reduce_s
+            comm(&a),
+            comm(&b)
         );
-        result["full_shard_hidden_fraction"] = fraction.into();
+        result[format!("{}_hidden_fraction", side.name())] = fraction.into();
     }
 }
 
@@ -328,7 +350,7 @@ fn worker() {
         .ok()
         .and_then(|n| Side::named(&n))
         .expect("a side");
-    let (fsdp, fsdp_config) = side.settings();
+    let (fsdp, fsdp_config, overlap_grad_reduce) = side.settings();
     let cfg = SftConfig {
         train: TrainConfig {
             model: std::env::var(WORKER_MODEL).expect("model folder"),
@@ -337,6 +359,7 @@ fn worker() {
             distributed_timeout_s: 120.0,
             fsdp,
             fsdp_config,
+            overlap_grad_reduce,
             gradient_checkpointing: std::env::var(WORKER_CHECKPOINTING).is_ok_and(|v| v == "1"),
             ..Default::default()
         },

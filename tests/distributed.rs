@@ -733,12 +733,39 @@ fn launched_and_training(cfg: &Path, out: &Path) -> (Workers, u32, Vec<u32>) {
 }
 
 /// A peer killed mid-run: the survivor stops with an error naming its rank and the collective
-/// well within the timeout, and `launch` names the rank that died.
+/// well within the timeout (replicated, and with the parameters sharded), and `launch` names
+/// the rank that died.
 #[test]
 fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     let dir = scratch("kill");
     let out = dir.join("out");
+    for extra in ["", "fsdp = \"full_shard\""] {
+        let _ = std::fs::remove_dir_all(&out);
+        let cfg = sft_toml(&dir, "long", 2, &out, 100_000, extra);
+        survivor_names_itself(&cfg, &out);
+    }
     let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
+
+    // Under `launch`: the launcher names the dead rank and stops the survivor.
+    let _ = std::fs::remove_dir_all(&out);
+    let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
+    // Children are listed in start order: rank 0, then rank 1.
+    unsafe {
+        libc::kill(ranks[1] as i32, libc::SIGKILL);
+    }
+    let (status, err) = exit_within(&mut launcher.0[0], "launch after a worker died");
+    assert!(!status.success());
+    assert!(
+        err.contains(&format!("launch: rank 1 (pid {}) was killed by signal 9", ranks[1])),
+        "{err}"
+    );
+    assert!(children(pid).is_empty(), "workers left running");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two workers of `cfg` started by hand; once a step is logged rank 1 is killed, and rank 0
+/// must fail within the timeout naming itself and the collective it was in.
+fn survivor_names_itself(cfg: &Path, out: &Path) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -766,23 +793,11 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     w.0[1].kill().unwrap();
     let (status, err) = exit_within(&mut w.0[0], "rank 0 after its peer died");
     assert!(!status.success(), "rank 0 exited 0 after its peer died");
-    assert!(err.contains("rank 0:") && err.contains("all_reduce"), "{err}");
-
-    // Under `launch`: the launcher names the dead rank and stops the survivor.
-    let _ = std::fs::remove_dir_all(&out);
-    let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
-    // Children are listed in start order: rank 0, then rank 1.
-    unsafe {
-        libc::kill(ranks[1] as i32, libc::SIGKILL);
-    }
-    let (status, err) = exit_within(&mut launcher.0[0], "launch after a worker died");
-    assert!(!status.success());
+    let collectives = ["all_reduce", "all_gather", "reduce_scatter", "barrier"];
     assert!(
-        err.contains(&format!("launch: rank 1 (pid {}) was killed by signal 9", ranks[1])),
+        err.contains("rank 0:") && collectives.iter().any(|c| err.contains(c)),
         "{err}"
     );
-    assert!(children(pid).is_empty(), "workers left running");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// SIGTERM or SIGINT to the launcher alone (a scheduler's stop, `kill`): it passes the signal
