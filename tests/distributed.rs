@@ -567,6 +567,40 @@ fn resumes_exactly(name: &str, extra: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// transformers loads a `full_shard` run's checkpoint unchanged: its `model.safetensors` was
+/// written unit by unit as the ranks gathered it (the root, then each layer), yet no weight is
+/// missing or left over, and transformers' logits are treetrain's of the same folder.
+#[test]
+#[ignore = "slow: runs transformers (test.sh sets TREETRAIN_PEFT_PYTHON)"]
+fn transformers_loads_a_fully_sharded_checkpoint() {
+    let python = std::env::var("TREETRAIN_PEFT_PYTHON")
+        .expect("set TREETRAIN_PEFT_PYTHON to a python with transformers (scripts/setup-peft.sh prints it)");
+    let dir = scratch("hf-zero3");
+    let out = dir.join("out");
+    let cfg = sft_toml(&dir, "zero3", 2, &out, 2, "fsdp = \"full_shard\"");
+    ok(&run_bounded(
+        launch(2, &["sft", "--config", cfg.to_str().unwrap()]),
+        LIMIT,
+    ));
+    let ckpt = out.join("checkpoint-2");
+    let rows = vec![vec![5i64, 17, 99, 3, 250, 42, 7], vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/hf_logits.py");
+    let mut cmd = Command::new(python);
+    cmd.arg(script).arg(&ckpt).arg(serde_json::to_string(&rows).unwrap());
+    let v: serde_json::Value = serde_json::from_str(&ok(&run_bounded(cmd, LIMIT))).unwrap();
+    assert_eq!(v["missing_keys"], serde_json::json!([]), "{v:?}");
+    assert_eq!(v["unexpected_keys"], serde_json::json!([]));
+    let model = treetrain::model::Model::load(&ckpt, Default::default()).unwrap();
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
+        let diff = (common::row_logits(&model, row) - Tensor::from_slice2(&want))
+            .abs()
+            .max();
+        assert!(diff.double_value(&[]) <= 1e-4, "treetrain vs transformers: {diff}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A wider copy of the shipped tiny model (about 50M parameters, seeded, its weights written
 /// once here): its checkpoint takes long enough to write that a test can see it being written.
 fn wider_model(dir: &Path) -> PathBuf {
