@@ -365,11 +365,18 @@ fn torchrun(args: &[&str], config: &Path) -> Command {
     c
 }
 
-/// The same checks under PyTorch's own launcher: SFT, and GRPO with tree packing.
+/// The same checks under PyTorch's own launcher: SFT replicated and with each sharding, and
+/// GRPO with tree packing.
 #[test]
 #[ignore = "slow: needs the torchrun venv of scripts/setup-torchrun.sh (test.sh provides it)"]
 fn sft_and_grpo_on_two_ranks_under_torchrun_equal_one_rank() {
-    sft_matches_one_rank("sft-torchrun", |cfg| torchrun(&["sft", "--config"], cfg));
+    for (name, extra) in [
+        ("sft-torchrun", ""),
+        ("sft-torchrun-zero2", "fsdp = \"shard_grad_op\""),
+        ("sft-torchrun-zero3", "fsdp = \"full_shard\""),
+    ] {
+        sft_matches_one_rank_with(name, extra, |cfg| torchrun(&["sft", "--config"], cfg));
+    }
     let dir = scratch("grpo-torchrun");
     grpo_matches_one_rank(&dir, "tree", |cfg| torchrun(&["grpo", "--config"], cfg));
     let _ = std::fs::remove_dir_all(&dir);
