@@ -141,4 +141,51 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&out);
     }
+
+    /// Two ranks (threads on a file store) stage one checkpoint; rank 1 fails to write its
+    /// part: both get an error (rank 0's names rank 1), nothing is left in the output folder,
+    /// and a second attempt where both succeed puts the folder in place with both parts.
+    #[test]
+    fn a_rank_failing_its_part_fails_every_rank_and_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("treetrain-staged-{}", std::process::id()));
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let store = dir.join("store");
+        let _ = std::fs::remove_file(&store);
+        let run = |rank: usize| {
+            let (store, out) = (store.clone(), out.clone());
+            std::thread::spawn(move || {
+                let world = World::with_file_store(&store, rank, 2, std::time::Duration::from_secs(30)).unwrap();
+                let attempt = |fail: bool| {
+                    let staged = Staged::new(&out, 5, &world)?;
+                    let part = staged.path().join(format!("part-{rank}"));
+                    std::fs::write(part, "x").unwrap();
+                    let mine = match fail {
+                        true => Err(staged.error("disk full".into())),
+                        false => Ok(()),
+                    };
+                    staged.commit(&world, mine, |tmp| {
+                        std::fs::write(tmp.join("manifest"), "m").map_err(|e| e.to_string())
+                    })
+                };
+                let failed = attempt(rank == 1).unwrap_err().to_string();
+                let listed = std::fs::read_dir(&out).unwrap().count();
+                world.barrier().unwrap();
+                (failed, listed, attempt(false).unwrap())
+            })
+        };
+        let (a, b) = (run(0), run(1));
+        let ((e0, n0, dir0), (e1, _, _)) = (a.join().unwrap(), b.join().unwrap());
+        assert!(
+            e0.contains("rank 1 could not write its part") && e0.contains("disk full"),
+            "{e0}"
+        );
+        assert!(e1.ends_with("checkpoint-5: disk full"), "{e1}");
+        assert_eq!(n0, 0, "the temporary folder was left behind");
+        for f in ["part-0", "part-1", "manifest"] {
+            assert!(dir0.join(f).is_file(), "{f}");
+        }
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

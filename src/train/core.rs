@@ -203,7 +203,8 @@ impl TrainCore {
         // every rank makes whatever else fails.
         let mut mine = self.write_model(staged.path());
         if mine.is_ok() && !config.save_only_model {
-            mine = Ok(self.optim.adamw.write_state(staged.path(), &self.world)?);
+            let written = self.optim.adamw.write_state(staged.path(), &self.world);
+            mine = written.map_err(|e| staged.error(e.to_string()));
         }
         if mine.is_ok() && self.world.is_main() {
             mine = self
