@@ -11,7 +11,8 @@
 //! - each rank forwards its share of every global batch; losses are normalised over the whole
 //!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]), during the
 //!   step's last backward as each layer's are done (`overlap`) or after it, and clipped after;
-//! - rank 0 alone logs, displays and writes checkpoints.
+//! - rank 0 alone logs and displays, and writes a checkpoint's model and state (a sharded
+//!   optimizer's ranks each write their own shard: `train::checkpoint::Staged`).
 //!
 //! The collectives run on Gloo or, for CUDA runs, on NCCL (`distributed_backend`, [`CommBackend`]:
 //! `auto` takes NCCL when the run's device is a GPU and `libtreetrain_nccl.so` loads with the
