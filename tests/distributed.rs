@@ -455,16 +455,19 @@ fn sharded_grpo_on_two_ranks_equals_one_rank() {
 /// The same with the parameters sharded too (`full_shard`): rows are planned per rank, so
 /// the rank with fewer rows (one in the first two steps) makes idle passes to meet the other's
 /// gathers, for every pass a row makes (the entropy ranking's and the sampling correction's
-/// forwards too); generation and the reference's sync gather the whole weights.
+/// forwards too); generation and the reference's sync gather the whole weights. In both
+/// packings.
 #[test]
-#[ignore = "slow: 2 GRPO runs"]
+#[ignore = "slow: 4 GRPO runs"]
 fn fully_sharded_grpo_on_two_ranks_equals_one_rank() {
     let dir = scratch("grpo-zero3");
     let extra = "fsdp = \"full_shard\"\ntop_entropy_quantile = 0.5\nimportance_sampling_correction = true\n\
                  sync_ref_model = true\nref_model_sync_steps = 2";
-    grpo_matches_one_rank_with(&dir, "tree", extra, |cfg| {
-        launch(2, &["grpo", "--config", cfg.to_str().unwrap()])
-    });
+    for packing in ["tree", "flat"] {
+        grpo_matches_one_rank_with(&dir, packing, extra, |cfg| {
+            launch(2, &["grpo", "--config", cfg.to_str().unwrap()])
+        });
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
