@@ -202,19 +202,33 @@ impl Rich for GrpoTrainer {
                 ))
             })
             .unwrap_or_default();
+        let sharding = generation_weight_rows(
+            self.core.model.lm.is_sharded(),
+            self.async_rollouts().map(|a| a.published_bytes()),
+        );
+        let sharding = match sharding.is_empty() {
+            true => String::new(),
+            false => display::rows_card("Whole weights under full_shard", &sharding),
+        };
         format!(
-            "{}{}{}{}",
+            "{}{}{}{}{}",
             self.state.html(),
             self.lora_card(),
+            sharding,
             self.core.logs.html(),
             tree
         )
     }
 
     fn text(&self) -> String {
+        let sharding = generation_weight_rows(
+            self.core.model.lm.is_sharded(),
+            self.async_rollouts().map(|a| a.published_bytes()),
+        );
         let lora = self
             .lora_rows()
             .iter()
+            .chain(&sharding)
             .map(|(k, v)| format!("{k}: {v}\n"))
             .collect::<String>();
         self.state.text() + &lora + &self.core.logs.text()
@@ -272,6 +286,45 @@ impl GrpoTrainer {
 }
 
 crate::rich_display!(GrpoTrainer);
+
+/// What generation costs a run whose parameters are sharded (`full_shard`; nothing otherwise):
+/// the generator reads whole weights, so they are gathered for it. `published`: the bytes an
+/// async publish hands the generator thread.
+fn generation_weight_rows(sharded: bool, published: Option<usize>) -> Vec<(&'static str, String)> {
+    if !sharded {
+        return Vec::new();
+    }
+    let row = match published {
+        None => {
+            "every rank gathers the whole model for each generation round (one all-gather of it) and frees it after: \
+                 the round holds the whole weights while it runs"
+                .to_string()
+        }
+        Some(bytes) => format!(
+            "every rank gathers the whole model for each publish (one all-gather of it), and the generator thread keeps \
+             its own whole copy ({:.1} MiB a sync); a stale generator is published to at a step's start, all ranks at once",
+            bytes as f64 / (1 << 20) as f64
+        ),
+    };
+    vec![("generation", row)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generation_weight_rows;
+
+    #[test]
+    fn sharded_runs_say_what_generation_costs() {
+        assert!(generation_weight_rows(false, Some(10)).is_empty());
+        let sync = generation_weight_rows(true, None);
+        assert!(sync[0].1.contains("each generation round"), "{sync:?}");
+        let published = generation_weight_rows(true, Some(3 << 20));
+        assert!(
+            published[0].1.contains("own whole copy (3.0 MiB a sync)"),
+            "{published:?}"
+        );
+    }
+}
 
 /// A run's settings as it runs: its config with the reward functions the trainer holds (a
 /// trainer built with [`super::GrpoTrainerBuilder::rewards`] runs its own list, not the built-ins the config names).
