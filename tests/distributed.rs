@@ -640,8 +640,8 @@ fn wider_model(dir: &Path) -> PathBuf {
 /// being written: rank 0 (which writes the model, the state and the manifest) once the
 /// temporary folder appears, and rank 1 once its shard file does. Each time the launcher names
 /// the rank, no `checkpoint-2` appears (only the temporary folder), `checkpoint-1` is the
-/// newest complete checkpoint, and the run resumed from it on 2 ranks ends with the same bytes
-/// as a run never killed.
+/// newest complete checkpoint, and the run resumed from it on 2 ranks removes the temporary
+/// folder and ends with the same bytes as a run never killed.
 #[test]
 #[ignore = "slow: a 50M-parameter model, five 2-rank runs"]
 fn a_rank_killed_writing_a_sharded_checkpoint_leaves_the_previous_one() {
@@ -682,6 +682,14 @@ fn a_rank_killed_writing_a_sharded_checkpoint_leaves_the_previous_one() {
             c.to_str().unwrap(),
         ];
         ok(&run_bounded(launch(2, &args), LIMIT));
+        let left = std::fs::read_dir(&killed).unwrap().flatten();
+        let left: Vec<_> = left
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the resumed run left the half-written folder: {left:?}"
+        );
         let last = whole.join("checkpoint-3");
         for file in optimizer_files(&last)
             .iter()

@@ -402,6 +402,12 @@ fn check_base(state: &serde_json::Value, fingerprint: &str) -> Result<(), String
 fn claim_output_dir(config: &TrainConfig, out: &Path, resuming: Option<&Path>) -> Result<OutputLock, TrainError> {
     check_writable("output_dir", out)?;
     let lock = OutputLock::acquire(out)?;
+    for dir in resume::remove_partial(out) {
+        eprintln!(
+            "treetrain: removed {}, a checkpoint an interrupted run left half-written",
+            dir.display()
+        );
+    }
     let earlier = resume::checkpoints(out);
     if resuming.is_some() || earlier.is_empty() {
         return Ok(lock);

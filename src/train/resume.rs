@@ -132,6 +132,21 @@ pub(crate) fn not_resumable(dir: &Path) -> TrainError {
     }
 }
 
+/// Deletes the temporary folders (`.checkpoint-<step>.<pid>.tmp`) that interrupted runs left
+/// in `out` (a rank killed while a checkpoint was written); returns them. Called by the run
+/// holding `out`'s lock, so no live run is writing them.
+pub(crate) fn remove_partial(out: &Path) -> Vec<PathBuf> {
+    let partial = std::fs::read_dir(out).into_iter().flatten().flatten().filter(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with(".checkpoint-") && name.ends_with(".tmp") && e.path().is_dir()
+    });
+    partial
+        .map(|e| e.path())
+        .filter(|p| std::fs::remove_dir_all(p).is_ok())
+        .collect()
+}
+
 /// Deletes every `checkpoint-N` folder of `out` but the newest `limit` and `keep` (the
 /// checkpoint just written, the one the run resumed from).
 pub(crate) fn rotate(out: &Path, limit: u64, keep: &[&Path]) -> Result<(), TrainError> {
@@ -178,6 +193,11 @@ mod tests {
         rotate(&out, 2, &[&out.join("checkpoint-10"), &out.join("checkpoint-2")]).unwrap();
         let left: Vec<u64> = checkpoints(&out).into_iter().map(|c| c.0).collect();
         assert_eq!(left, [2, 8, 10]);
+        // A killed run's half-written folder goes; a file of that shape is not a folder.
+        std::fs::create_dir_all(out.join(".checkpoint-12.4242.tmp")).unwrap();
+        std::fs::write(out.join(".checkpoint-13.1.tmp"), "").unwrap();
+        assert_eq!(remove_partial(&out), [out.join(".checkpoint-12.4242.tmp")]);
+        assert!(out.join(".checkpoint-13.1.tmp").is_file());
         let _ = std::fs::remove_dir_all(&out);
     }
 }
