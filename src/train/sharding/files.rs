@@ -209,19 +209,21 @@ impl Manifest {
         })
     }
 
-    /// Rank `rank`'s file, checked against the size the manifest recorded.
+    /// Rank `rank`'s file (always its own name in the folder, which the manifest must list),
+    /// checked against the size the manifest recorded.
     fn read_file(&self, dir: &Path, rank: usize) -> Result<Vec<u8>, ModelError> {
-        let entry = self.files.iter().find(|f| f.rank == rank);
-        let name = entry.map_or_else(|| shard_file(rank, self.world_size), |f| f.file.clone());
+        let name = shard_file(rank, self.world_size);
         let path = dir.join(&name);
+        let Some(entry) = self.files.iter().find(|f| f.rank == rank && f.file == name) else {
+            return Err(bad(&path, format!("rank {rank}'s file is not in {MANIFEST_FILE}")));
+        };
         let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-        match entry {
-            Some(f) if f.bytes == bytes.len() as u64 => Ok(bytes),
-            Some(f) => Err(bad(
+        match entry.bytes == bytes.len() as u64 {
+            true => Ok(bytes),
+            false => Err(bad(
                 &path,
-                format!("is {} bytes; the manifest says {}", bytes.len(), f.bytes),
+                format!("is {} bytes; the manifest says {}", bytes.len(), entry.bytes),
             )),
-            None => Err(bad(&path, format!("rank {rank} is not in {MANIFEST_FILE}"))),
         }
     }
 

@@ -533,6 +533,15 @@ mod tests {
         let mut whole = AdamW::new(&fresh, config);
         whole.load(&ckpt).unwrap();
         assert_eq!(whole.step, 1);
+        // A shard file cut short (a copy interrupted) is named, not read.
+        let file = ckpt.join("optimizer.shard-1-of-2.safetensors");
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &bytes[..bytes.len() - 1]).unwrap();
+        let err = AdamW::new(&fresh, config).load(&ckpt).unwrap_err().to_string();
+        assert!(
+            err.contains("shard-1-of-2") && err.contains("the manifest says"),
+            "{err}"
+        );
         let want = adamw.state_tensors();
         let got: BTreeMap<String, Tensor> = whole.state_tensors().into_iter().collect();
         assert_eq!(got.len(), want.len());
