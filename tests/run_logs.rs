@@ -400,23 +400,26 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
         cmd
     };
     // Kill at moments after a new checkpoint appears, and twice the moment a save's temporary
-    // folder appears (inside a save).
-    let saving = || {
-        std::fs::read_dir(&out)
-            .into_iter()
-            .flatten()
-            .any(|e| is_checkpoint_tmp(&e.unwrap().file_name()))
+    // folder appears (inside a save). A run removes the folders earlier kills left.
+    let temporary = || -> Vec<std::ffi::OsString> {
+        let entries = std::fs::read_dir(&out).into_iter().flatten().flatten();
+        entries
+            .map(|e| e.file_name())
+            .filter(|n| is_checkpoint_tmp(n))
+            .collect()
     };
+    let mut interrupted = 0;
     for (i, delay_ms) in [Some(120u64), None, Some(570), None].into_iter().enumerate() {
         let seen = checkpoints(&out).last().map_or(0, |c| c.0);
+        let left = temporary();
+        let fresh = || temporary().into_iter().filter(|n| !left.contains(n)).count();
         let mut run = common::Workers(vec![sft(i > 0).spawn().unwrap()]);
         let started = std::time::Instant::now();
-        let leftovers = std::fs::read_dir(&out).map_or(0, |d| d.count());
         loop {
             let newer = checkpoints(&out).last().map_or(0, |c| c.0) > seen;
             match delay_ms {
                 Some(ms) if newer => break std::thread::sleep(std::time::Duration::from_millis(ms)),
-                None if newer && saving() && std::fs::read_dir(&out).unwrap().count() > leftovers => break,
+                None if newer && fresh() > 0 => break,
                 _ => {}
             }
             assert!(started.elapsed().as_secs() < 120, "no new checkpoint");
@@ -426,6 +429,7 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
             );
         }
         drop(run);
+        interrupted += fresh();
         assert_newest_checkpoint_complete(&out);
     }
     let last = sft(true).stdout(std::process::Stdio::piped()).output().unwrap();
@@ -441,11 +445,12 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
         2,
         "save_total_limit = 1, and the one this run resumed from: {kept:?}"
     );
-    let interrupted = std::fs::read_dir(&out)
-        .unwrap()
-        .filter(|e| is_checkpoint_tmp(&e.as_ref().unwrap().file_name()))
-        .count();
     assert!(interrupted >= 1, "no kill landed inside a save");
+    assert_eq!(
+        temporary(),
+        Vec::<std::ffi::OsString>::new(),
+        "half-written folders left"
+    );
     assert_eq!(logged_steps(&out), (1..=24).collect::<Vec<u64>>());
     let runs: Vec<PathBuf> = std::fs::read_dir(out.join("runs"))
         .unwrap()
