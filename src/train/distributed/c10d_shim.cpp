@@ -213,44 +213,6 @@ int tt_all_reduce(tt_group* g, at::Tensor** ts, size_t n, int average, int* stag
   });
 }
 
-// All-reduce of the gradients of `params`, in buckets of about `bucket_bytes` (flattened per
-// bucket, in the given order, which every rank must share). A parameter without a gradient
-// (nothing on this rank reached it) takes part with zeros and gets one.
-int tt_all_reduce_grads(tt_group* g, at::Tensor** params, size_t n, size_t bucket_bytes, int average,
-                        int* staged, char* err, size_t len) {
-  return guarded(err, len, [&] {
-    bool moved = false;
-    std::vector<at::Tensor> bucket;
-    size_t bytes = 0;
-    auto flush = [&] {
-      if (bucket.empty()) return;
-      std::vector<at::Tensor> flat_parts;
-      for (auto& gr : bucket) flat_parts.push_back(gr.reshape({-1}));
-      at::Tensor flat = at::cat(flat_parts);
-      allreduce_flat(g, flat, average != 0, &moved);
-      int64_t offset = 0;
-      for (auto& gr : bucket) {
-        gr.copy_(flat.narrow(0, offset, gr.numel()).view_as(gr));
-        offset += gr.numel();
-      }
-      bucket.clear();
-      bytes = 0;
-    };
-    for (size_t i = 0; i < n; ++i) {
-      at::Tensor& p = *params[i];
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      at::Tensor gr = p.grad();
-      // Buckets hold one dtype each (a flat buffer has one).
-      if (!bucket.empty() && bucket.front().scalar_type() != gr.scalar_type()) flush();
-      bucket.push_back(gr);
-      bytes += gr.numel() * gr.element_size();
-      if (bytes >= bucket_bytes) flush();
-    }
-    flush();
-    *staged = moved ? 1 : 0;
-  });
-}
-
 // Broadcast of each tensor from `root`, in place.
 int tt_broadcast(tt_group* g, at::Tensor** ts, size_t n, int root, int* staged, char* err, size_t len) {
   return guarded(err, len, [&] {

@@ -74,16 +74,6 @@ unsafe extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
-    fn tt_all_reduce_grads(
-        g: *mut tt_group,
-        params: *const AtTensor,
-        n: usize,
-        bucket_bytes: usize,
-        average: c_int,
-        staged: *mut c_int,
-        err: *mut c_char,
-        len: usize,
-    ) -> c_int;
     fn tt_broadcast(
         g: *mut tt_group,
         ts: *const AtTensor,
@@ -440,28 +430,6 @@ impl ProcessGroup {
             )
         };
         self.check("all_reduce", rc, &err).map(|()| staged != 0)
-    }
-
-    /// Reduces the gradients of `params` (the same parameters in the same order on every rank)
-    /// in flat buckets of about `bucket_bytes`; a parameter without a gradient takes part with
-    /// zeros and gets one.
-    pub fn all_reduce_grads(&self, params: &[&Tensor], bucket_bytes: usize, op: Reduce) -> Result<Staged, DistError> {
-        let ptrs: Vec<AtTensor> = params.iter().map(|t| t.as_ptr() as AtTensor).collect();
-        let (mut staged, mut err) = (0, ErrBuf::new());
-        // SAFETY: as in `all_reduce`.
-        let rc = unsafe {
-            tt_all_reduce_grads(
-                self.ptr,
-                ptrs.as_ptr(),
-                ptrs.len(),
-                bucket_bytes,
-                c_int::from(op == Reduce::Mean),
-                &mut staged,
-                err.ptr(),
-                ErrBuf::LEN,
-            )
-        };
-        self.check("all_reduce (gradients)", rc, &err).map(|()| staged != 0)
     }
 
     /// Starts summing the gradients of `params` (one dtype; the same parameters in the same

@@ -41,14 +41,20 @@ struct Buckets {
     begun: usize,
     /// Layers whose gradients left this step.
     reduced: Vec<bool>,
+    buckets: GradBuckets,
+}
+
+/// Gradients summed over the ranks in flat buckets of one dtype and about [`BUCKET_BYTES`]:
+/// parameters are added in an order every rank shares, a full bucket's all-reduce starts at
+/// once, and past `limit` running the oldest is waited for (each holds a flat copy of its
+/// gradients). A limit of 0 waits for each bucket before the next fills (one copy at a time).
+#[derive(Debug)]
+pub(super) struct GradBuckets {
+    limit: usize,
     /// Parameters of the bucket filling now.
     filling: Vec<Tensor>,
     filling_bytes: usize,
     in_flight: VecDeque<Pending>,
-}
-
-fn grad_bytes(p: &Tensor) -> usize {
-    p.numel() * p.kind().elt_size_in_bytes()
 }
 
 impl OverlappedReduce {
@@ -74,9 +80,7 @@ impl OverlappedReduce {
             expected: None,
             begun: 0,
             reduced,
-            filling: Vec::new(),
-            filling_bytes: 0,
-            in_flight: VecDeque::new(),
+            buckets: GradBuckets::new(IN_FLIGHT),
         };
         OverlappedReduce {
             world,
@@ -98,30 +102,37 @@ impl OverlappedReduce {
             .flat_map(|i| s.layers[i].iter().map(Tensor::shallow_clone).collect::<Vec<_>>())
             .chain(s.root.iter().map(Tensor::shallow_clone))
             .collect();
-        let done = pending.iter().try_for_each(|p| s.add(p, &self.world));
-        let done = done.and_then(|()| s.start(&self.world));
-        let waited = s.wait_all(&self.world);
+        let done = s.buckets.add_all(&pending.iter().collect::<Vec<_>>(), &self.world);
         s.reset();
-        done.and(waited)
+        done
     }
 
     /// Drops the step's reductions (a failed step): running buckets are waited for, their
     /// sums ignored.
     pub(crate) fn discard(&self) {
         let mut s = self.state();
-        s.in_flight.clear();
+        s.buckets.discard();
         s.reset();
     }
 }
 
-impl Buckets {
+impl GradBuckets {
+    pub(super) fn new(limit: usize) -> Self {
+        GradBuckets {
+            limit,
+            filling: Vec::new(),
+            filling_bytes: 0,
+            in_flight: VecDeque::new(),
+        }
+    }
+
     /// Adds `p` to the filling bucket, starting it once full (or before a parameter of another
     /// dtype: a flat bucket has one).
     fn add(&mut self, p: &Tensor, world: &World) -> Result<(), DistError> {
         if self.filling.first().is_some_and(|f| f.kind() != p.kind()) {
             self.start(world)?;
         }
-        self.filling_bytes += grad_bytes(p);
+        self.filling_bytes += p.numel() * p.kind().elt_size_in_bytes();
         self.filling.push(p.shallow_clone());
         if self.filling_bytes >= BUCKET_BYTES {
             self.start(world)?;
@@ -129,7 +140,24 @@ impl Buckets {
         Ok(())
     }
 
-    /// Starts the filling bucket's all-reduce; past [`IN_FLIGHT`] running, waits for the oldest.
+    /// Adds `params`, then starts what is filling and waits for every bucket: the gradients
+    /// hold the sums (also on an error, no bucket is left running).
+    pub(super) fn add_all(&mut self, params: &[&Tensor], world: &World) -> Result<(), DistError> {
+        let done = params.iter().try_for_each(|p| self.add(p, world));
+        let done = done.and_then(|()| self.start(world));
+        let waited = self.wait_all(world);
+        self.discard();
+        done.and(waited)
+    }
+
+    /// Drops the filling bucket, and the running ones (each waited for, its sum ignored).
+    fn discard(&mut self) {
+        self.in_flight.clear();
+        self.filling.clear();
+        self.filling_bytes = 0;
+    }
+
+    /// Starts the filling bucket's all-reduce; past `limit` running, waits for the oldest.
     fn start(&mut self, world: &World) -> Result<(), DistError> {
         if self.filling.is_empty() {
             return Ok(());
@@ -140,7 +168,7 @@ impl Buckets {
         if let Some(pending) = world.start_grads(&refs)? {
             self.in_flight.push_back(pending);
         }
-        while self.in_flight.len() > IN_FLIGHT {
+        while self.in_flight.len() > self.limit {
             world.wait(self.in_flight.pop_front())?;
         }
         Ok(())
@@ -152,13 +180,13 @@ impl Buckets {
         }
         Ok(())
     }
+}
 
+impl Buckets {
     fn reset(&mut self) {
         self.expected = None;
         self.begun = 0;
         self.reduced.iter_mut().for_each(|r| *r = false);
-        self.filling.clear();
-        self.filling_bytes = 0;
     }
 
     /// Whether the pass running now is the step's last backward.
@@ -212,7 +240,10 @@ impl Residency for OverlappedReduce {
         s.reduced[i] = true;
         let params: Vec<Tensor> = s.layers[i].iter().map(Tensor::shallow_clone).collect();
         let fail = |e: DistError| ModelError::Input(e.to_string());
-        params.iter().try_for_each(|p| s.add(p, &self.world)).map_err(fail)
+        params
+            .iter()
+            .try_for_each(|p| s.buckets.add(p, &self.world))
+            .map_err(fail)
     }
 }
 

@@ -210,7 +210,8 @@ impl World {
     }
 
     /// Sums the gradients of `params` over every rank (the same parameters in the same order
-    /// everywhere), bucketed; afterwards every rank holds the global sum.
+    /// everywhere), in buckets of about [`BUCKET_BYTES`], each waited for before the next
+    /// fills; afterwards every rank holds the global sum.
     pub fn all_reduce_grads(&self, params: &[&Tensor]) -> Result<(), DistError> {
         if self.measure_wait.load(Ordering::Relaxed)
             && let Some(g) = &self.group
@@ -221,19 +222,13 @@ impl World {
                 .wait_micros
                 .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
-        let bytes = params
-            .iter()
-            .map(|p| p.numel() as u64 * p.kind().elt_size_in_bytes() as u64)
-            .sum();
-        match self.timed(bytes, |g| g.all_reduce_grads(params, BUCKET_BYTES, Reduce::Sum)) {
-            None => Ok(()),
-            Some(r) => r.map(|staged| self.note_staged(staged)),
-        }
+        super::overlap::GradBuckets::new(0).add_all(params, self)
     }
 
-    /// [`World::all_reduce_grads`] of one bucket, started and left running: the gradients of
+    /// One bucket of [`World::all_reduce_grads`], started and left running: the gradients of
     /// `params` (one dtype) hold the sum once [`World::wait`] returns (`None`: one process,
-    /// nothing to do). Timed and counted as the all-reduce's bytes.
+    /// nothing to do); a parameter without a gradient takes part with zeros and gets one.
+    /// Timed and counted as the all-reduce's bytes.
     pub fn start_grads(&self, params: &[&Tensor]) -> Result<Option<Pending>, DistError> {
         let bytes = params
             .iter()
