@@ -236,15 +236,23 @@ impl Manifest {
         dir: &Path,
         wanted: &[(String, Vec<i64>)],
     ) -> Result<BTreeMap<String, Tensor>, ModelError> {
-        let files = (0..self.world_size)
+        let bytes = (0..self.world_size)
             .map(|r| self.read_file(dir, r))
             .collect::<Result<Vec<_>, _>>()?;
+        // Each file's header parsed once, for every unit and kind read from it.
+        let files = (bytes.iter().enumerate())
+            .map(|(r, b)| {
+                let path = dir.join(shard_file(r, self.world_size));
+                let st = open(b, &path)?;
+                Ok((path, st))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
         let path = dir.join(MANIFEST_FILE);
         let shapes: BTreeMap<&str, &Vec<i64>> = wanted.iter().map(|(k, s)| (k.as_str(), s)).collect();
         let mut out = BTreeMap::new();
         for (u, unit) in self.units.iter().enumerate() {
             for prefix in PREFIXES {
-                let Some(whole) = self.unit_whole(dir, &files, &format!("{prefix}.unit{u}"), unit.shard)? else {
+                let Some(whole) = unit_whole(&files, &format!("{prefix}.unit{u}"), unit.shard)? else {
                     continue;
                 };
                 let mut at = 0;
@@ -272,19 +280,23 @@ impl Manifest {
             None => Ok(out),
         }
     }
+}
 
-    /// One unit's `key` from every rank's file, concatenated (`None` when the files lack it).
-    fn unit_whole(&self, dir: &Path, files: &[Vec<u8>], key: &str, shard: i64) -> Result<Option<Tensor>, ModelError> {
-        let mut parts = Vec::new();
-        for (rank, bytes) in files.iter().enumerate() {
-            let path = dir.join(shard_file(rank, self.world_size));
-            let Ok(view) = open(bytes, &path)?.tensor(key) else {
-                return Ok(None);
-            };
-            parts.push(moment_from(&view, key, &[shard]).map_err(|m| bad(&path, m))?);
-        }
-        Ok(Some(Tensor::f_cat(&parts, 0)?))
+/// One unit's `key` from every rank's file (path, parsed), concatenated (`None` when the files
+/// lack it).
+fn unit_whole(
+    files: &[(std::path::PathBuf, safetensors::SafeTensors<'_>)],
+    key: &str,
+    shard: i64,
+) -> Result<Option<Tensor>, ModelError> {
+    let mut parts = Vec::new();
+    for (path, st) in files {
+        let Ok(view) = st.tensor(key) else {
+            return Ok(None);
+        };
+        parts.push(moment_from(&view, key, &[shard]).map_err(|m| bad(path, m))?);
     }
+    Ok(Some(Tensor::f_cat(&parts, 0)?))
 }
 
 fn open<'a>(bytes: &'a [u8], path: &Path) -> Result<safetensors::SafeTensors<'a>, ModelError> {
