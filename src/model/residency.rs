@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use super::{CausalLm, ModelError};
 
-/// A unit of parameters the model asks for by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A unit of parameters the model asks for by name; ordered as a pass's forward meets them
+/// (the root first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ParamUnit {
     /// The embeddings, the final norm and an untied head: gathered at a pass's start and kept
     /// until the optimizer step (the head and a tied embedding serve both ends of the pass).

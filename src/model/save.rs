@@ -209,13 +209,9 @@ impl Model {
     /// the other ranks wait on. Unsharded, the writing rank writes and the others do nothing.
     pub(crate) fn write_weights_by_unit(&self, file: Option<&Path>) -> Result<(), ModelError> {
         let vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
-        let mut units: BTreeMap<(bool, usize), Vec<&String>> = BTreeMap::new();
+        let mut units: BTreeMap<ParamUnit, Vec<&String>> = BTreeMap::new();
         for name in vars.keys() {
-            let key = match ParamUnit::of(name) {
-                ParamUnit::Root => (false, 0),
-                ParamUnit::Layer(i) => (true, i),
-            };
-            units.entry(key).or_default().push(name);
+            units.entry(ParamUnit::of(name)).or_default().push(name);
         }
         let entries = units
             .values()
@@ -225,17 +221,15 @@ impl Model {
         let mut out = file
             .map(|f| SafetensorsOut::create(f, entries, self.kind(), &[]))
             .transpose();
-        for (&(layer, i), names) in &units {
-            let unit = if layer { ParamUnit::Layer(i) } else { ParamUnit::Root };
+        for (&unit, names) in &units {
             self.lm.gather(unit)?;
             if let Ok(Some(writer)) = &mut out
                 && let Err(e) = write_checked(writer, names, &vars)
             {
                 out = Err(e);
             }
-            if layer {
-                self.lm.release(unit)?;
-            }
+            // The root stays gathered until `release_all`.
+            self.lm.release(unit)?;
         }
         self.lm.release_all()?;
         out?.map_or(Ok(()), SafetensorsOut::finish)
