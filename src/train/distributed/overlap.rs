@@ -96,13 +96,14 @@ impl OverlappedReduce {
     /// The step's end: whatever the passes did not reduce (the root, layers of an unannounced
     /// step) is, then every bucket is waited for; the gradients hold the sums over the ranks.
     pub(crate) fn finish(&self) -> Result<(), DistError> {
-        let mut s = self.state();
-        let pending: Vec<Tensor> = (0..s.layers.len())
-            .filter(|&i| !s.reduced[i])
-            .flat_map(|i| s.layers[i].iter().map(Tensor::shallow_clone).collect::<Vec<_>>())
-            .chain(s.root.iter().map(Tensor::shallow_clone))
+        let mut guard = self.state();
+        let s = &mut *guard;
+        let pending: Vec<&Tensor> = (s.layers.iter().zip(&s.reduced))
+            .filter(|(_, reduced)| !**reduced)
+            .flat_map(|(layer, _)| layer)
+            .chain(&s.root)
             .collect();
-        let done = s.buckets.add_all(&pending.iter().collect::<Vec<_>>(), &self.world);
+        let done = s.buckets.add_all(&pending, &self.world);
         s.reset();
         done
     }
@@ -232,15 +233,15 @@ impl Residency for OverlappedReduce {
     /// Layer `i`'s gradients are done: in the step's last backward they join the filling
     /// bucket.
     fn reduce(&self, unit: ParamUnit) -> Result<(), ModelError> {
-        let mut s = self.state();
+        let mut guard = self.state();
+        let s = &mut *guard;
         let ParamUnit::Layer(i) = unit else { return Ok(()) };
         if !s.in_last_pass() || s.reduced.get(i).is_none_or(|r| *r) {
             return Ok(());
         }
         s.reduced[i] = true;
-        let params: Vec<Tensor> = s.layers[i].iter().map(Tensor::shallow_clone).collect();
         let fail = |e: DistError| ModelError::Input(e.to_string());
-        params
+        s.layers[i]
             .iter()
             .try_for_each(|p| s.buckets.add(p, &self.world))
             .map_err(fail)
