@@ -40,7 +40,7 @@ impl Staged {
         world.sum(&mut pid)?;
         let staged = Staged {
             dir: out.join(format!("checkpoint-{step}")),
-            tmp: out.join(format!(".checkpoint-{step}.{}.tmp", pid[0] as u32)),
+            tmp: out.join(format!("{STAGING_PREFIX}{step}.{}{STAGING_SUFFIX}", pid[0] as u32)),
         };
         let made = match world.is_main() {
             true => {
@@ -119,6 +119,15 @@ pub(crate) fn read_state(checkpoint: &Path) -> Result<serde_json::Value, TrainEr
 }
 
 pub(crate) const STATE_FILE: &str = "trainer_state.json";
+
+/// A staged checkpoint folder's name is `.checkpoint-<step>.<pid of rank 0>.tmp`.
+const STAGING_PREFIX: &str = ".checkpoint-";
+const STAGING_SUFFIX: &str = ".tmp";
+
+/// Whether a folder of this name is a staged (so, unless renamed, half-written) checkpoint.
+pub(crate) fn is_staged_name(name: &str) -> bool {
+    name.starts_with(STAGING_PREFIX) && name.ends_with(STAGING_SUFFIX)
+}
 
 #[cfg(test)]
 mod tests {

@@ -139,7 +139,7 @@ pub(crate) fn remove_partial(out: &Path) -> Vec<PathBuf> {
     let partial = std::fs::read_dir(out).into_iter().flatten().flatten().filter(|e| {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        name.starts_with(".checkpoint-") && name.ends_with(".tmp") && e.path().is_dir()
+        super::checkpoint::is_staged_name(&name) && e.path().is_dir()
     });
     partial
         .map(|e| e.path())
