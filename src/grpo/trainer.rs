@@ -216,7 +216,7 @@ impl GrpoTrainer {
         let version = self.state.global_step;
         if let Source::Async(a) = &self.source
             && self.core.model.lm.is_sharded()
-            && version - a.published() > self.config.rollouts.max_staleness
+            && a.behind(version, self.config.rollouts.max_staleness)
         {
             self.publish_weights(version)?;
             self.state.forced_syncs += 1;
@@ -246,8 +246,7 @@ impl GrpoTrainer {
                     // Until the generator has weights recent enough, all it makes is dropped.
                     // (Sharded parameters are gathered for a publish by every rank at once, so
                     // there the step publishes before it waits: see `publish_weights`.)
-                    if version - a.published() > self.config.rollouts.max_staleness && !self.core.model.lm.is_sharded()
-                    {
+                    if a.behind(version, self.config.rollouts.max_staleness) && !self.core.model.lm.is_sharded() {
                         a.publish(version, self.core.model.trainable());
                         self.state.forced_syncs += 1;
                     }

@@ -153,6 +153,12 @@ impl AsyncRollouts {
         self.published
     }
 
+    /// Whether the generator's weights are more than `max_staleness` versions behind
+    /// `version`: all it makes is dropped until weights are published to it.
+    pub(crate) fn behind(&self, version: u64, max_staleness: u64) -> bool {
+        version - self.published > max_staleness
+    }
+
     /// Finished groups waiting.
     pub fn queued(&self) -> usize {
         self.shared.lock().groups.len()

@@ -202,33 +202,21 @@ impl Rich for GrpoTrainer {
                 ))
             })
             .unwrap_or_default();
-        let sharding = generation_weight_rows(
-            self.core.model.lm.is_sharded(),
-            self.async_rollouts().map(|a| a.published_bytes()),
-        );
-        let sharding = match sharding.is_empty() {
-            true => String::new(),
-            false => display::rows_card("Whole weights under full_shard", &sharding),
-        };
         format!(
             "{}{}{}{}{}",
             self.state.html(),
-            self.lora_card(),
-            sharding,
+            card("LoRA", &self.lora_rows()),
+            card("Whole weights under full_shard", &self.generation_rows()),
             self.core.logs.html(),
             tree
         )
     }
 
     fn text(&self) -> String {
-        let sharding = generation_weight_rows(
-            self.core.model.lm.is_sharded(),
-            self.async_rollouts().map(|a| a.published_bytes()),
-        );
         let lora = self
             .lora_rows()
             .iter()
-            .chain(&sharding)
+            .chain(&self.generation_rows())
             .map(|(k, v)| format!("{k}: {v}\n"))
             .collect::<String>();
         self.state.text() + &lora + &self.core.logs.text()
@@ -276,16 +264,22 @@ impl GrpoTrainer {
         rows
     }
 
-    fn lora_card(&self) -> String {
-        let rows = self.lora_rows();
-        match rows.is_empty() {
-            true => String::new(),
-            false => display::rows_card("LoRA", &rows),
-        }
+    /// Under `full_shard`: what generation costs ([`generation_weight_rows`]).
+    fn generation_rows(&self) -> Vec<(&'static str, String)> {
+        let published = self.async_rollouts().map(|a| a.published_bytes());
+        generation_weight_rows(self.core.model.lm.is_sharded(), published)
     }
 }
 
 crate::rich_display!(GrpoTrainer);
+
+/// A card of `rows` titled `title`; nothing without rows.
+fn card(title: &str, rows: &[(&'static str, String)]) -> String {
+    match rows.is_empty() {
+        true => String::new(),
+        false => display::rows_card(title, rows),
+    }
+}
 
 /// What generation costs a run whose parameters are sharded (`full_shard`; nothing otherwise):
 /// the generator reads whole weights, so they are gathered for it. `published`: the bytes an
