@@ -57,8 +57,8 @@ fn main() {
         None,
         "TREETRAIN_CUDA_MEMORY_LIB_BUILT",
     );
-    let nccl = ("src/train/distributed/nccl.cpp", "libtreetrain_nccl.so");
-    let stubs = Some("src/train/distributed/cuda_stubs");
+    let nccl = ("src/distributed/nccl.cpp", "libtreetrain_nccl.so");
+    let stubs = Some("src/distributed/cuda_stubs");
     build_cuda_library(&libtorch, nccl, "nccl.h", stubs, "TREETRAIN_NCCL_LIB_BUILT");
 }
 
@@ -113,7 +113,7 @@ fn compile_cpu_kernels(libtorch: &std::path::Path) {
 }
 
 /// A shared library of treetrain's own that runs on CUDA: `lib` (e.g. the CUDA-graph one,
-/// src/generate/cuda_graph.cpp, or the NCCL one, src/train/distributed/nccl.cpp) into OUT_DIR,
+/// src/generate/cuda_graph.cpp, or the NCCL one, src/distributed/nccl.cpp) into OUT_DIR,
 /// when the headers it needs (`header`: the CUDA runtime's, NCCL's) are at
 /// `TREETRAIN_CUDA_INCLUDE` (scripts/setup-cuda-headers.sh). Its CUDA symbols resolve only when
 /// it is loaded into a process running CUDA libtorch, so nothing here links CUDA. `stubs`: a
@@ -155,7 +155,7 @@ fn build_cuda_library(
 /// The c10d shim, with `-DUSE_C10D_GLOO` when Gloo's headers are at `TREETRAIN_GLOO_INCLUDE`.
 fn compile_c10d_shim(libtorch: &std::path::Path) {
     println!("cargo:rerun-if-env-changed=TREETRAIN_GLOO_INCLUDE");
-    let mut build = torch_build(libtorch, "src/train/distributed/c10d_shim.cpp");
+    let mut build = torch_build(libtorch, "src/distributed/c10d_shim.cpp");
     let gloo = std::env::var_os("TREETRAIN_GLOO_INCLUDE").map(PathBuf::from);
     match gloo.filter(|g| g.join("gloo/algorithm.h").exists()) {
         Some(g) => {

@@ -509,4 +509,4 @@ impl Rich for DemoSummary {
     }
 }
 
-crate::rich_display!(DemoSummary);
+crate::display::rich_display!(DemoSummary);

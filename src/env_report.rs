@@ -3,7 +3,7 @@
 use crate::device::privateuse1::{self, Backend};
 use crate::device::{Accelerators, HostProbe, PadTo, Platform};
 use crate::display::{self, Rich, escape};
-use crate::train::distributed::{GlooDevice, LaunchEnv, built_with_gloo};
+use crate::distributed::{GlooDevice, LaunchEnv, built_with_gloo};
 
 /// Versions, machine, accelerators and the policies that follow, gathered once.
 #[derive(Debug, Clone)]
@@ -306,4 +306,4 @@ impl Rich for EnvReport {
     }
 }
 
-crate::rich_display!(EnvReport);
+crate::display::rich_display!(EnvReport);

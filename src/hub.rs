@@ -269,4 +269,4 @@ impl crate::display::Rich for HubCache {
     }
 }
 
-crate::rich_display!(HubCache);
+crate::display::rich_display!(HubCache);

@@ -111,6 +111,7 @@ pub mod data;
 pub mod demo;
 pub mod device;
 pub mod display;
+pub mod distributed;
 mod env_report;
 pub mod generate;
 pub mod grpo;

@@ -814,17 +814,18 @@ fn launched_and_training(cfg: &Path, out: &Path) -> (Workers, u32, Vec<u32>) {
     (launcher, pid, ranks)
 }
 
-/// A peer killed mid-run: the survivor stops with an error naming its rank and the collective
-/// well within the timeout (replicated, and with the parameters sharded), and `launch` names
-/// the rank that died.
+/// A peer killed mid-run: the survivor stops well within the timeout with an error naming its
+/// rank, the collective and the peer that died (replicated, and with the parameters sharded,
+/// where the failure surfaces inside the model's hooks: never as invalid input; rank 0 killed
+/// too, which takes the store with it), and `launch` names the rank that died.
 #[test]
 fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     let dir = scratch("kill");
     let out = dir.join("out");
-    for extra in ["", "fsdp = \"full_shard\""] {
+    for (extra, victim) in [("", 1), ("fsdp = \"full_shard\"", 1), ("", 0)] {
         let _ = std::fs::remove_dir_all(&out);
         let cfg = sft_toml(&dir, "long", 2, &out, 100_000, extra);
-        survivor_names_itself(&cfg, &out);
+        survivor_names_the_dead_peer(&cfg, &out, victim);
     }
     let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
 
@@ -845,9 +846,10 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two workers of `cfg` started by hand; once a step is logged rank 1 is killed, and rank 0
-/// must fail within the timeout naming itself and the collective it was in.
-fn survivor_names_itself(cfg: &Path, out: &Path) {
+/// Two workers of `cfg` started by hand; once a step is logged rank `victim` is killed, and
+/// the other must fail within the timeout naming itself, the collective it was in and the
+/// dead peer.
+fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, victim: usize) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -872,14 +874,20 @@ fn survivor_names_itself(cfg: &Path, out: &Path) {
         assert!(started.elapsed() < LIMIT, "no step logged");
         std::thread::sleep(Duration::from_millis(50));
     }
-    w.0[1].kill().unwrap();
-    let (status, err) = exit_within(&mut w.0[0], "rank 0 after its peer died");
-    assert!(!status.success(), "rank 0 exited 0 after its peer died");
+    let survivor = 1 - victim;
+    w.0[victim].kill().unwrap();
+    let (status, err) = exit_within(&mut w.0[survivor], "the survivor after its peer died");
+    assert!(!status.success(), "rank {survivor} exited 0 after its peer died");
     let collectives = ["all_reduce", "all_gather", "reduce_scatter", "barrier"];
     assert!(
-        err.contains("rank 0:") && collectives.iter().any(|c| err.contains(c)),
+        err.contains(&format!("rank {survivor}:")) && collectives.iter().any(|c| err.contains(c)),
         "{err}"
     );
+    assert!(
+        err.contains(&format!("no answer from rank {victim} (it died or is stuck)")),
+        "the dead peer is not named: {err}"
+    );
+    assert!(!err.contains("invalid input"), "{err}");
 }
 
 /// SIGTERM or SIGINT to the launcher alone (a scheduler's stop, `kill`): it passes the signal
@@ -922,7 +930,7 @@ fn launch_forwards_sigterm_and_sigint_to_its_workers() {
 fn two_trainers_in_one_process_each_get_their_own_group() {
     let dir = scratch("two-groups");
     let cfg = sft_toml(&dir, "cfg", 2, &dir.join("out"), 2, "");
-    let plan = treetrain::train::distributed::LaunchPlan {
+    let plan = treetrain::distributed::LaunchPlan {
         nproc: 2,
         nodes: Default::default(),
         program: std::env::current_exe().unwrap(),
@@ -940,7 +948,7 @@ fn two_trainers_in_one_process_each_get_their_own_group() {
         timeout: Duration::from_secs(60),
     };
     let started = Instant::now();
-    treetrain::train::distributed::launch(&plan).unwrap();
+    treetrain::distributed::launch(&plan).unwrap();
     assert!(started.elapsed() < LIMIT);
     let _ = std::fs::remove_dir_all(&dir);
 }

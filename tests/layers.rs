@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["util", "display"],
     &["device"],
-    &["shapes", "hub"],
+    &["shapes", "hub", "distributed"],
     &["data", "tokenizer"],
     &["model"],
     &["pack", "generate"],
@@ -20,12 +20,7 @@ const LAYERS: &[&[&str]] = &[
 ];
 
 /// Names the crate root exports (macros and re-exports) and the module each comes from.
-const ROOT_NAMES: &[(&str, &str)] = &[
-    ("rich_display", "display"),
-    ("run_state", "train"),
-    ("EnvReport", "env_report"),
-    ("TCH_VERSION", "env_report"),
-];
+const ROOT_NAMES: &[(&str, &str)] = &[("EnvReport", "env_report"), ("TCH_VERSION", "env_report")];
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))

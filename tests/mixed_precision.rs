@@ -58,7 +58,7 @@ fn bf16_mixed_precision_tracks_the_fp32_loss_curve() {
         .find(|(n, _)| n.ends_with("mlp.up_proj.weight"))
         .unwrap();
     assert_eq!(param.kind(), Kind::BFloat16);
-    let master = t.core().optim.adamw.master_weight(&name).unwrap();
+    let master = t.core().optim.master_weight(&name).unwrap();
     assert_eq!(master.kind(), Kind::Float);
     let rounded = master.to_kind(Kind::BFloat16);
     assert_eq!(
@@ -71,7 +71,7 @@ fn bf16_mixed_precision_tracks_the_fp32_loss_curve() {
     assert!(residual > 0.0, "the master weights carry no extra precision");
     let pure = SftTrainer::new(config(Dtype::Bf16, false, 50, None)).unwrap();
     assert!(
-        pure.core().optim.adamw.master_weight(&name).is_none(),
+        pure.core().optim.master_weight(&name).is_none(),
         "pure bf16 has no master"
     );
 }
@@ -92,8 +92,8 @@ fn mixed_precision_checkpoints_resume_exactly() {
     }
     let name = "model.layers.0.self_attn.q_proj.weight";
     let (ma, mb) = (
-        a.core().optim.adamw.master_weight(name).unwrap(),
-        b.core().optim.adamw.master_weight(name).unwrap(),
+        a.core().optim.master_weight(name).unwrap(),
+        b.core().optim.master_weight(name).unwrap(),
     );
     assert_eq!(
         (ma - mb).abs().max().double_value(&[]),
@@ -116,11 +116,7 @@ fn small_updates_survive_in_the_master_weights_and_are_lost_in_pure_bf16() {
         let mut t = SftTrainer::new(cfg).unwrap();
         let w = |t: &SftTrainer| {
             let w = t.model().vs.variables()[name].to_kind(Kind::Float);
-            t.core()
-                .optim
-                .adamw
-                .master_weight(name)
-                .map_or(w, |m| m.shallow_clone())
+            t.core().optim.master_weight(name).unwrap_or(w)
         };
         let start = w(&t).copy();
         t.train_for(5).unwrap();

@@ -11,8 +11,8 @@ mod common;
 use std::time::Duration;
 
 use treetrain::device::DeviceSpec;
-use treetrain::train::distributed::nccl::{NcclLibrary, version_string};
-use treetrain::train::distributed::{BackendChoice, CommBackend, ProcessGroup, Store};
+use treetrain::distributed::nccl::{NcclLibrary, version_string};
+use treetrain::distributed::{BackendChoice, CommBackend, ProcessGroup, Store};
 
 #[test]
 fn the_nccl_library_resolves_against_a_cuda_libtorch_and_reports_the_missing_gpu() {

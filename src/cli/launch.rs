@@ -2,7 +2,7 @@
 //! hosts with torchrun's multi-node arguments).
 
 use anyhow::{Context, Result};
-use treetrain::train::distributed::{LaunchPlan, Nodes, launch};
+use treetrain::distributed::{LaunchPlan, Nodes, launch};
 
 /// Arguments of `launch`.
 #[derive(clap::Args)]

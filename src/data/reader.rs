@@ -237,4 +237,4 @@ impl crate::display::Rich for Dataset {
     }
 }
 
-crate::rich_display!(Dataset);
+crate::display::rich_display!(Dataset);

@@ -211,7 +211,7 @@ impl crate::display::Rich for Device {
     }
 }
 
-crate::rich_display!(Device);
+crate::display::rich_display!(Device);
 
 #[cfg(test)]
 mod tests {

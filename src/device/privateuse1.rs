@@ -227,7 +227,7 @@ pub(crate) fn index_of(t: &Tensor) -> Option<usize> {
     usize::try_from(index).ok()
 }
 
-crate::rich_display!(Backend);
+crate::display::rich_display!(Backend);
 
 impl Rich for Backend {
     fn html(&self) -> String {

@@ -123,7 +123,6 @@ pub fn show<T: Rich + ?Sized>(value: &T) {
 }
 
 /// Adds the inherent `evcxr_display(&self)` evcxr looks for to types implementing [`Rich`].
-#[macro_export]
 macro_rules! rich_display {
     ($($ty:ty),+ $(,)?) => {$(
         impl $ty {
@@ -134,3 +133,4 @@ macro_rules! rich_display {
         }
     )+};
 }
+pub(crate) use rich_display;

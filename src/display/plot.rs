@@ -471,4 +471,4 @@ impl super::Rich for LineChart {
     }
 }
 
-crate::rich_display!(LineChart);
+crate::display::rich_display!(LineChart);

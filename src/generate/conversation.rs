@@ -100,7 +100,7 @@ impl crate::display::Rich for Conversations {
     }
 }
 
-crate::rich_display!(Conversations);
+crate::display::rich_display!(Conversations);
 
 impl Generator {
     /// Starts `group` conversations per prompt: each prompt prefilled once, its cache row

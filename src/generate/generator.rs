@@ -438,7 +438,7 @@ impl crate::display::Rich for Generator {
     }
 }
 
-crate::rich_display!(Generator);
+crate::display::rich_display!(Generator);
 
 /// Refuses a host KV cache of `rows` x `slots`, with the prefill's working set (a chunk's
 /// attention scores and mask against every slot), larger than the memory available now (what

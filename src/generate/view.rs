@@ -96,4 +96,4 @@ impl Rich for Completions {
     }
 }
 
-crate::rich_display!(Completions);
+crate::display::rich_display!(Completions);

@@ -517,4 +517,4 @@ impl crate::display::Rich for GrpoObjective {
     }
 }
 
-crate::rich_display!(GrpoObjective);
+crate::display::rich_display!(GrpoObjective);

@@ -8,11 +8,11 @@ use std::time::Instant;
 use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
 use super::rollouts::{PromptSampler, PromptSet, RolloutBatch, ScoredGroup};
 use super::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
+use crate::distributed::{World, share};
 use crate::generate::{Completion, FinishReason, GenerationConfig, Generator};
 use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
 use crate::train::TrainError;
-use crate::train::distributed::{World, share};
 use crate::util::SplitMix64;
 
 /// Which share of every batch's prompts a process generates: rank `rank` of `size`.

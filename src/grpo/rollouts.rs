@@ -6,11 +6,11 @@ use super::advantage::mean_std;
 use super::reward::GroupRewards;
 use super::{MultiObjective, ScaleRewards};
 use crate::data::Dataset;
+use crate::distributed::{DistError, World};
 use crate::generate::{Completion, FinishReason};
 use crate::pack::Rollout;
 use crate::tokenizer::{ChatOptions, Tokenizer};
 use crate::train::TrainError;
-use crate::train::distributed::{DistError, World};
 use crate::util::SplitMix64;
 
 /// One usable prompt.

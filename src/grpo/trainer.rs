@@ -104,7 +104,7 @@ impl EntropyControl {
     }
 }
 
-crate::rich_display!(EntropyControl);
+crate::display::rich_display!(EntropyControl);
 
 pub(super) enum Source {
     Sync(Box<RolloutProducer>),
@@ -365,7 +365,7 @@ impl GrpoTrainer {
         let outcome = self
             .core
             .optim
-            .finish_step(world, &self.config.train, version, stats.loss, prompt_rows)?;
+            .finish_step(&self.config.train, version, stats.loss, prompt_rows)?;
         self.state.skipped_steps += usize::from(outcome.skipped);
         if let Some(r) = self
             .reference
@@ -408,7 +408,7 @@ impl GrpoTrainer {
         let (mut best, mut last) = (f64::INFINITY, UpdateStats::default());
         for _ in 0..repeats.max(1) {
             let run = accumulate_gradients(&self.core.model.lm, None, &rows, &self.objective());
-            self.core.optim.discard_gradients();
+            crate::train::zero_grads(self.core.model.trainable());
             last = run?;
             best = best.min(last.forward_backward_s);
         }

@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use super::{GrpoObjective, TermLogprobs, grpo_loss_backward};
 use crate::device::Device;
+use crate::distributed::World;
 use crate::model::{CausalLm, Pass};
 use crate::pack::{PackedRow, Packing, Rollout, distinct_terms, row_logprobs_at};
 use crate::train::TrainError;
-use crate::train::distributed::World;
 
 /// Packs `rollouts` into rows of at most `budget` tokens through the planner (unique tokens
 /// for trees: a group's rollouts share a row while they fit). Both packings emit every

@@ -87,8 +87,8 @@ pub struct CausalLm {
     pub lm_head: Option<Linear>,
     inv_freq: Tensor,
     device: Device,
-    /// Where sharded parameters are gathered and freed (`fsdp = "full_shard"`).
-    pub(crate) residency: Option<std::sync::Arc<dyn super::Residency>>,
+    /// What a parallel strategy does around each unit's use (none by default).
+    pub(crate) hooks: super::PassHooks,
 }
 
 impl CausalLm {
@@ -113,7 +113,7 @@ impl CausalLm {
             lm_head,
             inv_freq,
             device: vs.device().into(),
-            residency: None,
+            hooks: Default::default(),
         }
     }
 
@@ -197,7 +197,7 @@ impl CausalLm {
             inv_freq: self.inv_freq.shallow_clone(),
             device: self.device,
             // The base a LoRA reference reads is never sharded (only trained units are).
-            residency: None,
+            hooks: Default::default(),
         }
     }
 

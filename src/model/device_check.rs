@@ -195,4 +195,4 @@ impl crate::display::Rich for DeviceCheck {
     }
 }
 
-crate::rich_display!(DeviceCheck);
+crate::display::rich_display!(DeviceCheck);

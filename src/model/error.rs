@@ -134,6 +134,10 @@ pub enum ModelError {
     /// The tokenizer files could not be read or copied.
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// A collective of a parallel strategy's hooks failed: a peer died or timed out (names
+    /// this rank, the collective and the peers that did not answer).
+    #[error(transparent)]
+    Collective(#[from] crate::distributed::DistError),
 }
 
 impl ModelError {

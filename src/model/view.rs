@@ -111,4 +111,4 @@ impl Rich for Model {
     }
 }
 
-crate::rich_display!(Model);
+crate::display::rich_display!(Model);

@@ -87,7 +87,7 @@ impl Rich for PackComparison {
     }
 }
 
-crate::rich_display!(PackComparison);
+crate::display::rich_display!(PackComparison);
 
 #[cfg(test)]
 mod tests {

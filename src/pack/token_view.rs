@@ -151,4 +151,4 @@ impl Rich for SegmentTokens {
     }
 }
 
-crate::rich_display!(SegmentTokens);
+crate::display::rich_display!(SegmentTokens);

@@ -190,7 +190,7 @@ impl Rich for TreeView {
     }
 }
 
-crate::rich_display!(TreeView);
+crate::display::rich_display!(TreeView);
 
 fn tree_legend() -> String {
     display::style::legend(&[
@@ -233,7 +233,7 @@ impl Rich for PackedRow {
     }
 }
 
-crate::rich_display!(PackedRow);
+crate::display::rich_display!(PackedRow);
 
 #[cfg(test)]
 mod tests {
@@ -332,4 +332,4 @@ impl Rich for super::PrefixTree {
     }
 }
 
-crate::rich_display!(super::PrefixTree);
+crate::display::rich_display!(super::PrefixTree);

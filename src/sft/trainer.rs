@@ -276,10 +276,7 @@ impl SftTrainer {
             let [loss_sum, real, total] = sums;
             let step = self.state.global_step;
             let rows = || window.iter().flatten().flatten().map(|p| p.0).collect();
-            let outcome = self
-                .core
-                .optim
-                .finish_step(&self.core.world, &self.config.train, step, loss_sum, rows)?;
+            let outcome = self.core.optim.finish_step(&self.config.train, step, loss_sum, rows)?;
             self.state.skipped_steps += usize::from(outcome.skipped);
             self.state.global_step = step + 1;
             let per_epoch = self.batches_of(self.state.epoch)?.len().max(1) as f64;

@@ -55,7 +55,7 @@ impl Rich for TrainerState {
     }
 }
 
-crate::rich_display!(TrainerState);
+crate::display::rich_display!(TrainerState);
 
 impl Rich for SftTrainer {
     fn html(&self) -> String {
@@ -80,9 +80,9 @@ impl Rich for SftEval {
     }
 }
 
-crate::rich_display!(SftEval);
+crate::display::rich_display!(SftEval);
 
-crate::rich_display!(SftTrainer);
+crate::display::rich_display!(SftTrainer);
 
 impl Rich for StepMetrics {
     fn html(&self) -> String {
@@ -102,7 +102,7 @@ impl Rich for StepMetrics {
     }
 }
 
-crate::rich_display!(StepMetrics);
+crate::display::rich_display!(StepMetrics);
 
 impl Rich for SftConfig {
     fn html(&self) -> String {
@@ -113,4 +113,4 @@ impl Rich for SftConfig {
     }
 }
 
-crate::rich_display!(SftConfig);
+crate::display::rich_display!(SftConfig);

@@ -89,7 +89,7 @@ impl Rich for LedgerComparison {
     }
 }
 
-crate::rich_display!(LedgerComparison);
+crate::display::rich_display!(LedgerComparison);
 
 #[cfg(test)]
 mod tests {

@@ -243,7 +243,7 @@ impl Rich for PaddingComparison {
     }
 }
 
-crate::rich_display!(PaddingComparison);
+crate::display::rich_display!(PaddingComparison);
 
 #[cfg(test)]
 mod tests {

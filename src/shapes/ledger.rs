@@ -174,7 +174,7 @@ impl Rich for ShapeLedger {
     }
 }
 
-crate::rich_display!(ShapeLedger);
+crate::display::rich_display!(ShapeLedger);
 
 #[cfg(test)]
 mod tests {

@@ -184,7 +184,7 @@ impl crate::display::Rich for Calculator {
     }
 }
 
-crate::rich_display!(Calculator);
+crate::display::rich_display!(Calculator);
 
 #[cfg(test)]
 mod tests {

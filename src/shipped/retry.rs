@@ -79,7 +79,7 @@ impl crate::display::Rich for RetryGame {
     }
 }
 
-crate::rich_display!(RetryGame);
+crate::display::rich_display!(RetryGame);
 
 #[cfg(test)]
 mod tests {

@@ -268,7 +268,7 @@ fn validate_messages(messages: &Value) -> Result<(), TokenizerError> {
     Ok(())
 }
 
-crate::rich_display!(Tokenizer);
+crate::display::rich_display!(Tokenizer);
 
 impl crate::display::Rich for Tokenizer {
     fn html(&self) -> String {

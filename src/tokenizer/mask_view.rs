@@ -68,7 +68,7 @@ impl Rich for MaskView {
     }
 }
 
-crate::rich_display!(MaskView);
+crate::display::rich_display!(MaskView);
 
 #[cfg(test)]
 mod tests {

@@ -2,18 +2,14 @@
 //! optimizers cannot export theirs), with weight-decay groups and gradient-norm clipping.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Kind, Tensor, nn};
 
-use super::distributed::{DistError, HeldState, OverlappedReduce, World};
-use super::sharding::{FullShard, ShardedState};
 use crate::model::ModelError;
 
 mod files;
 
-pub use files::OptimizerSnapshot;
-pub(crate) use files::{MOMENTS_FILE, STEP_FILE, moment_from};
+pub(crate) use files::{MOMENTS_FILE, STEP_FILE, moment_from, read_step, read_whole, write_step};
 
 /// `|g|^2`, accumulated in f64: libtorch's f32 `norm` of a CPU tensor of millions of elements
 /// is off in the fifth digit, enough to tell one process from N ranks apart.
@@ -23,8 +19,8 @@ pub(crate) fn squared_norm(g: &Tensor) -> f64 {
 
 /// One AdamW update, in PyTorch's order of operations, of the fp32 weights `decayed` (weight
 /// decay already applied) with the fp32 gradient `g`: the moments `(m, v)` are updated in place
-/// and the new weights returned (update number `step`, 1-based, at `lr`). The replicated and
-/// the sharded optimizer both step through it.
+/// and the new weights returned (update number `step`, 1-based, at `lr`). [`AdamW`] and every
+/// sharded strategy of `train::parallel` step through it.
 pub(crate) fn adam_update(
     decayed: &Tensor,
     g: &Tensor,
@@ -128,13 +124,6 @@ pub struct AdamW {
     /// applied to these and the parameters get their rounded values, so updates smaller than a
     /// bf16 step are not lost.
     master: BTreeMap<String, Tensor>,
-    /// Under `fsdp = "shard_grad_op"`: this rank's shards of the moments and master weights
-    /// (the three maps above are then empty).
-    /// Shared with the model's residency under `full_shard`.
-    sharded: Option<Arc<Mutex<ShardedState>>>,
-    /// Under `fsdp = "no_shard"` across processes with `overlap_grad_reduce`: the reducer the
-    /// model's last backward of a step starts gradient buckets through.
-    overlap: Option<Arc<OverlappedReduce>>,
 }
 
 impl AdamW {
@@ -146,142 +135,26 @@ impl AdamW {
     /// [`AdamW::new`]; with `fp32_master`, half-precision variables get fp32 master copies that
     /// the updates go to (mixed precision: half compute, fp32 master weights and moments).
     pub fn with_master_weights(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool) -> Self {
-        Self::with_state(vs, config, fp32_master, true)
-    }
-
-    /// [`AdamW::with_master_weights`], the whole moments and master weights made only when
-    /// `whole` (a run about to [`AdamW::shard`] makes only its shards, never the whole state).
-    pub(crate) fn with_state(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool, whole: bool) -> Self {
         let params: BTreeMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let zeros = |t: &Tensor| Tensor::zeros_like(t).to_kind(Kind::Float);
-        let kept = || params.iter().filter(|_| whole);
-        let master = kept()
+        let master = params
+            .iter()
             .filter(|(_, t)| fp32_master && t.kind() != Kind::Float)
             .map(|(k, t)| (k.clone(), t.detach().to_kind(Kind::Float)))
             .collect();
         AdamW {
             config,
             step: 0,
-            exp_avg: kept().map(|(k, t)| (k.clone(), zeros(t))).collect(),
-            exp_avg_sq: kept().map(|(k, t)| (k.clone(), zeros(t))).collect(),
+            exp_avg: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
+            exp_avg_sq: params.iter().map(|(k, t)| (k.clone(), zeros(t))).collect(),
             master,
             params,
-            sharded: None,
-            overlap: None,
         }
     }
 
-    /// Keeps only this rank's shards of the moments and master weights from now on
-    /// (`fsdp = "shard_grad_op"`, or with `full` `"full_shard"`, whose parameters are sharded
-    /// too; see `train::sharding`); the full ones are freed. Under `full_shard` the returned
-    /// residency goes to the model, which gathers units through it.
-    pub(crate) fn shard(
-        &mut self,
-        world: &Arc<World>,
-        full: Option<super::FsdpConfig>,
-    ) -> Result<Option<Arc<dyn crate::model::Residency>>, ModelError> {
-        if world.size < 2 || self.sharded.is_some() {
-            return Ok(None);
-        }
-        let state = ShardedState::new(&self.params, &self.master, (world.rank, world.size), full.is_some())?;
-        let state = Arc::new(Mutex::new(state));
-        self.sharded = Some(state.clone());
-        self.exp_avg.clear();
-        self.exp_avg_sq.clear();
-        self.master.clear();
-        Ok(full.map(|config| {
-            let world = world.clone();
-            Arc::new(FullShard { state, world, config }) as Arc<dyn crate::model::Residency>
-        }))
-    }
-
-    /// All-reduces the replicated gradients in buckets during the step's last backward from
-    /// now on (`no_shard` across processes): the returned residency goes to the model, which
-    /// calls it as each layer's gradients are done. `None` for one process.
-    pub(crate) fn overlap(&mut self, world: &Arc<World>) -> Option<Arc<dyn crate::model::Residency>> {
-        if world.size < 2 || self.sharded.is_some() {
-            return None;
-        }
-        let reducer = Arc::new(OverlappedReduce::new(&self.params, world.clone()));
-        self.overlap = Some(reducer.clone());
-        Some(reducer as Arc<dyn crate::model::Residency>)
-    }
-
-    /// The sharded state, locked.
-    fn sharded(&self) -> Option<MutexGuard<'_, ShardedState>> {
-        // Poisoned only by a panic of ours mid-update; the shards are whole tensors still.
-        self.sharded
-            .as_ref()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Whether the state is sharded over the ranks.
-    pub fn is_sharded(&self) -> bool {
-        self.sharded.is_some()
-    }
-
-    /// Bytes of optimizer state this rank holds (moments and master weights).
+    /// Bytes of optimizer state held (moments and master weights).
     pub fn state_bytes(&self) -> u64 {
-        match self.sharded() {
-            Some(s) => s.bytes(),
-            None => self.state_tensors().iter().map(|(_, t)| t.numel() as u64 * 4).sum(),
-        }
-    }
-
-    /// What this rank holds under `fsdp` of trained parameters of `parameters` bytes whole.
-    pub(crate) fn held(&self, fsdp: super::Fsdp, parameters: u64) -> HeldState {
-        let Some(s) = self.sharded() else {
-            return HeldState {
-                fsdp: super::Fsdp::NoShard.name(),
-                parameters,
-                gradients: parameters,
-                optimizer: self.state_bytes(),
-            };
-        };
-        let (parameters, gradients, optimizer) = s.held_full().unwrap_or((parameters, parameters, s.bytes()));
-        HeldState {
-            fsdp: fsdp.name(),
-            parameters,
-            gradients,
-            optimizer,
-        }
-    }
-
-    /// Bytes of the fp32 gradient shards a sharded optimizer holds (0 replicated).
-    pub fn gradient_shard_bytes(&self) -> u64 {
-        self.sharded().map_or(0, |s| s.grad_bytes())
-    }
-
-    /// Sums the gradients over `world`'s ranks: whole (replicated), or each rank its shard.
-    pub(crate) fn reduce_grads(&mut self, world: &World) -> Result<(), DistError> {
-        match self.sharded() {
-            Some(mut s) => s.reduce_grads(world),
-            None => match &self.overlap {
-                Some(o) => o.finish(),
-                None => world.all_reduce_grads(&self.parameters()),
-            },
-        }
-    }
-
-    /// [`AdamW::clip_grad_norm`] of the reduced gradients, whole or sharded over `world`.
-    pub(crate) fn clip_in(&self, max_norm: Option<f64>, world: &World) -> Result<f64, DistError> {
-        match self.sharded() {
-            Some(s) => s.clip(max_norm, world),
-            None => Ok(self.clip_grad_norm(max_norm)),
-        }
-    }
-
-    /// [`AdamW::step`] of the reduced gradients; sharded, each rank updates its shard and the
-    /// shards are all-gathered into the parameters.
-    pub(crate) fn step_in(&mut self, lr: f64, world: &World) -> Result<(), ModelError> {
-        match self.sharded.clone() {
-            Some(s) => {
-                self.step += 1;
-                let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
-                s.step(lr, self.step, self.config, world)
-            }
-            None => self.step(lr),
-        }
+        self.state_tensors().iter().map(|(_, t)| t.numel() as u64 * 4).sum()
     }
 
     /// The fp32 master weight of a half-precision parameter, by name (mixed precision).
@@ -292,9 +165,6 @@ impl AdamW {
     /// Every state tensor by its name in `optimizer.safetensors` (`exp_avg.<name>`,
     /// `exp_avg_sq.<name>`, `master.<name>`): what lives beside the parameters on their device.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        if let Some(s) = self.sharded() {
-            return s.tensors().into_iter().map(|(k, t)| (k, t.shallow_clone())).collect();
-        }
         [
             ("exp_avg", &self.exp_avg),
             ("exp_avg_sq", &self.exp_avg_sq),
@@ -344,14 +214,8 @@ impl AdamW {
         })
     }
 
-    /// One update at learning rate `lr`, in PyTorch's order of operations (replicated state;
-    /// a sharded one updates through the trainer, which knows its world).
+    /// One update at learning rate `lr`, in PyTorch's order of operations.
     pub fn step(&mut self, lr: f64) -> Result<(), ModelError> {
-        if self.sharded.is_some() {
-            return Err(ModelError::Input(
-                "a sharded optimizer steps with its world (fsdp)".into(),
-            ));
-        }
         self.step += 1;
         let c = self.config;
         tch::no_grad(|| -> Result<(), ModelError> {
@@ -380,62 +244,35 @@ impl AdamW {
     }
 
     /// The first parameter (by name) holding NaN or infinite values, if any.
-    ///
-    /// Runs after every update, so the common case (all finite) is one reduction and one
-    /// device sync over all parameters; names are looked up only when something is not.
     pub fn first_non_finite(&self) -> Result<Option<&str>, ModelError> {
-        let flags: Vec<Tensor> = self
-            .params
-            .values()
-            .filter(|p| p.is_floating_point())
-            .map(|p| p.f_isfinite()?.f_all())
-            .collect::<Result<_, _>>()?;
-        if flags.is_empty() || Tensor::f_stack(&flags, 0)?.f_all()?.int64_value(&[]) != 0 {
-            return Ok(None);
-        }
-        for (name, p) in &self.params {
-            if !crate::model::all_finite(p)? {
-                return Ok(Some(name));
-            }
-        }
-        Ok(None)
+        first_non_finite(self.params.iter())
     }
 
-    /// [`AdamW::first_non_finite`] over `world`: under `full_shard` the parameters are read
-    /// from this rank's shards and every rank learns whether any rank found one (so all stop).
-    pub(crate) fn first_non_finite_in(&self, world: &World) -> Result<Option<String>, ModelError> {
-        let Some(found) = self.sharded().filter(|s| s.is_full()).map(|s| s.first_non_finite()) else {
-            return Ok(self.first_non_finite()?.map(str::to_string));
-        };
-        let mut found = found?;
-        let mut any = [f64::from(u8::from(found.is_some()))];
-        world.sum(&mut any).map_err(|e| ModelError::Input(e.to_string()))?;
-        if any[0] > 0.0 && found.is_none() {
-            found = Some("a parameter of another rank's shard".into());
-        }
-        Ok(found)
-    }
-
-    /// Zeroes the parameters' gradients, whatever their state (a failed forward or backward).
-    pub fn clear_param_grads(&self) {
-        if let Some(mut s) = self.sharded() {
-            s.discard_grads();
-        }
-        if let Some(o) = &self.overlap {
-            o.discard();
-        }
+    /// Clears every parameter's gradient.
+    pub fn zero_grad(&mut self) {
         clear_grads(self.params.values());
     }
+}
 
-    /// Clears every parameter's gradient (a sharded optimizer also drops its gradient shards
-    /// and frees the gradients).
-    pub fn zero_grad(&mut self) {
-        if let Some(o) = &self.overlap {
-            o.discard();
-        }
-        match self.sharded() {
-            Some(mut s) => s.discard_grads(),
-            None => clear_grads(self.params.values()),
+/// The first of `params` (name, parameter) holding NaN or infinite values, if any.
+///
+/// Runs after every update, so the common case (all finite) is one reduction and one device
+/// sync over all parameters; names are looked up only when something is not.
+pub(crate) fn first_non_finite<'a>(
+    params: impl Iterator<Item = (&'a String, &'a Tensor)> + Clone,
+) -> Result<Option<&'a str>, ModelError> {
+    let flags: Vec<Tensor> = params
+        .clone()
+        .filter(|(_, p)| p.is_floating_point())
+        .map(|(_, p)| p.f_isfinite()?.f_all())
+        .collect::<Result<_, _>>()?;
+    if flags.is_empty() || Tensor::f_stack(&flags, 0)?.f_all()?.int64_value(&[]) != 0 {
+        return Ok(None);
+    }
+    for (name, p) in params {
+        if !crate::model::all_finite(p)? {
+            return Ok(Some(name));
         }
     }
+    Ok(None)
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::TrainError;
-use super::distributed::World;
+use crate::distributed::World;
 
 /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
 /// place, so a crash never leaves a half-written checkpoint under the real name. The temporary

@@ -102,7 +102,7 @@ pub struct TrainConfig {
     pub distributed_timeout_s: f64,
     /// The c10d backend of a multi-process run: `auto` (NCCL for a CUDA run when its library
     /// loads, else Gloo, said once), `gloo` or `nccl` (stops when NCCL cannot be had).
-    pub distributed_backend: crate::train::distributed::CommBackend,
+    pub distributed_backend: crate::distributed::CommBackend,
     /// How a multi-process run shares its state, as transformers' `fsdp`: `no_shard`
     /// (replicated, the default), `shard_grad_op` (ZeRO-2: gradients reduce-scattered, fp32
     /// master weights and AdamW moments sharded) or `full_shard` (ZeRO-3: parameters too,
@@ -271,4 +271,4 @@ impl crate::display::Rich for TrainConfig {
     }
 }
 
-crate::rich_display!(TrainConfig);
+crate::display::rich_display!(TrainConfig);

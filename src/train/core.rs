@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::distributed::World;
 use super::output_lock::OutputLock;
 use super::report::{RunLogs, Scalars};
-use super::{AdamW, LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, resume};
+use super::{LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, parallel, resume};
 use crate::data::Dataset;
 use crate::device::DeviceSpec;
+use crate::distributed::World;
 use crate::hub::HubCache;
 use crate::model::lora::ADAPTER_CONFIG;
 use crate::model::{LoadOptions, Model, SpecialTokens};
@@ -86,37 +86,17 @@ impl TrainCore {
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
-        let whole = config.fsdp == super::Fsdp::NoShard || !world.is_distributed();
-        let mut adamw = AdamW::with_state(model.trainable(), config.adamw, config.mixed_precision, whole);
         let mut model = model;
         let world = Arc::new(world);
-        match (config.fsdp, world.is_distributed()) {
-            (super::Fsdp::NoShard, true) if config.overlap_grad_reduce => {
-                model.lm.set_residency(adamw.overlap(&world));
-            }
-            (super::Fsdp::NoShard, _) => {}
-            (mode, true) => {
-                let full = (mode == super::Fsdp::FullShard).then_some(config.fsdp_config);
-                let residency = adamw.shard(&world, full)?;
-                model.lm.set_residency(residency);
-            }
-            (mode, false) => eprintln!(
-                "treetrain: fsdp = \"{}\" with one process: nothing to shard",
-                mode.name()
-            ),
-        }
-        let parameters: u64 = variables
-            .values()
-            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
-            .sum();
-        world.set_held(adamw.held(config.fsdp, parameters));
-        let schedule = schedule(config, 0);
+        let strategy = parallel::choose(config, &world, &mut model)?;
+        let optim = Optimization::new(strategy, schedule(config, 0));
+        world.set_held(optim.held());
         Ok(TrainCore {
             model,
             tokenizer,
             model_dir,
             load_options,
-            optim: Optimization::new(adamw, schedule),
+            optim,
             special,
             world,
             logs,
@@ -203,7 +183,7 @@ impl TrainCore {
         // every rank makes whatever else fails.
         let mut mine = self.write_model(staged.path());
         if mine.is_ok() && !config.save_only_model {
-            let written = self.optim.adamw.write_state(staged.path(), &self.world);
+            let written = self.optim.write_state(staged.path());
             mine = written.map_err(|e| staged.error(e.to_string()));
         }
         if mine.is_ok() && self.world.is_main() {
@@ -211,9 +191,9 @@ impl TrainCore {
                 .write_state(staged.path(), (config, state), extra)
                 .map_err(|m| staged.error(m));
         }
-        let adamw = &self.optim.adamw;
+        let optim = &self.optim;
         let dir = staged.commit(&self.world, mine, |tmp| {
-            adamw.write_manifest(tmp).map_err(|e| e.to_string())
+            optim.write_manifest(tmp).map_err(|e| e.to_string())
         })?;
         if let (Some(limit), true) = (config.save_total_limit, self.world.is_main()) {
             let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
@@ -329,8 +309,8 @@ impl TrainCore {
                 self.world.size
             )));
         }
-        self.optim.adamw.load(checkpoint).map_err(|e| fail(e.to_string()))?;
-        let step = check_update_count(&value, self.optim.adamw.step).map_err(fail)?;
+        self.optim.load(checkpoint).map_err(|e| fail(e.to_string()))?;
+        let step = check_update_count(&value, self.optim.updates()).map_err(fail)?;
         if let (Some(adapter), Some(draws)) = (&self.model.adapter, value.get(DROPOUT_DRAWS_KEY)) {
             adapter.set_dropout_draws(draws.as_u64().unwrap_or(0));
         }
@@ -507,7 +487,7 @@ fn load_policy(
 fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
     match (spec, world.is_distributed()) {
         (DeviceSpec::Cuda(_) | DeviceSpec::Auto, true) => {
-            crate::train::distributed::rank_gpu(spec, world.local_rank).map_or(spec, |g| DeviceSpec::Cuda(g.index))
+            crate::distributed::rank_gpu(spec, world.local_rank).map_or(spec, |g| DeviceSpec::Cuda(g.index))
         }
         _ => spec,
     }

@@ -74,7 +74,7 @@ pub enum TrainError {
     },
     /// A multi-process rendezvous or collective failed (names the rank).
     #[error(transparent)]
-    Distributed(#[from] super::distributed::DistError),
+    Distributed(#[from] crate::distributed::DistError),
     /// An update left a weight NaN or infinite (the run cannot go on from it).
     #[error(
         "step {step}: the update made `{name}` NaN or infinite (learning rate too high for the precision?); stopped, no checkpoint of it written"

@@ -3,34 +3,34 @@
 //! ([`Optimization`]: clipping, the non-finite policy, the update), checkpoints that resume
 //! exactly (rotated by `save_total_limit`, found by `resume_from_checkpoint = true`), the run
 //! logs ([`report`]: `log.jsonl`, TensorBoard, CSV), the typed [`TrainError`] and the [`Trainer`] trait whose
-//! [`Trainer::train_for`] every caller drives. Plus AdamW with savable state and transformers'
-//! learning-rate schedules.
+//! [`Trainer::train_for`] every caller drives. Plus AdamW with savable state, transformers'
+//! learning-rate schedules, and how several processes share a run's state (`parallel`: one
+//! strategy per `fsdp` mode, over the collectives of [`crate::distributed`]).
 
 mod adamw;
 mod checkpoint;
 mod config;
 pub(crate) mod config_file;
 mod core;
-pub mod distributed;
 mod error;
 mod optimization;
 mod output_lock;
+mod parallel;
 pub mod report;
 mod resume;
 mod schedule;
-mod sharding;
 pub(crate) mod snapshot;
 mod trainer;
 
-pub use crate::run_state;
-pub use adamw::{AdamW, AdamWConfig, OptimizerSnapshot, decays, zero_grads};
+pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
 pub use checkpoint::save_atomically;
 pub use config::{NanPolicy, TrainConfig};
 pub use core::TrainCore;
 pub use error::TrainError;
 pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization, StepOutcome};
+pub use parallel::{BackwardPrefetch, Fsdp, FsdpConfig};
 pub use report::{EventScalars, ReportTo, Scalars};
 pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};
 pub use schedule::{LrSchedule, ScheduleKind};
-pub use sharding::{BackwardPrefetch, Fsdp, FsdpConfig};
+pub(crate) use trainer::run_state;
 pub use trainer::{Progress, RunState, Trainer, every};

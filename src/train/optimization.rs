@@ -1,14 +1,21 @@
-//! The end of every optimizer step, for both trainers: clip, check for non-finite values, update
-//! at the scheduled rate, clear the gradients.
+//! The end of every optimizer step, for both trainers: the gradients summed over the ranks,
+//! clipped, checked for non-finite values, the update at the scheduled rate, the gradients
+//! cleared; all through the run's parallel strategy, which this holds.
 
-use super::distributed::World;
-use super::{AdamW, LrSchedule, NanPolicy, TrainConfig, TrainError};
+use std::path::Path;
 
-/// AdamW and its learning-rate schedule.
+use tch::Tensor;
+
+use super::parallel::Strategy;
+use super::{LrSchedule, NanPolicy, TrainConfig, TrainError};
+use crate::distributed::HeldState;
+use crate::model::ModelError;
+
+/// AdamW under the run's parallel strategy, and its learning-rate schedule.
 #[derive(Debug)]
 pub struct Optimization {
-    /// The optimizer (its moments are checkpointed).
-    pub adamw: AdamW,
+    /// How the ranks share the parameters, gradients and AdamW state (chosen once).
+    strategy: Box<dyn Strategy>,
     /// The learning rate per step.
     pub schedule: LrSchedule,
     /// Steps skipped in a row just before this one (`on_nan = skip`).
@@ -32,19 +39,19 @@ pub struct StepOutcome {
 }
 
 impl Optimization {
-    /// AdamW at `schedule`'s rates.
-    pub fn new(adamw: AdamW, schedule: LrSchedule) -> Self {
+    /// `strategy`'s AdamW at `schedule`'s rates.
+    pub(crate) fn new(strategy: Box<dyn Strategy>, schedule: LrSchedule) -> Self {
         Self {
-            adamw,
+            strategy,
             schedule,
             consecutive_skips: 0,
         }
     }
 
     /// Ends optimizer step `step` (0-based) whose gradients are accumulated and whose loss was
-    /// `loss`: the gradients summed over `world`'s ranks (each rank's loss already divides by
-    /// the global window's count; the identity for one process; each rank its shard under
-    /// `fsdp = "shard_grad_op"`), clipping at
+    /// `loss`: the gradients summed over the ranks (each rank's loss already divides by the
+    /// global window's count; the identity for one process; each rank its shard when
+    /// sharded), clipping at
     /// `config.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
     /// the gradient norm is not finite, `config.on_nan` (skip: the step is dropped; stop: an
     /// error naming `rows()`; [`MAX_CONSECUTIVE_SKIPS`] skips in a row are an error under skip
@@ -52,20 +59,16 @@ impl Optimization {
     /// `loss` is the global one, so every rank decides alike.
     pub fn finish_step(
         &mut self,
-        world: &World,
         config: &TrainConfig,
         step: u64,
         loss: f64,
         rows: impl FnOnce() -> Vec<usize>,
     ) -> Result<StepOutcome, TrainError> {
-        let reduced = self
-            .adamw
-            .reduce_grads(world)
-            .and_then(|()| self.adamw.clip_in(config.max_grad_norm, world));
+        let reduced = (self.strategy.reduce_grads()).and_then(|()| self.strategy.clip(config.max_grad_norm));
         let grad_norm = match reduced {
             Ok(norm) => norm,
             Err(e) => {
-                self.adamw.zero_grad();
+                self.strategy.discard_grads();
                 return Err(e.into());
             }
         };
@@ -78,16 +81,16 @@ impl Optimization {
             None
         };
         let updated = match bad {
-            None => self.adamw.step_in(lr, world),
+            None => self.strategy.update(lr),
             Some(_) => Ok(()),
         };
-        self.adamw.zero_grad();
+        self.strategy.discard_grads();
         updated?;
         // Finite gradients at a finite rate can still overflow a weight (a huge rate, low
         // precision): the run stops whatever `on_nan` says, before any checkpoint (which would
         // refuse the tensor anyway) or another step trains on it.
         if bad.is_none()
-            && let Some(name) = self.adamw.first_non_finite_in(world)?
+            && let Some(name) = self.strategy.first_non_finite()?
         {
             return Err(TrainError::NonFiniteWeights { step: step + 1, name });
         }
@@ -113,7 +116,44 @@ impl Optimization {
     }
 
     /// Clears gradients a failed forward or backward left behind, so the next step starts clean.
-    pub fn discard_gradients(&self) {
-        self.adamw.clear_param_grads();
+    pub fn discard_gradients(&mut self) {
+        self.strategy.discard_grads();
+    }
+
+    /// Updates done.
+    pub fn updates(&self) -> u64 {
+        self.strategy.updates()
+    }
+
+    /// The optimizer's state tensors by their names in its checkpoint file (this rank's shards
+    /// when sharded).
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        self.strategy.state_tensors()
+    }
+
+    /// The whole fp32 master weight of a half-precision parameter (mixed precision), when this
+    /// rank holds one (not when the state is sharded).
+    pub fn master_weight(&self, name: &str) -> Option<Tensor> {
+        self.strategy.master_weight(name)
+    }
+
+    /// What this rank holds of the run's state, in bytes.
+    pub(crate) fn held(&self) -> HeldState {
+        self.strategy.held()
+    }
+
+    /// This rank's part of the optimizer state in the checkpoint folder `dir`.
+    pub(crate) fn write_state(&self, dir: &Path) -> Result<(), ModelError> {
+        self.strategy.write_state(dir)
+    }
+
+    /// Rank 0, once every rank's part is written: the file naming them (sharded state).
+    pub(crate) fn write_manifest(&self, dir: &Path) -> Result<(), ModelError> {
+        self.strategy.write_manifest(dir)
+    }
+
+    /// The optimizer state of the checkpoint folder `dir`.
+    pub(crate) fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
+        self.strategy.load(dir)
     }
 }

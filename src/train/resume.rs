@@ -106,7 +106,7 @@ pub(crate) fn resumable(dir: &Path) -> bool {
     let has = |f: &str| dir.join(f).is_file();
     has(super::checkpoint::STATE_FILE)
         && has(super::adamw::STEP_FILE)
-        && (has(super::adamw::MOMENTS_FILE) || has(super::sharding::MANIFEST_FILE))
+        && (has(super::adamw::MOMENTS_FILE) || has(super::parallel::MANIFEST_FILE))
 }
 
 /// The newest resumable checkpoint of `out`. Checkpoint folders only ever appear whole (they

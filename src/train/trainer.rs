@@ -29,7 +29,6 @@ pub trait RunState {
 }
 
 /// Implements [`RunState`] for a state with `global_step` and `total_steps` fields.
-#[macro_export]
 macro_rules! run_state {
     ($ty:ty) => {
         impl $crate::train::RunState for $ty {
@@ -42,6 +41,7 @@ macro_rules! run_state {
         }
     };
 }
+pub(crate) use run_state;
 
 /// A trainer: built from its config (resuming from a checkpoint or not), stepped, saved.
 pub trait Trainer: Sized {
@@ -183,7 +183,7 @@ impl crate::display::Rich for Progress {
     }
 }
 
-crate::rich_display!(Progress);
+crate::display::rich_display!(Progress);
 
 #[cfg(test)]
 mod tests {

@@ -188,7 +188,7 @@ impl Rich for GrpoState {
     }
 }
 
-crate::rich_display!(GrpoState);
+crate::display::rich_display!(GrpoState);
 
 impl Rich for GrpoTrainer {
     fn html(&self) -> String {
@@ -271,7 +271,7 @@ impl GrpoTrainer {
     }
 }
 
-crate::rich_display!(GrpoTrainer);
+crate::display::rich_display!(GrpoTrainer);
 
 /// A card of `rows` titled `title`; nothing without rows.
 fn card(title: &str, rows: &[(&'static str, String)]) -> String {
@@ -379,7 +379,7 @@ impl Rich for GrpoSettings {
     }
 }
 
-crate::rich_display!(GrpoSettings);
+crate::display::rich_display!(GrpoSettings);
 
 impl Rich for super::GrpoConfig {
     fn html(&self) -> String {
@@ -391,7 +391,7 @@ impl Rich for super::GrpoConfig {
     }
 }
 
-crate::rich_display!(super::GrpoConfig);
+crate::display::rich_display!(super::GrpoConfig);
 
 /// Each group of a [`super::GrpoConfig`] renders as the settings it holds, under TRL's names
 /// (a notebook cell may end with `config.loss`).
@@ -407,7 +407,7 @@ macro_rules! config_group_display {
             }
         }
 
-        crate::rich_display!(super::$group);
+        crate::display::rich_display!(super::$group);
     )*};
 }
 
@@ -438,7 +438,7 @@ impl Rich for super::GrpoTrainerBuilder {
     }
 }
 
-crate::rich_display!(super::GrpoTrainerBuilder);
+crate::display::rich_display!(super::GrpoTrainerBuilder);
 
 /// Rows of a rollout-batch table shown open; the rest sit in a closed block.
 const BATCH_ROWS_OPEN: usize = 8;
@@ -508,7 +508,7 @@ impl super::RolloutBatch {
     }
 }
 
-crate::rich_display!(super::RolloutBatch);
+crate::display::rich_display!(super::RolloutBatch);
 
 #[cfg(test)]
 mod settings_tests {

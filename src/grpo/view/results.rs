@@ -38,7 +38,7 @@ impl Rich for super::super::EvalResult {
     }
 }
 
-crate::rich_display!(super::super::EvalResult);
+crate::display::rich_display!(super::super::EvalResult);
 
 impl super::super::EvalBreakdown {
     fn header(&self) -> Vec<String> {
@@ -89,7 +89,7 @@ impl Rich for super::super::EvalBreakdown {
     }
 }
 
-crate::rich_display!(super::super::EvalBreakdown);
+crate::display::rich_display!(super::super::EvalBreakdown);
 
 impl Rich for super::super::UpdateStats {
     fn html(&self) -> String {
@@ -138,7 +138,7 @@ impl Rich for super::super::UpdateStats {
     }
 }
 
-crate::rich_display!(super::super::UpdateStats);
+crate::display::rich_display!(super::super::UpdateStats);
 
 impl Rich for GrpoStepMetrics {
     fn html(&self) -> String {
@@ -168,7 +168,7 @@ impl Rich for GrpoStepMetrics {
     }
 }
 
-crate::rich_display!(GrpoStepMetrics);
+crate::display::rich_display!(GrpoStepMetrics);
 
 impl Rich for super::super::PromptSet {
     fn html(&self) -> String {
@@ -200,7 +200,7 @@ impl Rich for super::super::PromptSet {
     }
 }
 
-crate::rich_display!(super::super::PromptSet);
+crate::display::rich_display!(super::super::PromptSet);
 
 impl Rich for super::super::RewardFn {
     fn html(&self) -> String {
@@ -215,4 +215,4 @@ impl Rich for super::super::RewardFn {
     }
 }
 
-crate::rich_display!(super::super::RewardFn);
+crate::display::rich_display!(super::super::RewardFn);

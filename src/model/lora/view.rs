@@ -96,4 +96,4 @@ impl Rich for LoraAdapter {
     }
 }
 
-crate::rich_display!(LoraAdapter);
+crate::display::rich_display!(LoraAdapter);

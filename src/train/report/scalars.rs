@@ -140,7 +140,7 @@ impl Rich for EventScalars {
     }
 }
 
-crate::rich_display!(EventScalars);
+crate::display::rich_display!(EventScalars);
 
 #[cfg(test)]
 mod tests {

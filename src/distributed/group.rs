@@ -227,8 +227,9 @@ pub struct ProcessGroup {
     ptr: *mut tt_group,
     rank: usize,
     size: usize,
-    // The group holds the store through a prefix store; kept so it outlives the group.
-    _store: Store,
+    // The group holds the store through a prefix store; kept so it outlives the group (and
+    // for the survivors of a failed collective to say who answered).
+    store: Store,
     // The library that made an NCCL group; closed after the group is freed.
     _nccl: Option<super::nccl::NcclLibrary>,
 }
@@ -308,7 +309,7 @@ pub enum Reduce {
 
 /// The result of a collective on tensors: whether they went through host memory (tensors on a
 /// device Gloo cannot read).
-pub type Staged = bool;
+pub type ThroughHost = bool;
 
 impl ProcessGroup {
     /// Joins (or, on rank 0 with a hosting store, opens) the group of `size` ranks in `store`,
@@ -354,7 +355,7 @@ impl ProcessGroup {
             ptr,
             rank,
             size,
-            _store: store,
+            store,
             _nccl: None,
         })
     }
@@ -391,9 +392,14 @@ impl ProcessGroup {
             ptr,
             rank,
             size,
-            _store: store,
+            store,
             _nccl: Some(library),
         })
+    }
+
+    /// The store the group met in.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// This process's rank.
@@ -414,7 +420,7 @@ impl ProcessGroup {
     }
 
     /// Reduces each tensor over every rank, in place.
-    pub fn all_reduce(&self, tensors: &[&Tensor], op: Reduce) -> Result<Staged, DistError> {
+    pub fn all_reduce(&self, tensors: &[&Tensor], op: Reduce) -> Result<ThroughHost, DistError> {
         let ptrs: Vec<AtTensor> = tensors.iter().map(|t| t.as_ptr() as AtTensor).collect();
         let (mut staged, mut err) = (0, ErrBuf::new());
         // SAFETY: live tensors for the duration of the call.
@@ -436,7 +442,7 @@ impl ProcessGroup {
     /// order on every rank) as one flat bucket; a parameter without a gradient takes part with
     /// zeros and gets one. The gradients hold the sum once the [`Pending`] is waited for, and
     /// must not change until then.
-    pub fn start_grads(&self, params: &[&Tensor]) -> Result<(Staged, Pending), DistError> {
+    pub fn start_grads(&self, params: &[&Tensor]) -> Result<(ThroughHost, Pending), DistError> {
         let ptrs: Vec<AtTensor> = params.iter().map(|t| t.as_ptr() as AtTensor).collect();
         let mut pending = Pending {
             ptr: std::ptr::null_mut(),
@@ -462,7 +468,7 @@ impl ProcessGroup {
     }
 
     /// Copies each tensor of rank `root` into the same tensor on every other rank.
-    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<Staged, DistError> {
+    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<ThroughHost, DistError> {
         let ptrs: Vec<AtTensor> = tensors.iter().map(|t| t.as_ptr() as AtTensor).collect();
         let (mut staged, mut err) = (0, ErrBuf::new());
         // SAFETY: as in `all_reduce`.
@@ -504,7 +510,7 @@ impl ProcessGroup {
     /// kept alive until then). A reduce-scatter sums `input` `[size * n]` over every rank and
     /// leaves this rank's part (elements `rank * n ..`) in `output` `[n]`; an all-gather puts
     /// every rank's `input` `[n]` into `output` `[size * n]`, in rank order.
-    pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<(Staged, Pending), DistError> {
+    pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<(ThroughHost, Pending), DistError> {
         let n = output.numel().max(input.numel());
         let small = input.numel().min(output.numel());
         if small * self.size != n {

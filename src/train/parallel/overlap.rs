@@ -6,24 +6,26 @@
 //! for ranks with fewer rows), so every rank starts the same buckets in the same order.
 //!
 //! Buckets fill with whole layers, last layer first, and start once they hold
-//! [`super::BUCKET_BYTES`] or more; at most [`IN_FLIGHT`] are left running (each holds a flat
+//! [`BUCKET_BYTES`] or more; at most [`IN_FLIGHT`] are left running (each holds a flat
 //! copy of its gradients), the oldest waited for first. The root (embeddings, final norm, head)
 //! and anything a pass did not reach are reduced when the step ends, then every bucket is
 //! waited for. A step whose passes were not announced reduces everything then, as without
 //! overlap.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::Tensor;
 
-use super::{BUCKET_BYTES, DistError, Pending, World};
-use crate::model::{ModelError, ParamUnit, Pass, Residency};
+use super::units::{Unit, UnitKey};
+#[cfg(doc)]
+use crate::distributed::BUCKET_BYTES;
+use crate::distributed::{DistError, GradBuckets, World};
+use crate::model::{GradReduction, ModelError, ParamUnit, Pass};
 
 /// Buckets left running before the oldest is waited for.
 const IN_FLIGHT: usize = 8;
 
-/// The reducer a `no_shard` model calls back into (its [`Residency`]).
+/// The reducer a `no_shard` model calls back into (its [`GradReduction`]).
 #[derive(Debug)]
 pub(crate) struct OverlappedReduce {
     world: Arc<World>,
@@ -44,33 +46,21 @@ struct Buckets {
     buckets: GradBuckets,
 }
 
-/// Gradients summed over the ranks in flat buckets of one dtype and about [`BUCKET_BYTES`]:
-/// parameters are added in an order every rank shares, a full bucket's all-reduce starts at
-/// once, and past `limit` running the oldest is waited for (each holds a flat copy of its
-/// gradients). A limit of 0 waits for each bucket before the next fills (one copy at a time).
-#[derive(Debug)]
-pub(super) struct GradBuckets {
-    limit: usize,
-    /// Parameters of the bucket filling now.
-    filling: Vec<Tensor>,
-    filling_bytes: usize,
-    in_flight: VecDeque<Pending>,
-}
-
 impl OverlappedReduce {
-    /// The reducer of `params` (the trained parameters by name, the same on every rank).
-    pub(crate) fn new(params: &BTreeMap<String, Tensor>, world: Arc<World>) -> Self {
+    /// The reducer of `units` (the same on every rank).
+    pub(crate) fn new(units: &[Unit], world: Arc<World>) -> Self {
         let mut layers: Vec<Vec<Tensor>> = Vec::new();
         let mut root = Vec::new();
-        for (name, p) in params {
-            match ParamUnit::of(name) {
-                ParamUnit::Layer(i) => {
+        for unit in units {
+            let params = unit.params.iter().map(Tensor::shallow_clone);
+            match unit.key {
+                UnitKey::Layer(i) => {
                     if layers.len() <= i {
                         layers.resize_with(i + 1, Vec::new);
                     }
-                    layers[i].push(p.shallow_clone());
+                    layers[i].extend(params);
                 }
-                ParamUnit::Root => root.push(p.shallow_clone()),
+                UnitKey::Embeddings | UnitKey::Rest => root.extend(params),
             }
         }
         let reduced = vec![false; layers.len()];
@@ -117,72 +107,6 @@ impl OverlappedReduce {
     }
 }
 
-impl GradBuckets {
-    pub(super) fn new(limit: usize) -> Self {
-        GradBuckets {
-            limit,
-            filling: Vec::new(),
-            filling_bytes: 0,
-            in_flight: VecDeque::new(),
-        }
-    }
-
-    /// Adds `p` to the filling bucket, starting it once full (or before a parameter of another
-    /// dtype: a flat bucket has one).
-    fn add(&mut self, p: &Tensor, world: &World) -> Result<(), DistError> {
-        if self.filling.first().is_some_and(|f| f.kind() != p.kind()) {
-            self.start(world)?;
-        }
-        self.filling_bytes += p.numel() * p.kind().elt_size_in_bytes();
-        self.filling.push(p.shallow_clone());
-        if self.filling_bytes >= BUCKET_BYTES {
-            self.start(world)?;
-        }
-        Ok(())
-    }
-
-    /// Adds `params`, then starts what is filling and waits for every bucket: the gradients
-    /// hold the sums (also on an error, no bucket is left running).
-    pub(super) fn add_all(&mut self, params: &[&Tensor], world: &World) -> Result<(), DistError> {
-        let done = params.iter().try_for_each(|p| self.add(p, world));
-        let done = done.and_then(|()| self.start(world));
-        let waited = self.wait_all(world);
-        self.discard();
-        done.and(waited)
-    }
-
-    /// Drops the filling bucket, and the running ones (each waited for, its sum ignored).
-    fn discard(&mut self) {
-        self.in_flight.clear();
-        self.filling.clear();
-        self.filling_bytes = 0;
-    }
-
-    /// Starts the filling bucket's all-reduce; past `limit` running, waits for the oldest.
-    fn start(&mut self, world: &World) -> Result<(), DistError> {
-        if self.filling.is_empty() {
-            return Ok(());
-        }
-        let params = std::mem::take(&mut self.filling);
-        self.filling_bytes = 0;
-        let refs: Vec<&Tensor> = params.iter().collect();
-        if let Some(pending) = world.start_grads(&refs)? {
-            self.in_flight.push_back(pending);
-        }
-        while self.in_flight.len() > self.limit {
-            world.wait(self.in_flight.pop_front())?;
-        }
-        Ok(())
-    }
-
-    fn wait_all(&mut self, world: &World) -> Result<(), DistError> {
-        while let Some(p) = self.in_flight.pop_front() {
-            world.wait(Some(p))?;
-        }
-        Ok(())
-    }
-}
-
 impl Buckets {
     fn reset(&mut self) {
         self.expected = None;
@@ -196,26 +120,7 @@ impl Buckets {
     }
 }
 
-impl Residency for OverlappedReduce {
-    fn gather(&self, _: ParamUnit) -> Result<(), ModelError> {
-        Ok(())
-    }
-    fn prefetch(&self, _: ParamUnit, _: crate::model::Phase) -> Result<(), ModelError> {
-        Ok(())
-    }
-    fn release(&self, _: ParamUnit) -> Result<(), ModelError> {
-        Ok(())
-    }
-    fn gather_all(&self) -> Result<(), ModelError> {
-        Ok(())
-    }
-    fn release_all(&self) -> Result<(), ModelError> {
-        Ok(())
-    }
-    fn shards_parameters(&self) -> bool {
-        false
-    }
-
+impl GradReduction for OverlappedReduce {
     fn expect_backward_passes(&self, backward: usize) {
         let mut s = self.state();
         s.expected = Some(backward);
@@ -240,21 +145,21 @@ impl Residency for OverlappedReduce {
             return Ok(());
         }
         s.reduced[i] = true;
-        let fail = |e: DistError| ModelError::Input(e.to_string());
-        s.layers[i]
-            .iter()
-            .try_for_each(|p| s.buckets.add(p, &self.world))
-            .map_err(fail)
+        s.layers[i].iter().try_for_each(|p| s.buckets.add(p, &self.world))?;
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use tch::{Device, Kind};
 
+    use super::super::units::units_of;
     use super::*;
+    use crate::distributed::BUCKET_BYTES;
 
     /// Two ranks (threads on a file store) over two layers of a bucket's size and a root: a
     /// step of two backward passes starts nothing in its first, starts each layer's bucket as
@@ -288,7 +193,7 @@ mod tests {
                         5
                     }
                 }
-                let r = OverlappedReduce::new(&params, world.clone());
+                let r = OverlappedReduce::new(&units_of(&params), world.clone());
                 // Each pass adds (rank + 1) * (pass + 1) to every gradient.
                 let pass = |k: usize| {
                     r.begin_pass(Pass::ForwardBackward).unwrap();

@@ -17,7 +17,7 @@
 #endif
 #include <ATen/ATen.h>
 
-#include "../../shim/guarded.hpp"
+#include "../shim/guarded.hpp"
 
 #include <chrono>
 #include <cstring>

@@ -47,6 +47,10 @@ pub struct World {
     /// Rank on this host (which accelerator it drives).
     pub local_rank: usize,
     group: Option<ProcessGroup>,
+    /// Where this group's keys live in its store.
+    prefix: String,
+    /// A collective failed and the peers were asked (once: the group is broken after).
+    failed: AtomicBool,
     staged_said: AtomicBool,
     measure_wait: AtomicBool,
     stats: CommStats,
@@ -87,15 +91,21 @@ impl Default for World {
 impl World {
     /// One process.
     pub fn single() -> Self {
-        Self::with_group(0, 1, 0, None)
+        Self::with_group((0, 1, 0), None, String::new())
     }
 
-    fn with_group(rank: usize, size: usize, local_rank: usize, group: Option<ProcessGroup>) -> Self {
+    fn with_group(
+        (rank, size, local_rank): (usize, usize, usize),
+        group: Option<ProcessGroup>,
+        prefix: String,
+    ) -> Self {
         World {
             rank,
             size,
             local_rank,
             group,
+            prefix,
+            failed: AtomicBool::new(false),
             staged_said: AtomicBool::new(false),
             measure_wait: AtomicBool::new(false),
             stats: CommStats::default(),
@@ -142,7 +152,11 @@ impl World {
                 BackendChoice::Gloo(None) => {}
             }
         }
-        Ok(Self::with_group(env.rank, env.size, env.local_rank, Some(group)))
+        Ok(Self::with_group(
+            (env.rank, env.size, env.local_rank),
+            Some(group),
+            prefix,
+        ))
     }
 
     /// Joins a group of `size` ranks meeting in the file `path` (tests, shared file systems);
@@ -151,7 +165,7 @@ impl World {
         let store = Store::file(path, size, timeout, rank)?;
         let device = GlooDevice::Hostname("127.0.0.1".into());
         let group = ProcessGroup::gloo(store, "treetrain", rank, size, &device, timeout)?;
-        Ok(Self::with_group(rank, size, rank, Some(group)))
+        Ok(Self::with_group((rank, size, rank), Some(group), "treetrain".into()))
     }
 
     /// Whether this is rank 0: the one that logs, displays and writes checkpoints.
@@ -192,7 +206,7 @@ impl World {
     ) -> Option<Result<T, DistError>> {
         let g = self.group.as_ref()?;
         let start = Instant::now();
-        let out = f(g);
+        let out = f(g).map_err(|e| self.asked_peers(g, e));
         self.stats
             .micros
             .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -222,7 +236,7 @@ impl World {
                 .wait_micros
                 .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
-        super::overlap::GradBuckets::new(0).add_all(params, self)
+        super::GradBuckets::new(0).add_all(params, self)
     }
 
     /// One bucket of [`World::all_reduce_grads`], started and left running: the gradients of
@@ -312,11 +326,12 @@ impl World {
         };
         let to_vec =
             |t: &Tensor| Vec::<i64>::try_from(t).map_err(|e| DistError::new(self.rank, "all_gather", e.to_string()));
-        let lengths = to_vec(&g.all_gather(&Tensor::from_slice(&[bytes.len() as i64]))?.view([-1]))?;
+        let gather = |t: &Tensor| g.all_gather(t).map_err(|e| self.asked_peers(g, e));
+        let lengths = to_vec(&gather(&Tensor::from_slice(&[bytes.len() as i64]))?.view([-1]))?;
         let longest = lengths.iter().copied().max().unwrap_or(0).max(1) as usize;
         let mut padded = bytes.to_vec();
         padded.resize(longest, 0);
-        let all = g.all_gather(&Tensor::from_slice(&padded))?;
+        let all = gather(&Tensor::from_slice(&padded))?;
         let all = Vec::<u8>::try_from(&all.view([-1]).to_kind(Kind::Uint8))
             .map_err(|e| DistError::new(self.rank, "all_gather", e.to_string()))?;
         Ok(lengths
@@ -340,10 +355,40 @@ impl World {
     pub fn barrier(&self) -> Result<(), DistError> {
         match &self.group {
             None => Ok(()),
-            Some(g) => g.barrier(),
+            Some(g) => g.barrier().map_err(|e| self.asked_peers(g, e)),
         }
     }
+
+    /// `e`, a failed collective, with the peers that did not answer: the first failure of a
+    /// rank reports itself in the store, then waits a moment for every peer to do the same (a
+    /// peer that died or is stuck never does). A store that cannot be reached was rank 0's
+    /// (its host, gone). Asked once: the group is broken after a failure.
+    fn asked_peers(&self, g: &ProcessGroup, mut e: DistError) -> DistError {
+        if self.failed.swap(true, Ordering::Relaxed) {
+            return e;
+        }
+        let key = |rank: usize| format!("{}/failed/rank{rank}", self.prefix);
+        let store = g.store();
+        if store.add(&key(self.rank), 1, self.rank).is_err() {
+            e.silent = if self.rank == 0 { Vec::new() } else { vec![0] };
+            e.message.push_str(" (the rendezvous store is unreachable)");
+            return e;
+        }
+        let started = Instant::now();
+        let mut silent: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+        while !silent.is_empty() && started.elapsed() < PEER_ANSWER {
+            silent.retain(|&r| store.add(&key(r), 0, self.rank).map_or(true, |n| n == 0));
+            if !silent.is_empty() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        e.silent = silent;
+        e
+    }
 }
+
+/// How long the survivors of a failed collective wait for each other's answer.
+const PEER_ANSWER: Duration = Duration::from_secs(3);
 
 impl World {
     fn rows(&self) -> Vec<(&'static str, String)> {
@@ -388,7 +433,7 @@ impl crate::display::Rich for World {
     }
 }
 
-crate::rich_display!(World);
+crate::display::rich_display!(World);
 
 /// Rank `rank`'s contiguous share of `n` items among `size` ranks.
 pub fn share(n: usize, rank: usize, size: usize) -> Range<usize> {

@@ -12,7 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include "../../shim/guarded.hpp"
+#include "../shim/guarded.hpp"
 
 #include <chrono>
 #include <stdexcept>

@@ -15,9 +15,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::ShardedState;
+use super::shards::Shards;
 use crate::model::{ModelError, SafetensorsOut};
-use crate::train::adamw::moment_from;
+use crate::train::adamw::{moment_from, read_step, read_whole, write_step};
 
 /// The manifest's file name.
 pub(crate) const MANIFEST_FILE: &str = "optimizer.shards.json";
@@ -52,34 +52,41 @@ fn shard_file(rank: usize, size: usize) -> String {
 
 const PREFIXES: [&str; 3] = ["exp_avg", "exp_avg_sq", "master"];
 
-impl ShardedState {
+impl Shards {
     fn layout(&self) -> Vec<UnitLayout> {
-        let unit = |u: &super::Unit| UnitLayout {
+        let unit = |(u, shard): (&super::units::Unit, &i64)| UnitLayout {
             params: u.names.iter().cloned().zip(u.params.iter().map(|p| p.size())).collect(),
-            shard: u.shard,
+            shard: *shard,
         };
-        self.units.iter().map(unit).collect()
+        self.units.iter().zip(&self.shard).map(unit).collect()
     }
 
-    /// Writes this rank's shards into the checkpoint folder `dir`, a tensor at a time.
-    pub(crate) fn write_shard(&self, dir: &Path) -> Result<(), ModelError> {
-        let tensors = self.tensors();
+    /// This rank's part of a checkpoint in the folder `dir` every rank writes into: its shards
+    /// (the moments and `masters`), a tensor at a time; rank 0 writes `optimizer.json` too.
+    pub(crate) fn write_state(&self, dir: &Path, masters: &[Option<&Tensor>]) -> Result<(), ModelError> {
+        let (rank, size) = (self.world.rank, self.world.size);
+        let tensors = self.tensors(masters);
         let entries = tensors.iter().map(|(n, t)| (n.clone(), t.size())).collect();
-        let meta = [("rank", self.rank.to_string()), ("world_size", self.size.to_string())];
-        let path = dir.join(shard_file(self.rank, self.size));
+        let meta = [("rank", rank.to_string()), ("world_size", size.to_string())];
+        let path = dir.join(shard_file(rank, size));
         let mut out = SafetensorsOut::create(&path, entries, Kind::Float, &meta)?;
         for (_, t) in &tensors {
             out.write(t)?;
         }
-        out.finish()
+        out.finish()?;
+        match self.world.is_main() {
+            true => write_step(dir, self.step, &self.config),
+            false => Ok(()),
+        }
     }
 
     /// Rank 0, once every rank has written its file into `dir`: the manifest naming them. A
     /// file missing is an error naming its rank.
     pub(crate) fn write_manifest(&self, dir: &Path) -> Result<(), ModelError> {
+        let size = self.world.size;
         let mut files = Vec::new();
-        for rank in 0..self.size {
-            let file = shard_file(rank, self.size);
+        for rank in 0..size {
+            let file = shard_file(rank, size);
             let path = dir.join(&file);
             let bytes = std::fs::metadata(&path)
                 .map_err(|e| {
@@ -90,7 +97,7 @@ impl ShardedState {
             files.push(ShardFile { rank, file, bytes });
         }
         let manifest = Manifest {
-            world_size: self.size,
+            world_size: size,
             units: self.layout(),
             files,
         };
@@ -101,19 +108,36 @@ impl ShardedState {
         crate::model::write_json(&dir.join(MANIFEST_FILE), &value)
     }
 
-    /// Whether this state is cut as the manifest's: then each rank reads its own file.
-    pub(crate) fn cut_as(&self, manifest: &Manifest) -> bool {
-        manifest.world_size == self.size && manifest.units == self.layout()
+    /// Reads the optimizer state of the checkpoint folder `dir`, whatever cut it: the update
+    /// count, and this rank's own file into the moments and `masters` when cut as this state
+    /// (`None` returned), else the whole tensors by their names in `optimizer.safetensors`
+    /// (every name of [`Shards::named_shapes`]) for the mode to take its shards from.
+    pub(crate) fn read_state(
+        &mut self,
+        dir: &Path,
+        masters: &[Option<&Tensor>],
+    ) -> Result<Option<BTreeMap<String, Tensor>>, ModelError> {
+        self.step = read_step(dir)?;
+        if !dir.join(MANIFEST_FILE).is_file() {
+            return read_whole(dir, &self.named_shapes()).map(Some);
+        }
+        let manifest = Manifest::read(dir)?;
+        if manifest.world_size == self.world.size && manifest.units == self.layout() {
+            self.load_own(dir, &manifest, masters)?;
+            return Ok(None);
+        }
+        manifest.assemble(dir, &self.named_shapes()).map(Some)
     }
 
-    /// Reads this rank's file of a checkpoint cut as this state ([`ShardedState::cut_as`]).
-    /// A unit's master shard the file lacks (an fp32 run without sharded parameters) stays as
-    /// made from the checkpoint's weights.
-    pub(crate) fn load_own(&self, dir: &Path, manifest: &Manifest) -> Result<(), ModelError> {
-        let bytes = manifest.read_file(dir, self.rank)?;
-        let path = dir.join(shard_file(self.rank, self.size));
+    /// Reads this rank's file of a checkpoint cut as this state. A unit's master shard the
+    /// file lacks (an fp32 run without sharded parameters) stays as made from the checkpoint's
+    /// weights.
+    fn load_own(&self, dir: &Path, manifest: &Manifest, masters: &[Option<&Tensor>]) -> Result<(), ModelError> {
+        let rank = self.world.rank;
+        let bytes = manifest.read_file(dir, rank)?;
+        let path = dir.join(shard_file(rank, self.world.size));
         let st = open(&bytes, &path)?;
-        for (key, dst) in self.tensors() {
+        for (key, dst) in self.tensors(masters) {
             let Ok(view) = st.tensor(&key) else {
                 if key.starts_with("master.") {
                     continue;
@@ -125,67 +149,33 @@ impl ShardedState {
         }
         Ok(())
     }
-}
 
-impl ShardedState {
     /// The whole state's names in `optimizer.safetensors` (`exp_avg.<name>`, `exp_avg_sq.<name>`,
     /// `master.<name>` of parameters that are not fp32) and their shapes.
     pub(crate) fn named_shapes(&self) -> Vec<(String, Vec<i64>)> {
         let mut out = Vec::new();
-        for prefix in ["exp_avg", "exp_avg_sq", "master"] {
-            for unit in &self.units {
-                for (name, p) in unit.names.iter().zip(&unit.params) {
-                    if stored(prefix, p) {
-                        out.push((format!("{prefix}.{name}"), p.size()));
-                    }
+        for prefix in PREFIXES {
+            for (name, p) in self.units.iter().flat_map(|u| u.named()) {
+                if stored(prefix, p) {
+                    out.push((format!("{prefix}.{name}"), p.size()));
                 }
             }
         }
         out
     }
 
-    /// Takes this rank's shards from the whole tensors `named` (every name of
-    /// [`ShardedState::named_shapes`], checked by the caller); master weights of fp32
-    /// parameters come from the parameters, and half-precision parameters get their master
-    /// weights rounded (under `full_shard`, when next gathered).
-    pub(crate) fn load_named(&mut self, named: &BTreeMap<String, Tensor>) -> Result<(), ModelError> {
-        for u in 0..self.units.len() {
-            let unit = &self.units[u];
-            // `full_shard` keeps an fp32 unit's master shard from the loaded weights (its
-            // parameters hold no bytes now).
-            let own_master = self.full && unit.names.iter().all(|n| !named.contains_key(&format!("master.{n}")));
-            let prefixes: &[&str] = if own_master {
-                &["exp_avg", "exp_avg_sq"]
-            } else {
-                &["exp_avg", "exp_avg_sq", "master"]
-            };
-            let shards = prefixes
-                .iter()
-                .map(|prefix| {
-                    let pick = |name: &str, p: &Tensor| match named.get(&format!("{prefix}.{name}")) {
-                        Some(t) => t.f_to_kind(Kind::Float),
-                        None => p.f_to_kind(Kind::Float),
-                    };
-                    self.flat(unit, &pick)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            tch::no_grad(|| -> Result<(), ModelError> {
-                let dsts = [
-                    Some(&self.exp_avg[u]),
-                    Some(&self.exp_avg_sq[u]),
-                    self.master[u].as_ref(),
-                ];
-                for (dst, src) in dsts.into_iter().zip(&shards) {
-                    let Some(dst) = dst else { continue };
-                    dst.shallow_clone().f_copy_(src)?;
-                }
-                for (name, p) in unit.names.iter().zip(&unit.params).filter(|_| !self.full) {
-                    if let Some(m) = named.get(&format!("master.{name}")) {
-                        p.shallow_clone().f_copy_(m)?;
-                    }
-                }
-                Ok(())
-            })?;
+    /// This rank's moment shards taken from the whole tensors `named`.
+    pub(crate) fn load_moments(&self, named: &BTreeMap<String, Tensor>) -> Result<(), ModelError> {
+        for (prefix, moments) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+            for (u, dst) in moments.iter().enumerate() {
+                // Every moment is there (the readers check); never read a sharded parameter.
+                let pick = |name: &str, p: &Tensor| match named.get(&format!("{prefix}.{name}")) {
+                    Some(t) => t.f_to_kind(Kind::Float),
+                    None => p.f_zeros_like()?.f_to_kind(Kind::Float),
+                };
+                let src = self.flat(u, &pick)?;
+                tch::no_grad(|| dst.shallow_clone().f_copy_(&src))?;
+            }
         }
         Ok(())
     }

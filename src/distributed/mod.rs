@@ -12,7 +12,7 @@
 //!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]), during the
 //!   step's last backward as each layer's are done (`overlap`) or after it, and clipped after;
 //! - rank 0 alone logs and displays, and writes a checkpoint's model and state (a sharded
-//!   optimizer's ranks each write their own shard: `train::checkpoint::Staged`).
+//!   optimizer's ranks each write their own shard: `train::checkpoint`).
 //!
 //! The collectives run on Gloo or, for CUDA runs, on NCCL (`distributed_backend`, [`CommBackend`]:
 //! `auto` takes NCCL when the run's device is a GPU and `libtreetrain_nccl.so` loads with the
@@ -20,18 +20,18 @@
 //! PrivateUse1 device) are reduced through host memory, said once in the log.
 
 mod backend;
+mod buckets;
 mod error;
 mod group;
 mod launch;
 mod launch_env;
 pub mod nccl;
-mod overlap;
 mod world;
 
 pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
+pub(crate) use buckets::GradBuckets;
 pub use error::DistError;
-pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Staged, Store, built_with_gloo};
+pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Store, ThroughHost, built_with_gloo};
 pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
-pub(crate) use overlap::OverlappedReduce;
 pub use world::{BUCKET_BYTES, CommTotals, HeldState, World, bind, share};
