@@ -11,12 +11,12 @@
 //! cargo bench --bench distributed -- [--steps 10] [--rounds 3] [--modes no_shard,full_shard]
 //!     [--gradient-checkpointing] [--config config.json | --model DIR]
 //!
-//! On this 2-core machine two ranks share the cores one process uses (1 libtorch thread each
-//! against 2), so this measures the overhead of data parallelism, not a speedup; scaling is
-//! measured on several accelerators (scripts/gpu-check.sh). `no_shard` all-reduces 4 MiB
-//! buckets as each layer's backward ends; `shard_grad_op` reduce-scatters after backward (one
-//! reduce-scatter a sharding unit); `full_shard` reduce-scatters each layer as its backward
-//! ends, overlapping the next.
+//! Two ranks share the cores one process uses (each rank runs cores / ranks libtorch threads,
+//! the process all of them), so this measures the overhead of data parallelism, not a speedup:
+//! a speedup needs hardware per rank that this CPU bench does not give. `no_shard` all-reduces
+//! 4 MiB buckets as each layer's backward ends; `shard_grad_op` reduce-scatters after backward
+//! (one reduce-scatter a sharding unit); `full_shard` reduce-scatters each layer as its
+//! backward ends, overlapping the next.
 //! The shipped tiny model (or a random model of a published config), shipped SFT data, bfd rows of 256 tokens, 8 rows a global step.
 //! Under `cargo test` a 2-step smoke run of one round.
 

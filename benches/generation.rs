@@ -331,7 +331,7 @@ fn decode_split(lm: &CausalLm, batch: i64) -> serde_json::Value {
     // The products' own bound, measured next to them: libtorch's sum of the same weight tensors
     // (one read of each, the same tensors and calls as the products). The step, the products
     // and the sums take turns, so each median comes from the same stretch of the machine's
-    // (shared, moving) memory bandwidth.
+    // memory bandwidth, which can move when the memory is shared.
     let products = || run_products(&maps);
     let sums = || run_sums(&maps);
     let (in_cache, cache_scale) = in_cache_products(&maps);
@@ -437,11 +437,12 @@ impl CacheAttention {
     }
 }
 
-/// The products of `maps` with the weights in cache: each weight's first rows (about 1.5 MiB,
-/// which two Zen 4 cores' 1 MiB L2 caches hold; on Zen 3, with 512 KiB of L2 a core, they are
-/// read from L3), run as many times as the whole weight has such blocks,
-/// and the factor that scales their time to the full products' multiply-adds. The extra calls
-/// add OpenMP fork/joins, so this slightly overstates the arithmetic's time.
+/// The products of `maps` with the weights in cache: each weight's first rows (a block of
+/// about 1.5 MiB, split among the threads so that each core's share can stay in its L2; where
+/// a core's L2 is smaller than its share, the block is read from L3), run as many times as the
+/// whole weight has such blocks, and the factor that scales their time to the full products'
+/// multiply-adds. The extra calls add OpenMP fork/joins, so this slightly overstates the
+/// arithmetic's time.
 fn in_cache_products(
     maps: &[(treetrain::model::Linear, tch::Tensor)],
 ) -> (Vec<(treetrain::model::Linear, tch::Tensor)>, f64) {
@@ -662,9 +663,9 @@ impl Bound {
         self.rows * gbs * 1e9 / bytes
     }
 
-    /// Decode tokens/s against the bound, in `pairs` interleaved (decode, bandwidth) pairs: the
-    /// machine's bandwidth moves between runs (its memory is shared), so each decode timing is
-    /// set against a bandwidth measured right after it, and the medians of the pairwise
+    /// Decode tokens/s against the bound, in `pairs` interleaved (decode, bandwidth) pairs: a
+    /// machine's bandwidth can move between runs (where its memory is shared), so each decode
+    /// timing is set against a bandwidth measured right after it, and the medians of the pairwise
     /// fractions are reported.
     fn report(
         &self,
@@ -683,7 +684,7 @@ impl Bound {
             if self.device == treetrain::device::Device::Cpu {
                 small_pages.push(common::allocator_read_bandwidth_gbs());
                 // The step's products also need their multiply-adds: at the machine's matmul
-                // rate, measured in the same pair, they take as long as the read or longer
+                // rate, measured in the same pair, they can take as long as the read or longer
                 // at small batches in f32 on few cores.
                 let gflops = common::matmul_gflops();
                 let step_s = (self.weight_bytes / (gbs * 1e9)).max(2.0 * self.multiply_adds / (gflops * 1e9));

@@ -1,6 +1,6 @@
 //! One GRPO update's peak memory and time with the LM head fused (`LmHead::Fused`: each chunk
 //! of logits recomputed and back-propagated in turn) against the head's graph kept until
-//! backward (`LmHead::Kept`, the path before the fused head), interleaved and repeated.
+//! backward (`LmHead::Kept`), interleaved and repeated.
 //!
 //! cargo bench --bench grpo_head -- [--config benches/configs/smollm2-135m.json]
 //!     [--length 8192] [--rollouts 4] [--shared 0.9375] [--repeats 2]

@@ -9,8 +9,8 @@
 //! The shipped SFT data, the shipped SFT model (or with `--config` a random model of a
 //! published config, e.g. `benches/configs/smollm2-135m.json`, with the shipped tokenizer), bfd
 //! packing into 256-token rows, 8 rows a step, assistant-only loss, AdamW lr 2e-3, fp32, CPU;
-//! `--checkpointing`: gradient checkpointing on both sides (what makes a 0.6B model's step fit
-//! in 24 GiB).
+//! `--checkpointing`: gradient checkpointing on both sides (for models whose step does not fit
+//! in memory with activations kept: benches/README.md says which).
 //! Under `cargo test` a 2-step smoke run.
 
 mod common;

@@ -1,7 +1,7 @@
 //! Hostile but realistic input against the CLI and the library: every case is an error that
 //! says what and where (exit status 1, never a panic's 101), and no user file is destroyed.
-//! Each case failed before the bad-input work (panicked, was killed, exited 0 with a wrong
-//! result, destroyed a file, or did not say what or where).
+//! Each case guards against one way such input can go wrong: a panic, a killed process, exit 0
+//! with a wrong result, a destroyed file, or an error that does not say what or where.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

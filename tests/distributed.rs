@@ -984,7 +984,7 @@ struct TwoHosts {
 }
 
 impl TwoHosts {
-    /// Needs root and `ip` (CI runs as root, like this machine).
+    /// Needs root and `ip` (CI runs as root).
     fn new() -> Self {
         let id = std::process::id();
         let names = [format!("tt{id}a"), format!("tt{id}b")];

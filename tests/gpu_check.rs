@@ -1,8 +1,8 @@
-//! `scripts/gpu-check.sh dry-run`: the GPU check's whole plan run on this CPU machine with the
-//! binaries this test build made. Every CUDA step fails here ("no driver"), within its limit;
-//! the plan fits the budget (under 6 minutes, so a rerun fits a lent GPU's 15), the results JSON
-//! lists every step with its status and seconds, and exactly three files come back (the GPU
-//! machine returns at most 8).
+//! `scripts/gpu-check.sh dry-run`: the GPU check's whole plan run on a machine without CUDA,
+//! with the binaries this test build made. Every CUDA step fails here ("no driver"), within its
+//! limit; the plan fits the budget (the step limits sum to at most the budget, which is under 6
+//! minutes), the results JSON lists every step with its status and seconds, and OUT holds
+//! exactly the three files the script promises, whatever happens.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

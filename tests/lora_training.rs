@@ -214,7 +214,7 @@ fn grpo_with_lora_raises_the_reward() {
     t.train_for(40).unwrap();
     let after = t.evaluate(&held_out, 8, 99).unwrap().reward_mean;
     eprintln!("LoRA GRPO: held-out reward {before:.3} -> {after:.3}");
-    // Measured: 0.672 -> 0.690 on the shipped tasks (first mix: 0.635 -> 0.651).
+    // The rewards are printed above; the bound asks only for a clear rise.
     assert!(after > before + 0.01, "held-out reward {before:.3} -> {after:.3}");
     assert_base_untouched(t.model());
 }

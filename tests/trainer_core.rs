@@ -1,5 +1,6 @@
 //! The training core both trainers share: config files (defaults per trainer, unknown keys,
-//! hub datasets), the typed errors, and the bugs the refactor fixed, each shown failing before.
+//! hub datasets), the typed errors, and failures the core rules out, each test naming the one
+//! it guards against.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -148,8 +149,9 @@ fn hub_with_dataset(dir: &Path) -> PathBuf {
     dir.join("hf")
 }
 
-/// Before: SFT's config reader anchored `dataset` to the file's folder even for a hub repo id,
-/// so `dataset = "acme/chat"` looked for `<config dir>/acme/chat` and failed.
+/// SFT's config reader anchors `dataset` to the file's folder only where it names something
+/// there; a hub repo id stays one: `dataset = "acme/chat"` must not look for
+/// `<config dir>/acme/chat` and fail.
 #[test]
 fn an_sft_config_file_can_name_a_hub_dataset() {
     let dir = scratch("hub");
@@ -185,9 +187,9 @@ fn an_sft_config_file_can_name_a_hub_dataset() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Before: a packing failure became an empty epoch (`unwrap_or_default`) and `step()` looped
-/// forever looking for a micro-batch. Now the trainer refuses the settings up front; the test
-/// bounds its time so the old behaviour shows as a failure, not a hung suite.
+/// Settings that cannot pack are refused up front, not turned into an empty epoch
+/// (`unwrap_or_default`) in which `step()` loops forever looking for a micro-batch; the test
+/// bounds its time so such a loop shows as a failure, not a hung suite.
 #[test]
 fn packing_that_cannot_work_is_an_error_not_an_endless_step() {
     let (tx, rx) = mpsc::channel();
@@ -216,9 +218,9 @@ fn packing_that_cannot_work_is_an_error_not_an_endless_step() {
     assert!(err.contains("tokenize.max_length"), "{err}");
 }
 
-/// Before: a completion that did not decode was scored as the empty string (a valid 0 reward
-/// that trains the policy on nonsense). Now it is a reported failure of every reward for that
-/// completion, with advantage 0, and the rest of the group is scored as usual.
+/// A completion that does not decode is a reported failure of every reward for that
+/// completion, with advantage 0, not the empty string (a valid 0 reward that would train the
+/// policy on nonsense); the rest of the group is scored as usual.
 #[test]
 fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
     use std::sync::Arc;

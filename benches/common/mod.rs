@@ -255,7 +255,7 @@ pub fn read_bandwidth_gbs() -> f64 {
 }
 
 /// [`read_bandwidth_gbs`] over libtorch's own allocation (4 KiB pages where the system's THP
-/// mode is `madvise`): what the parameters were read from before they moved to huge pages.
+/// mode is `madvise`): what the parameters would be read from outside huge pages.
 #[allow(dead_code)]
 pub fn allocator_read_bandwidth_gbs() -> f64 {
     best_sum_gbs(&tch::Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu)))

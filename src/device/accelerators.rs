@@ -147,7 +147,7 @@ impl Accelerators {
         if let Some(n) = &self.neuron {
             notes.push(
                 "Neuron found. treetrain computes there through PyTorch's PrivateUse1 device once TorchNeuron's \
-                 library is loaded (TREETRAIN_PRIVATEUSE1_LIB; see the Neuron guide, src/guide/neuron.md: not yet tried on Trainium). Until \
+                 library is loaded (TREETRAIN_PRIVATEUSE1_LIB; see the Neuron guide, src/guide/neuron.md: never run on Trainium). Until \
                  then tensors run on CPU, while the Neuron policies (pad_to_multiple_of 128, bf16, shape ledger) \
                  still apply to planning."
                     .to_string(),

@@ -41,7 +41,7 @@ impl Platform {
     }
 
     /// Seconds one new input shape costs before a step can run: a graph compile on Neuron
-    /// (about a minute, TRL v1.16's measurement), nothing on eager backends.
+    /// (the order of a minute, as TRL v1.16 reports for Trainium2), nothing on eager backends.
     pub fn compiles_per_shape(self) -> bool {
         matches!(self, Platform::Neuron)
     }
@@ -74,8 +74,8 @@ impl FromStr for Platform {
 /// `pad_to_multiple_of`, as TRL v1.16 defines it.
 ///
 /// Padding sequence lengths up to a multiple bounds the number of distinct shapes a run feeds
-/// the compiler. `Auto` is 128 on Neuron (one compile per shape, about a minute each) and no
-/// padding elsewhere, where padding only wastes compute.
+/// the compiler. `Auto` is 128 on Neuron (one compile per shape) and no padding elsewhere,
+/// where padding only wastes compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PadTo {
     /// 128 on Neuron, none elsewhere.

@@ -81,8 +81,8 @@ pub(super) fn materialise_seeded(dir: &Path, hf_config: &HfConfig) -> Result<Wei
 impl Model {
     /// A model with random weights drawn on its own device (N(0, `std`), norms 1, biases 0) from
     /// a counter-based hash of `seed` and each element's index: no host loop and no copy, so a
-    /// multi-billion-parameter config is ready in about a second on a GPU where
-    /// [`Model::seeded`]'s host draw takes a minute. The weights depend only on the seed (up to
+    /// multi-billion-parameter config is drawn by the device's own kernels instead of
+    /// [`Model::seeded`]'s loop on the host. The weights depend only on the seed (up to
     /// float rounding of `ln` and `cos` between devices), but are not [`Model::seeded`]'s: for
     /// benchmarks of real-size configs, not for shipped checkpoints.
     pub fn drawn(hf_config: HfConfig, opts: LoadOptions, seed: u64, std: f64) -> Result<Self, ModelError> {

@@ -45,9 +45,9 @@ impl Collator {
     /// packed dataset). An epoch without a micro-batch is an error (a step would wait forever).
     ///
     /// Why the second shuffle: best-fit decreasing lays rows out longest first, so without it
-    /// every epoch trained its longest conversations first and its shortest last, and a model
-    /// ended each epoch (and its training) on one kind of data (measured: a tool call learnt at
-    /// mid-epoch, p 0.004 by the end of an epoch of short direct answers).
+    /// every epoch would train its longest conversations first and its shortest last, and a
+    /// model would end each epoch (and its training) on one kind of data, unlearning what the
+    /// other kind taught (`datasets/README.md` has a case).
     pub fn epoch(&self, rows: &[TrainExample], seed: u64, epoch: u64) -> Result<Vec<MicroBatch>, TrainError> {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         let mut rng = SplitMix64::new(seed.wrapping_add(epoch));

@@ -16,7 +16,7 @@ pub struct GraphShapes {
 /// Records every distinct input shape per named graph and prices them as Neuron compiles.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShapeLedger {
-    /// Seconds one compile costs (TRL v1.16 measured about a minute on Trainium2).
+    /// Seconds one compile costs (default 60, the order TRL v1.16 reports for Trainium2).
     pub seconds_per_compile: f64,
     graphs: BTreeMap<String, GraphShapes>,
 }

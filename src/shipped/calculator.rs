@@ -7,14 +7,15 @@
 //! guess, and to copy the question into the call and the result into the answer.
 //!
 //! Why this form of call and result: each is a copy of tokens the model has just seen, in the
-//! order it saw them (the question, then the token after `:`), which a tiny model learns. Tried
-//! first: operands as JSON numbers or an expression string (`{"a": 23, ...}`, `"23 + 19"`); the
-//! SFT model copied an operand with probability 0.01-0.03.
+//! order it saw them (the question, then the token after `:`), which a tiny model learns.
+//! Operands as JSON numbers or an expression string (`{"a": 23, ...}`, `"23 + 19"`) would have
+//! it re-spell what it read, which a tiny model rarely gets right.
 //!
 //! The shipped SFT data holds each of its arithmetic questions twice: answered directly (and
-//! correctly: the tiny model still cannot learn to add from them) and through the calculator. So
-//! the SFT model calls the tool on about half of any question, new ones included (when each
-//! question came once, with a call or not, it memorised which and called on 3% of new ones).
+//! correctly: the tiny model still cannot learn to add from them) and through the calculator.
+//! No question is tied to one way of answering, so the SFT model learns to call the tool on new
+//! questions too instead of memorising which questions it called on. The measurements behind
+//! both choices are in `datasets/README.md`.
 
 use serde_json::{Value, json};
 

@@ -153,8 +153,8 @@ pub const CALCULATOR_TEST: usize = 100;
 pub const GRPO_TRAIN: usize = 500;
 /// GRPO held-out prompts.
 pub const GRPO_TEST: usize = 100;
-/// SFT conversations, GRPO training and held-out prompts of the first task mix in the
-/// tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
+/// SFT conversations, GRPO training and held-out prompts of [`TaskKind::TOKENIZER_CORPUS`] in
+/// the tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
 const TOKENIZER_CORPUS_SIZES: [usize; 3] = [2000, 500, 100];
 
 /// Writes `sft/train.parquet` (the selection mix's conversations), `sft/train-calculator.parquet`
@@ -218,9 +218,9 @@ fn write_prompts(path: &Path, rows: &[(Vec<ChatMessage>, Task)]) -> Result<(), S
     )
 }
 
-/// The text the shipped tokenizer is trained on: the first shipped mix
-/// ([`TaskKind::TOKENIZER_CORPUS`]) as its SFT conversations (correct replies) and GRPO splits
-/// were, so the tokenizer stays as it was when the task mix changes.
+/// The text the shipped tokenizer is trained on: [`TaskKind::TOKENIZER_CORPUS`] as SFT
+/// conversations (correct replies) and GRPO splits of fixed sizes, so the tokenizer does not
+/// change when the task mix does.
 pub fn corpus() -> Vec<String> {
     let kinds = &TaskKind::TOKENIZER_CORPUS;
     let [sft_n, train_n, test_n] = TOKENIZER_CORPUS_SIZES;

@@ -1,4 +1,4 @@
-//! Verifiable tasks small enough for a tiny model to learn on a CPU in minutes.
+//! Verifiable tasks small enough for a tiny model to learn on a CPU.
 //!
 //! The shipped mix ([`TaskKind::SHIPPED`]) asks the model to pick one item of a listed four or
 //! five by a rule named in the question: the largest or smallest number, the first or last item,
@@ -9,11 +9,11 @@
 //! and a faint preference for each rule, which the GRPO reward has to make a habit. GRPO's
 //! prompts ([`TaskKind::GRPO`]) are the two kinds whose named item the SFT model can copy.
 //!
-//! The first shipped mix (arithmetic, reversing, upper-casing, letter counting;
-//! [`TaskKind::TOKENIZER_CORPUS`]) is kept as the text the shipped tokenizer is trained on, so
-//! the tokenizer and every fixture made with it stay as they were. A tiny model did not learn
-//! those tasks by SFT or by GRPO (a question's word and its answer are split into different
-//! tokens, so each answer is a memorised table).
+//! [`TaskKind::TOKENIZER_CORPUS`] (arithmetic, reversing, upper-casing, letter counting) is the
+//! text the shipped tokenizer is trained on, fixed so that the tokenizer and every fixture made
+//! with it do not change when the task mix does. Those tasks are not trained on: a question's
+//! word and its answer split into different tokens, so for a tiny model each answer would be a
+//! memorised table.
 
 use crate::util::SplitMix64;
 
@@ -54,10 +54,10 @@ impl TaskKind {
         TaskKind::Repeated,
     ];
 
-    /// The GRPO mix: the two kinds whose rule names an item the SFT model can copy. On the other
-    /// three the SFT model answers with an item it was not shown in 54-73% of samples and copies
-    /// the second to fourth listed items in under 11% (measured; `datasets/README.md`), so a
-    /// group of samples rarely holds the right answer and GRPO barely moves them.
+    /// The GRPO mix: the two kinds whose rule names an item the SFT model can copy (the first
+    /// listed, the one listed twice). On the other three the SFT model rarely copies the right
+    /// item, so a group of samples rarely holds the right answer and GRPO barely moves them
+    /// (the measurements: `datasets/README.md`).
     pub const GRPO: [TaskKind; 2] = [TaskKind::First, TaskKind::Repeated];
 
     /// The SFT mix: the shipped kinds and [`TaskKind::Repeat`], whose replies teach copying.
@@ -72,7 +72,7 @@ impl TaskKind {
         TaskKind::Repeat,
     ];
 
-    /// The first shipped mix, whose text trains the shipped tokenizer.
+    /// The mix whose text trains the shipped tokenizer (no shipped split trains on it).
     pub const TOKENIZER_CORPUS: [TaskKind; 5] = [
         TaskKind::Add,
         TaskKind::Subtract,

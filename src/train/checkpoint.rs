@@ -1,4 +1,5 @@
-//! What every trainer writes: atomic checkpoint folders and a JSON-lines log.
+//! Checkpoint folders written atomically, by one process or by every rank of a run (a run's
+//! logs are written by `train::report`).
 
 use std::path::{Path, PathBuf};
 

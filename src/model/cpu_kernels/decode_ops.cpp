@@ -1,7 +1,8 @@
 // The small ops of a decode step on the CPU, each one pass over its data instead of the 5-15
 // libtorch ops (and their dispatch, allocations and thread hand-offs) it replaces. At decode
 // shapes (a few rows) those ops cost more than their arithmetic: a layer's attention over a
-// static cache took ~150 us in libtorch's SDPA for ~1 us of work (BENCHMARKS.md, generation).
+// static cache is mostly dispatch and allocation in libtorch's SDPA (`cargo bench --bench
+// generation -- --split` times the attention, benches/README.md).
 //
 // Compiled without floating-point contraction, so a multiply and an add round as libtorch's
 // separate kernels round them (RoPE is bit-exact; reductions differ only in summation order).
@@ -54,15 +55,15 @@ inline void prefetch_row(const float* row, int64_t d) {
 }
 
 // How many keys ahead of the one being scored the first head of a group requests. A step's
-// cache was last read a whole step (every weight) ago, so it comes from memory; 8, 16 and 32
-// read alike in a scratch driver.
+// cache was last read a whole step (every weight) ago, so it comes from memory and is requested
+// well ahead: two blocks of eight keys.
 constexpr int64_t kPrefetchKeys = 16;
 
 // scores[j] = dot(q, k row slots[j]) * scale for j < n, eight keys at a time. With
 // `prefetch_v` (the first query head of a group), it also requests the keys kPrefetchKeys
 // ahead and the value rows of the block it scores, which the weighted sum reads right after.
 // The eight key rows' addresses are taken once per block (indexed inside the column loop,
-// the slots were reloaded and multiplied for every vector of columns).
+// the slots would be reloaded and multiplied for every vector of columns).
 inline void scores_of(const float* q, const float* k, const int64_t* slots, int64_t n, int64_t d, float scale,
                       float* scores, const float* prefetch_v) {
   int64_t j = 0;

@@ -16,8 +16,9 @@
 //! A weight product at these shapes should be bound by reading `W` once from memory. MKL's
 //! sgemm copies (packs) `W` on every call; the kernel instead streams each thread's block of
 //! weight rows once, in tiles of a few rows against the input rows held in registers,
-//! prefetching the next tile. At a batch of 8 in f32 on two cores the multiply-adds can take
-//! as long as the read, so the kernel keeps the arithmetic dense too. The generation bench
+//! prefetching the next tile. At a batch of 8 in f32 the multiply-adds can take as long as the
+//! read (where loads and multiply-adds share a core's issue slots), so the kernel keeps the
+//! arithmetic dense too. The generation bench
 //! (`--split`, `--product-sweep`) sets both against their bounds; `benches/README.md` has the
 //! current numbers. It runs where no autograd graph is recorded, on contiguous f32 CPU
 //! tensors, on CPUs with AVX-512 or AVX2 + FMA. Sums are taken in another order than MKL's, so

@@ -1,8 +1,8 @@
 // The product of a few input rows with a large weight matrix, y = x W^T (+ b), as a decode step
 // computes it on the CPU: x [M, K] with M small (one row per sequence), W [N, K] in its
 // state_dict layout. Such a product is bound by reading W once from memory (at a handful of
-// rows; at 8 rows in f32 on two Zen 4 cores its multiply-adds take as long: BENCHMARKS.md, "The
-// arithmetic side of the bound"), and MKL's sgemm packs (copies) W on every call for it, so it
+// rows; at 8 rows in f32 its multiply-adds can take as long: `cargo bench --bench generation --
+// --split`, benches/README.md), and MKL's sgemm packs (copies) W on every call for it, so it
 // reads W at a fraction of the machine's bandwidth. Here each thread streams its contiguous
 // block of weight rows once, in tiles of a few rows against every input row held in registers,
 // prefetching the next tile.
