@@ -68,11 +68,11 @@
 //! demo, guide                       the main job as a function; the guides
 //! shipped, validation, env_report   shipped tasks, the rules, `treetrain env`
 //! sft, grpo                         the trainers
-//! train                             config, core, optimizer, checkpoints, c10d
+//! train                             config, core, optimizer, parallel strategies, checkpoints
 //! pack, generate                    packed rows and layouts; the generator
 //! model                             decoders, LoRA, loading and saving
 //! data, tokenizer                   dataset formats; tokenizers, chat templates
-//! shapes, hub                       the shape ledger; the Hugging Face cache
+//! shapes, hub, distributed          the shape ledger; the Hugging Face cache; c10d processes
 //! device                            devices, policies, dtypes, PrivateUse1
 //! util, display                     helpers; pure HTML / text renderers
 //! ```
@@ -82,6 +82,8 @@
 //!   [`device::Dtype`]).
 //! - [`shapes`]: every distinct shape is a Neuron compile; the ledger counts them and forecasts
 //!   what padding saves. [`hub`]: repo ids resolved in the local Hugging Face cache.
+//!   [`distributed`]: a run's processes joined on PyTorch's c10d (Gloo, NCCL), their
+//!   collectives, and `treetrain launch`.
 //! - [`data`]: Parquet, Arrow and JSON-lines datasets read as TRL's row formats.
 //!   [`tokenizer`]: `tokenizer.json` and chat templates with assistant masks.
 //! - [`model`]: [`model::HfConfig`] mirrors `config.json`; [`model::CausalLm`] runs one forward
@@ -90,7 +92,8 @@
 //! - [`pack`]: TRL's packed-row contract ([`pack::PackedRow`]), prefix trees and flat rows
 //!   behind one token-budget planner. [`generate`]: the static-cache generator and samplers.
 //! - [`train`]: [`train::TrainConfig`], [`train::TrainCore`], AdamW and schedules, checkpoints,
-//!   [`train::Trainer`] with its provided `train_for` loop, data parallelism on c10d.
+//!   [`train::Trainer`] with its provided `train_for` loop, and the parallel strategy of a
+//!   multi-process run (one per `fsdp` mode, chosen once).
 //! - [`sft`] and [`grpo`]: the two trainers (TRL's `SFTTrainer` and `GRPOTrainer`).
 //! - [`display`]: every type a notebook user holds renders itself through [`display::Rich`].
 //!
@@ -101,8 +104,8 @@
 //!
 //! [`guide`] holds the stories that cross modules: [CUDA](guide::cuda),
 //! [Trainium](guide::neuron), [memory and precision](guide::memory_and_precision),
-//! [LoRA](guide::lora), [data parallelism](guide::data_parallelism) and
-//! [notebooks](guide::notebooks).
+//! [LoRA](guide::lora), [data parallelism](guide::data_parallelism),
+//! [watching runs](guide::watching_runs) and [notebooks](guide::notebooks).
 #![warn(missing_docs)]
 
 #[doc(hidden)]
