@@ -46,6 +46,19 @@ impl std::fmt::Debug for GrpoTrainerBuilder {
     }
 }
 
+impl GrpoTrainer {
+    /// A trainer with the built-in rewards named in `config.rewards`; [`GrpoTrainer::builder`]
+    /// adds reward closures, an environment or a checkpoint to continue.
+    pub fn new(config: GrpoConfig) -> Result<Self, TrainError> {
+        Self::builder(config).build()
+    }
+
+    /// A builder of a trainer of `config`.
+    pub fn builder(config: GrpoConfig) -> GrpoTrainerBuilder {
+        GrpoTrainerBuilder::new(config)
+    }
+}
+
 impl GrpoTrainerBuilder {
     pub(super) fn new(config: GrpoConfig) -> Self {
         GrpoTrainerBuilder {

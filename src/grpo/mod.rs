@@ -125,6 +125,7 @@ mod reference;
 mod reward;
 mod rollouts;
 mod row_loss;
+mod row_terms;
 mod talk;
 mod trainer;
 mod update;
@@ -143,16 +144,15 @@ pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironmen
 pub use eval::{EvalBreakdown, EvalResult};
 pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
 pub use multiturn::MultiTurn;
-pub use objective::{
-    GrpoLoss, GrpoObjective, SamplingCorrection, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs,
-};
+pub use objective::{GrpoObjective, LmHead, SamplingCorrection};
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reference::REFERENCE_FILE;
 pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
 pub use rollouts::{
     DriftTally, ForkedRow, PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup,
 };
-pub use row_loss::{LmHead, grpo_loss, grpo_loss_backward};
+pub use row_loss::{grpo_loss, grpo_loss_backward};
+pub use row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
 pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, idle_rows, idle_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};

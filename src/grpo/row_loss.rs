@@ -14,20 +14,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::objective::{GrpoLoss, GrpoObjective, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
+use super::objective::{GrpoObjective, LmHead};
+use super::row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
 use crate::device::Device;
 use crate::model::{CausalLm, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
-
-/// How the loss's LM head is back-propagated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LmHead {
-    /// Chunk by chunk, recomputed in backward (module docs).
-    #[default]
-    Fused,
-    /// Every chunk's graph kept until backward.
-    Kept,
-}
 
 /// The clipped GRPO surrogate over a packed row:
 /// `ratio = exp(logp - old_logp)`, per term `-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`,

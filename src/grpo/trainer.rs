@@ -4,7 +4,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::builder::GrpoTrainerBuilder;
 use super::metrics::{RolloutMetrics, StepTimes, UpdateMetrics};
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
@@ -150,17 +149,6 @@ impl std::fmt::Debug for GrpoTrainer {
 }
 
 impl GrpoTrainer {
-    /// A trainer with the built-in rewards named in `config.rewards`; [`GrpoTrainer::builder`]
-    /// adds reward closures, an environment or a checkpoint to continue.
-    pub fn new(config: GrpoConfig) -> Result<Self, TrainError> {
-        Self::builder(config).build()
-    }
-
-    /// A builder of a trainer of `config`.
-    pub fn builder(config: GrpoConfig) -> GrpoTrainerBuilder {
-        GrpoTrainerBuilder::new(config)
-    }
-
     /// The configuration (fixed once built).
     pub fn config(&self) -> &GrpoConfig {
         &self.config

@@ -8,8 +8,9 @@ use super::attention::{Attention, KeyValues};
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::CpuOps;
-use super::layers::{Linear, Mlp, RmsNorm};
+use super::layers::{Linear, RmsNorm};
 use super::layout::AttentionLayout;
+use super::mlp::Mlp;
 use super::{ModelError, ParamUnit, rope};
 
 /// `model.layers.{i}`: pre-norm attention and MLP with residuals.

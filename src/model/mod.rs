@@ -42,6 +42,7 @@ mod layout;
 mod loaded;
 mod logprobs;
 pub mod lora;
+mod mlp;
 mod projection;
 mod recompute;
 mod rope;
@@ -64,7 +65,7 @@ pub use device_check::{DEVICE_CHECK_ENV, DeviceCheck, check_device, device_check
 pub use error::ModelError;
 pub use hooks::Pass;
 pub(crate) use hooks::{GradReduction, ParamUnit, PassHooks, Phase, Residency};
-pub use layers::{Linear, LinearAdapter, Mlp, RmsNorm};
+pub use layers::{Linear, LinearAdapter, RmsNorm};
 pub use layout::{
     AttentionLayout, BATCHED_MAX_KEYS, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch,
     SegmentLayout,
@@ -72,6 +73,7 @@ pub use layout::{
 pub use loaded::{LoadOptions, Model, TrainingMode};
 pub(crate) use logprobs::head_logits;
 pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
+pub use mlp::Mlp;
 pub use projection::{Projected, Projections};
 pub use recompute::Activations;
 pub use safetensors_out::SafetensorsOut;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::output_lock::OutputLock;
+use super::output_lock::{OutputLock, check_writable};
 use super::report::{RunLogs, Scalars};
 use super::{LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, parallel, resume};
 use crate::data::Dataset;
@@ -412,16 +412,6 @@ fn claim_output_dir(config: &TrainConfig, out: &Path, resuming: Option<&Path>) -
         })?;
     }
     Ok(lock)
-}
-
-/// Creates `out` and checks a file can be written there, before any training time is spent.
-pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), TrainError> {
-    let fail = |e: std::io::Error| TrainError::config(field, format!("{}: cannot be written: {e}", out.display()));
-    std::fs::create_dir_all(out).map_err(fail)?;
-    let probe = out.join(format!(".treetrain-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(fail)?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
 }
 
 /// Where the world size is kept in `trainer_state.json`.

@@ -1,10 +1,21 @@
 //! One run per output folder: `output_dir/.treetrain.lock` names the process that writes there
 //! (pid, host, start time). A second run is refused while that process lives; the lock of a
-//! process that died (same host, pid gone) is taken over; the holder removes it when done.
+//! process that died (same host, pid gone) is taken over; the holder removes it when done. And
+//! before any training time is spent, every folder a run writes is checked writable.
 
 use std::path::{Path, PathBuf};
 
 use super::TrainError;
+
+/// Creates `out` and checks a file can be written there, before any training time is spent.
+pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), TrainError> {
+    let fail = |e: std::io::Error| TrainError::config(field, format!("{}: cannot be written: {e}", out.display()));
+    std::fs::create_dir_all(out).map_err(fail)?;
+    let probe = out.join(format!(".treetrain-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
 
 /// The lock file's name inside `output_dir`.
 pub(crate) const LOCK_FILE: &str = ".treetrain.lock";

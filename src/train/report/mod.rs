@@ -110,7 +110,7 @@ impl RunLogs {
         // The default folder is made at the first write, once a resume may have named the
         // checkpoint's own; `output_dir` is probed already.
         if let Some(dir) = config.logging_dir.as_deref().filter(|_| logging_dir.is_some()) {
-            super::core::check_writable("logging_dir", dir)?;
+            super::output_lock::check_writable("logging_dir", dir)?;
         }
         Ok(RunLogs {
             jsonl: out.filter(|_| wants(ReportTo::Jsonl)).map(|o| o.join("log.jsonl")),
