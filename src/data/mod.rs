@@ -10,7 +10,7 @@ mod value;
 use std::path::PathBuf;
 
 pub use example::{Example, messages};
-pub use reader::{Dataset, read_rows};
+pub use reader::Dataset;
 pub use value::to_json;
 
 /// Errors from reading datasets.

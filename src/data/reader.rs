@@ -156,7 +156,7 @@ where
 }
 
 /// Rows of one data file.
-pub fn read_rows(path: &Path) -> Result<Rows, DataError> {
+pub(crate) fn read_rows(path: &Path) -> Result<Rows, DataError> {
     let err = |message: String| DataError::File {
         path: path.into(),
         message,

@@ -79,7 +79,7 @@ pub struct Accelerators {
 impl Accelerators {
     /// Detects on the running machine. When `TREETRAIN_TORCH_CUDA` names a torch 2.11.0 CUDA
     /// `lib` folder, its `libtorch_cuda.so` is loaded first (before libtorch caches "no CUDA").
-    pub fn detect() -> Self {
+    pub(crate) fn detect() -> Self {
         let probe = HostProbe::system();
         let cuda_load = probe.var("TREETRAIN_TORCH_CUDA").map(|dir| {
             let dir = PathBuf::from(dir);

@@ -90,9 +90,9 @@ impl CudaInfo {
 
 /// The variable naming a torch 2.11.0 CUDA `lib` folder whose `libtorch_cuda.so` treetrain
 /// loads into its CPU-only libtorch.
-pub const TORCH_CUDA_ENV: &str = "TREETRAIN_TORCH_CUDA";
+pub(crate) const TORCH_CUDA_ENV: &str = "TREETRAIN_TORCH_CUDA";
 
-/// Loads [`TORCH_CUDA_ENV`]'s `libtorch_cuda.so` when the variable is set (`None` when it is
+/// Loads `TORCH_CUDA_ENV`'s `libtorch_cuda.so` when the variable is set (`None` when it is
 /// not). Every entry point that may touch CUDA calls it before its first CUDA query (the CLI at
 /// start, [`super::DeviceSpec::resolve`], a model loaded onto a CUDA device): loading again is
 /// harmless, as `dlopen` counts references.
@@ -105,7 +105,7 @@ pub fn load_torch_cuda_from_env() -> Option<Result<PathBuf, DeviceError>> {
 ///
 /// treetrain links against CPU-only libtorch; loading the CUDA library registers libtorch's CUDA
 /// backend. It must happen before anything asks libtorch about CUDA, because libtorch caches the
-/// answer on first use. [`super::Accelerators::detect`] does this for `TREETRAIN_TORCH_CUDA`.
+/// answer on first use. `super::Accelerators::detect` does this for `TREETRAIN_TORCH_CUDA`.
 pub fn load_torch_cuda(lib_dir: &Path) -> Result<(), DeviceError> {
     let path = lib_dir.join("libtorch_cuda.so");
     let load_error = |reason: String| DeviceError::Load {

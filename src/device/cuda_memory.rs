@@ -15,9 +15,9 @@ use crate::util::ErrBuf;
 use crate::util::runtime_library::LibrarySpec;
 
 /// The environment variable naming the library explicitly.
-pub const MEMORY_LIBRARY_ENV: &str = "TREETRAIN_CUDA_MEMORY_LIB";
+pub(crate) const MEMORY_LIBRARY_ENV: &str = "TREETRAIN_CUDA_MEMORY_LIB";
 /// The library's file name.
-pub const MEMORY_LIBRARY_NAME: &str = "libtreetrain_cuda_memory.so";
+pub(crate) const MEMORY_LIBRARY_NAME: &str = "libtreetrain_cuda_memory.so";
 
 const SPEC: LibrarySpec = LibrarySpec {
     env: MEMORY_LIBRARY_ENV,

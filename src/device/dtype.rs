@@ -124,7 +124,7 @@ pub struct UnknownDtype {
 }
 
 /// The tch kind a dtype name denotes (see [`Dtype`]).
-pub fn parse_kind(name: &str) -> Result<Kind, UnknownDtype> {
+pub(crate) fn parse_kind(name: &str) -> Result<Kind, UnknownDtype> {
     name.parse::<Dtype>().map(Dtype::kind)
 }
 

@@ -43,7 +43,7 @@ fn family_defaults(instance_type: &str) -> Option<(u32, u32, &'static str)> {
 
 impl NeuronInfo {
     /// Detects Neuron devices; `None` when the machine has no `/dev/neuron*` node.
-    pub fn detect(probe: &HostProbe) -> Option<Self> {
+    pub(crate) fn detect(probe: &HostProbe) -> Option<Self> {
         let mut devices: Vec<u32> = probe
             .list("/dev")
             .iter()
@@ -134,12 +134,6 @@ impl NeuronInfo {
             Some(v) => v.iter().filter(|&&c| c < all).count() as u32,
             None => all,
         }
-    }
-
-    /// Data-parallel processes a run should start: one per usable logical core, as TRL's
-    /// Trainium guide runs 4 processes on a trn2.3xlarge.
-    pub fn suggested_data_parallel(&self) -> u32 {
-        self.usable_logical_cores().max(1)
     }
 }
 

@@ -83,7 +83,7 @@ impl Device {
     }
 
     /// Whether this is a PrivateUse1 device.
-    pub fn is_privateuse1(self) -> bool {
+    pub(crate) fn is_privateuse1(self) -> bool {
         matches!(self, Device::PrivateUse1 { .. })
     }
 
@@ -116,7 +116,7 @@ impl Device {
     }
 
     /// The `n` x `n` identity as `kind` here.
-    pub fn eye(self, n: i64, kind: Kind) -> Result<Tensor, tch::TchError> {
+    pub(crate) fn eye(self, n: i64, kind: Kind) -> Result<Tensor, tch::TchError> {
         self.put(&Tensor::f_eye(n, (kind, self.host()))?)
     }
 
@@ -127,7 +127,7 @@ impl Device {
 
     /// Moves the parameter `var` here in place: the var store's handle and every shallow copy
     /// (the layers') see the moved data. On tch's devices this is `set_data`.
-    pub fn move_parameter(self, var: &mut Tensor) -> Result<(), tch::TchError> {
+    pub(crate) fn move_parameter(self, var: &mut Tensor) -> Result<(), tch::TchError> {
         match self {
             Device::PrivateUse1 { index, .. } => privateuse1::move_into(var, index),
             _ => {

@@ -42,7 +42,7 @@ impl Platform {
 
     /// Seconds one new input shape costs before a step can run: a graph compile on Neuron
     /// (the order of a minute, as TRL v1.16 reports for Trainium2), nothing on eager backends.
-    pub fn compiles_per_shape(self) -> bool {
+    pub(crate) fn compiles_per_shape(self) -> bool {
         matches!(self, Platform::Neuron)
     }
 }
@@ -89,7 +89,7 @@ pub enum PadTo {
 
 impl PadTo {
     /// The multiple Neuron gets under `Auto`.
-    pub const NEURON_MULTIPLE: usize = 128;
+    pub(crate) const NEURON_MULTIPLE: usize = 128;
 
     /// The multiple in force on `platform`, or `None` for no padding.
     pub fn resolve(self, platform: Platform) -> Option<usize> {
@@ -107,7 +107,7 @@ impl PadTo {
 }
 
 /// `len` rounded up to a multiple of `multiple` (unchanged for `None`).
-pub fn round_up(len: usize, multiple: Option<usize>) -> usize {
+pub(crate) fn round_up(len: usize, multiple: Option<usize>) -> usize {
     match multiple {
         Some(m) if m > 1 => len.div_ceil(m) * m,
         _ => len,

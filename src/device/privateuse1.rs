@@ -51,7 +51,7 @@ pub struct Backend {
 
 impl Backend {
     /// The libraries as one line, for messages (`"(loaded by the host program)"` when none).
-    pub fn library_list(&self) -> String {
+    pub(crate) fn library_list(&self) -> String {
         match self.libraries.as_slice() {
             [] => "(loaded by the host program)".into(),
             libs => libs

@@ -75,7 +75,7 @@ pub fn host_shortfall(need: u128) -> Option<u128> {
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes (None off Linux).
-pub fn available_host_bytes() -> Option<u128> {
+pub(crate) fn available_host_bytes() -> Option<u128> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;

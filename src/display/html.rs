@@ -1,7 +1,7 @@
 //! Small HTML builders shared by every renderer.
 
 /// Escapes text for HTML element content and attribute values.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -25,7 +25,7 @@ pub fn tail(s: &str, n: usize) -> String {
 /// The end of a prompt for a table cell, read as text: the chat template's closing generation
 /// header (`<|im_start|>assistant`) dropped, special-token markup (`<|…|>`) removed, whitespace
 /// collapsed, and cut at a word boundary (never mid-token) to about `n` characters after a `…`.
-pub fn prompt_tail(text: &str, n: usize) -> String {
+pub(crate) fn prompt_tail(text: &str, n: usize) -> String {
     let mut body = text.trim_end();
     // A generation header: `<|im_start|>assistant` or `<|start_header_id|>assistant<|end_header_id|>`.
     if let Some(role) = body.rfind("assistant").filter(|&r| body.len() - r < 40)
@@ -89,7 +89,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A two-column key/value table; values are already-escaped HTML.
-pub fn kv_table(rows: &[(&str, String)]) -> String {
+pub(crate) fn kv_table(rows: &[(&str, String)]) -> String {
     let mut s = String::from("<table><tbody>");
     for (k, v) in rows {
         s.push_str(&format!("<tr><th>{}</th><td>{v}</td></tr>", escape(k)));

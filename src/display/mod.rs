@@ -9,8 +9,10 @@ mod html;
 mod plot;
 pub mod style;
 
-pub use html::{escape, kv_table, prompt_tail, section, table, tail};
-pub use plot::{LineChart, Series};
+pub(crate) use html::{escape, kv_table, prompt_tail};
+pub use html::{section, table, tail};
+pub use plot::LineChart;
+pub use plot::Series;
 
 /// A value with an HTML and a plain-text rendering.
 pub trait Rich {
@@ -84,24 +86,24 @@ pub fn fields(value: &impl serde::Serialize) -> Vec<(String, String)> {
 }
 
 /// A config as a titled key/value table.
-pub fn config_html(title: &str, value: &impl serde::Serialize) -> String {
+pub(crate) fn config_html(title: &str, value: &impl serde::Serialize) -> String {
     let rows = fields(value);
     kv_card(title, rows.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 /// A titled key/value table of plain-text values (escaped here), styled for a notebook.
-pub fn kv_card<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub(crate) fn kv_card<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let rows: Vec<(&str, String)> = rows.into_iter().map(|(k, v)| (k, escape(v))).collect();
     style::container(&section(title, &kv_table(&rows)))
 }
 
 /// A titled card of `(key, value)` rows: what a `rows()` method of a settings-like value gives.
-pub fn rows_card(title: &str, rows: &[(&str, String)]) -> String {
+pub(crate) fn rows_card(title: &str, rows: &[(&str, String)]) -> String {
     kv_card(title, rows.iter().map(|(k, v)| (*k, v.as_str())))
 }
 
 /// The same rows as `key: value` lines, the plain-text twin of [`rows_card`].
-pub fn rows_text(rows: &[(&str, String)]) -> String {
+pub(crate) fn rows_text(rows: &[(&str, String)]) -> String {
     rows.iter()
         .map(|(k, v)| {
             format!(
@@ -113,7 +115,7 @@ pub fn rows_text(rows: &[(&str, String)]) -> String {
 }
 
 /// A config as `field = value` lines.
-pub fn config_text(value: &impl serde::Serialize) -> String {
+pub(crate) fn config_text(value: &impl serde::Serialize) -> String {
     fields(value).iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
 }
 

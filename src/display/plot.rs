@@ -81,7 +81,7 @@ impl LineChart {
     }
 
     /// Sets the pixel size (builder style).
-    pub fn with_size(mut self, width: u32, height: u32) -> Self {
+    pub(crate) fn with_size(mut self, width: u32, height: u32) -> Self {
         self.size = (width, height);
         self
     }
@@ -95,13 +95,13 @@ impl LineChart {
     }
 
     /// Whether the chart has enough points to be drawn (two distinct x values).
-    pub fn is_drawable(&self) -> bool {
+    pub(crate) fn is_drawable(&self) -> bool {
         self.distinct_x() >= 2
     }
 
     /// The chart for an HTML page: the SVG, or a one-line note while it has fewer than two
     /// points (after a first step a curve would be one dot on an invented axis).
-    pub fn fragment(&self) -> String {
+    pub(crate) fn fragment(&self) -> String {
         if self.is_drawable() {
             return self.to_svg();
         }
@@ -139,7 +139,7 @@ impl LineChart {
 
     /// The chart as an `<svg>` element, whatever its number of points (see [`Self::fragment`]).
     /// Non-finite points are skipped; an empty chart still renders its axes.
-    pub fn to_svg(&self) -> String {
+    pub(crate) fn to_svg(&self) -> String {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, self.size).into_drawing_area();

@@ -32,7 +32,7 @@ pub const CSS: &str = "<style>\
 </style>";
 
 /// Series colours, distinguishable on light and dark backgrounds.
-pub const PALETTE: [(u8, u8, u8); 6] = [
+pub(crate) const PALETTE: [(u8, u8, u8); 6] = [
     (31, 119, 180),
     (255, 127, 14),
     (44, 160, 44),
@@ -67,7 +67,7 @@ pub fn legend(entries: &[(&str, &str)]) -> String {
 
 /// One token as a highlighted span (`.tok.on` trained, `.tok.off` context), newlines shown as ⏎,
 /// `title` on hover.
-pub fn token_span(text: &str, title: &str, trained: bool) -> String {
+pub(crate) fn token_span(text: &str, title: &str, trained: bool) -> String {
     let class = if trained { "tok on" } else { "tok off" };
     format!(
         "<span class=\"{class}\" title=\"{}\">{}</span>",
@@ -77,7 +77,7 @@ pub fn token_span(text: &str, title: &str, trained: bool) -> String {
 }
 
 /// The legend of [`token_span`]s: what a trained and a context token mean here.
-pub fn token_legend(trained: &str, context: &str) -> String {
+pub(crate) fn token_legend(trained: &str, context: &str) -> String {
     legend(&[("rgba(44,160,44,.45)", trained), ("rgba(128,128,128,.25)", context)])
 }
 

@@ -37,7 +37,7 @@ pub enum BackendChoice {
 
 impl CommBackend {
     /// The backend for a rank of local rank `local_rank` whose device setting is `device`
-    /// (placed by [`rank_gpu`]).
+    /// (placed by `rank_gpu`).
     pub fn choose(self, device: DeviceSpec, local_rank: usize, rank: usize) -> Result<BackendChoice, DistError> {
         if self == CommBackend::Gloo {
             return Ok(BackendChoice::Gloo(None));
@@ -68,7 +68,7 @@ impl CommBackend {
 
 /// The CUDA device of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RankGpu {
+pub(crate) struct RankGpu {
     /// Its index.
     pub index: usize,
     /// Whether the host's ranks share their GPUs (more ranks than GPUs).
@@ -80,7 +80,7 @@ pub struct RankGpu {
 /// ranks (`auto` with a GPU: `i` = 0). Where a host runs more ranks (`LOCAL_WORLD_SIZE`) than it
 /// has GPUs from `i` on, they share them in turn (a Gloo run on one GPU), rather than name a GPU
 /// that does not exist.
-pub fn rank_gpu(device: DeviceSpec, local_rank: usize) -> Option<RankGpu> {
+pub(crate) fn rank_gpu(device: DeviceSpec, local_rank: usize) -> Option<RankGpu> {
     let first = match device {
         DeviceSpec::Cuda(i) => i,
         DeviceSpec::Auto => 0,

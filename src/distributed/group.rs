@@ -118,7 +118,7 @@ unsafe extern "C" {
 }
 
 /// Whether this build can create Gloo process groups (its headers were found at build time).
-pub fn built_with_gloo() -> bool {
+pub(crate) fn built_with_gloo() -> bool {
     // SAFETY: a constant query.
     unsafe { tt_built_with_gloo() != 0 }
 }
@@ -138,7 +138,7 @@ unsafe impl Send for Store {}
 impl Store {
     /// A TCPStore: hosting it on the socket `listener` (bound by the caller, so the address is
     /// exactly the one asked for), or a client of `host:port`.
-    pub fn tcp(
+    pub(crate) fn tcp(
         host: &str,
         port: u16,
         listener: Option<std::net::TcpListener>,
@@ -309,7 +309,7 @@ pub enum Reduce {
 
 /// The result of a collective on tensors: whether they went through host memory (tensors on a
 /// device Gloo cannot read).
-pub type ThroughHost = bool;
+pub(crate) type ThroughHost = bool;
 
 impl ProcessGroup {
     /// Joins (or, on rank 0 with a hosting store, opens) the group of `size` ranks in `store`,
@@ -442,7 +442,7 @@ impl ProcessGroup {
     /// order on every rank) as one flat bucket; a parameter without a gradient takes part with
     /// zeros and gets one. The gradients hold the sum once the [`Pending`] is waited for, and
     /// must not change until then.
-    pub fn start_grads(&self, params: &[&Tensor]) -> Result<(ThroughHost, Pending), DistError> {
+    pub(crate) fn start_grads(&self, params: &[&Tensor]) -> Result<(ThroughHost, Pending), DistError> {
         let ptrs: Vec<AtTensor> = params.iter().map(|t| t.as_ptr() as AtTensor).collect();
         let mut pending = Pending {
             ptr: std::ptr::null_mut(),

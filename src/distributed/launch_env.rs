@@ -35,7 +35,7 @@ impl LaunchEnv {
     }
 
     /// [`LaunchEnv::from_env`] over any variable lookup (testable).
-    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DistError> {
+    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DistError> {
         let size: usize = match var("WORLD_SIZE") {
             None => return Ok(None),
             Some(v) => parse(&v, "WORLD_SIZE", 0)?,
@@ -68,7 +68,7 @@ impl LaunchEnv {
 
     /// Where Gloo binds: the named interface, loopback when the store is on loopback (a
     /// one-host run stays off the network), else this host's own address.
-    pub fn gloo_device(&self) -> GlooDevice {
+    pub(crate) fn gloo_device(&self) -> GlooDevice {
         if let Some(i) = &self.interface {
             return GlooDevice::Interface(i.clone());
         }

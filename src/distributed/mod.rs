@@ -9,7 +9,7 @@
 //! - batch sizes are per process (TRL's `per_device_train_batch_size`): N ranks with batch `b`
 //!   train on global batches of `N x b`, equal to one process with batch `N x b`;
 //! - each rank forwards its share of every global batch; losses are normalised over the whole
-//!   global window; gradients are summed in flat buckets ([`BUCKET_BYTES`]), during the
+//!   global window; gradients are summed in flat buckets (`BUCKET_BYTES`), during the
 //!   step's last backward as each layer's are done (`overlap`) or after it, and clipped after;
 //! - rank 0 alone logs and displays, and writes a checkpoint's model and state (a sharded
 //!   optimizer's ranks each write their own shard: `train::checkpoint`).
@@ -28,10 +28,16 @@ mod launch_env;
 pub mod nccl;
 mod world;
 
-pub use backend::{BackendChoice, CommBackend, RankGpu, rank_gpu};
+pub(crate) use backend::rank_gpu;
+pub use backend::{BackendChoice, CommBackend};
 pub(crate) use buckets::GradBuckets;
 pub use error::DistError;
-pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Store, ThroughHost, built_with_gloo};
-pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
+pub(crate) use group::built_with_gloo;
+pub use group::{Flat, ProcessGroup, Store};
+pub use group::{GlooDevice, Pending, Reduce};
+pub use launch::LaunchError;
+pub use launch::{LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
-pub use world::{BUCKET_BYTES, CommTotals, HeldState, World, bind, share};
+pub(crate) use world::BUCKET_BYTES;
+pub use world::{CommTotals, HeldState};
+pub use world::{World, bind, share};

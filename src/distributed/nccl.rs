@@ -13,7 +13,7 @@ use crate::util::runtime_library::{LibrarySpec, RuntimeLibrary};
 /// The environment variable naming the library explicitly.
 pub const LIBRARY_ENV: &str = "TREETRAIN_NCCL_LIB";
 /// The library's file name.
-pub const LIBRARY_NAME: &str = "libtreetrain_nccl.so";
+pub(crate) const LIBRARY_NAME: &str = "libtreetrain_nccl.so";
 
 const SPEC: LibrarySpec = LibrarySpec {
     env: LIBRARY_ENV,

@@ -15,11 +15,11 @@ use crate::device::DeviceSpec;
 
 /// Gradients are all-reduced in flat buckets of about this many bytes (DDP's default is 25 MB;
 /// smaller buckets bound the extra memory of the flat copy).
-pub const BUCKET_BYTES: usize = 4 << 20;
+pub(crate) const BUCKET_BYTES: usize = 4 << 20;
 
 /// Bytes and seconds spent in collectives, and seconds waiting for the slowest rank.
 #[derive(Debug, Default)]
-pub struct CommStats {
+pub(crate) struct CommStats {
     bytes: AtomicU64,
     micros: AtomicU64,
     wait_micros: AtomicU64,
@@ -226,7 +226,7 @@ impl World {
     /// Sums the gradients of `params` over every rank (the same parameters in the same order
     /// everywhere), in buckets of about [`BUCKET_BYTES`], each waited for before the next
     /// fills; afterwards every rank holds the global sum.
-    pub fn all_reduce_grads(&self, params: &[&Tensor]) -> Result<(), DistError> {
+    pub(crate) fn all_reduce_grads(&self, params: &[&Tensor]) -> Result<(), DistError> {
         if self.measure_wait.load(Ordering::Relaxed)
             && let Some(g) = &self.group
         {
@@ -243,7 +243,7 @@ impl World {
     /// `params` (one dtype) hold the sum once [`World::wait`] returns (`None`: one process,
     /// nothing to do); a parameter without a gradient takes part with zeros and gets one.
     /// Timed and counted as the all-reduce's bytes.
-    pub fn start_grads(&self, params: &[&Tensor]) -> Result<Option<Pending>, DistError> {
+    pub(crate) fn start_grads(&self, params: &[&Tensor]) -> Result<Option<Pending>, DistError> {
         let bytes = params
             .iter()
             .map(|p| p.numel() as u64 * p.kind().elt_size_in_bytes() as u64)
@@ -265,11 +265,11 @@ impl World {
 
     /// Every rank's flat `input` `[n]` into `output` `[size * n]`, in rank order; one process
     /// copies its input.
-    pub fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
+    pub(crate) fn all_gather_into(&self, input: &Tensor, output: &Tensor) -> Result<(), DistError> {
         self.wait(self.start(Flat::AllGather, input, output)?)
     }
 
-    /// [`World::reduce_scatter`] or [`World::all_gather_into`] started and left running:
+    /// [`World::reduce_scatter`] or `World::all_gather_into` started and left running:
     /// `output` holds the result once [`World::wait`] returns (`None`: one process, done). Timed
     /// and counted by the larger side's bytes.
     pub fn start(&self, op: Flat, input: &Tensor, output: &Tensor) -> Result<Option<Pending>, DistError> {
@@ -312,7 +312,7 @@ impl World {
     }
 
     /// Copies rank 0's `tensors` into every rank's (the starting weights).
-    pub fn broadcast_from_main(&self, tensors: &[&Tensor]) -> Result<(), DistError> {
+    pub(crate) fn broadcast_from_main(&self, tensors: &[&Tensor]) -> Result<(), DistError> {
         match self.timed(0, |g| tch::no_grad(|| g.broadcast(tensors, 0))) {
             None => Ok(()),
             Some(r) => r.map(|staged| self.note_staged(staged)),
@@ -320,7 +320,7 @@ impl World {
     }
 
     /// Every rank's `bytes`, in rank order (small payloads: scored rollouts, checksums).
-    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+    pub(crate) fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
         let Some(g) = &self.group else {
             return Ok(vec![bytes.to_vec()]);
         };
@@ -342,7 +342,7 @@ impl World {
     }
 
     /// Records what this rank holds of the run's state (its display shows it).
-    pub fn set_held(&self, held: HeldState) {
+    pub(crate) fn set_held(&self, held: HeldState) {
         *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
     }
 

@@ -43,27 +43,27 @@ impl Conversations {
 
     /// Tokens of `row` held in the cache (its prompt, earlier turns and messages; a turn's last
     /// generated token is added with the next message).
-    pub fn cached_tokens(&self, row: usize) -> Option<usize> {
+    pub(crate) fn cached_tokens(&self, row: usize) -> Option<usize> {
         self.state.next_pos.get(row).map(|&p| p as usize)
     }
 
     /// How many tokens at the end of `whole` row `row` must prefill to go on from it: those
     /// past what its cache holds, and past where `whole` departs from the row's tokens (the row
     /// is then rewound). `None`: no such row.
-    pub fn tail_len(&self, row: usize, whole: &[i64]) -> Option<usize> {
+    pub(crate) fn tail_len(&self, row: usize, whole: &[i64]) -> Option<usize> {
         let shared = common_prefix(self.tokens(row)?, whole);
         Some(whole.len() - self.cached_tokens(row)?.min(shared))
     }
 
     /// Cache slots not used yet. Every row advances the same slots (a turn's decode steps and
     /// each continuation's prefill chunks), so one number holds for all.
-    pub fn slots_left(&self) -> i64 {
+    pub(crate) fn slots_left(&self) -> i64 {
         self.state.cache.max_len - self.state.cache.len()
     }
 
     /// Slots a continuation with a new tail of `tail` tokens and a turn of `max_new_tokens`
     /// needs: the tail padded to the prefill chunk, then the decode steps.
-    pub fn slots_needed(tail: usize, cfg: &GenerationConfig) -> i64 {
+    pub(crate) fn slots_needed(tail: usize, cfg: &GenerationConfig) -> i64 {
         let chunk = cfg.prefill_chunk_size.max(1);
         (tail as i64 + chunk - 1) / chunk * chunk + cfg.max_new_tokens as i64
     }

@@ -20,7 +20,7 @@ use crate::model::cpu_kernels::{KernelIsa, kernel_isa};
 /// - `logits`: `[batch, vocab]`, any float kind.
 /// - `seen`: `[batch, vocab]` bool ([`seen_mask`]), used when `cfg.repetition_penalty != 1`.
 /// - `uniforms`: one draw in `[0, 1)` per row (ignored when greedy).
-pub fn choose_rows(
+pub(crate) fn choose_rows(
     logits: &Tensor,
     seen: Option<&Tensor>,
     cfg: &SamplingConfig,
@@ -113,7 +113,7 @@ mod tests {
     use super::*;
     use crate::device::Device;
     use crate::generate::choose;
-    use crate::generate::seen_mask;
+    use crate::generate::device_sampling::seen_mask;
     use crate::util::SplitMix64;
 
     fn logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {

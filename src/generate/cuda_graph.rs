@@ -24,7 +24,7 @@ use crate::util::runtime_library::{LibrarySpec, RuntimeLibrary};
 /// The environment variable naming the graph library explicitly.
 pub const LIBRARY_ENV: &str = "TREETRAIN_CUDA_GRAPH_LIB";
 /// The library's file name.
-pub const LIBRARY_NAME: &str = "libtreetrain_cuda_graph.so";
+pub(crate) const LIBRARY_NAME: &str = "libtreetrain_cuda_graph.so";
 
 type NewFn = unsafe extern "C" fn(c_int, *mut *mut c_void, *mut c_char, usize) -> c_int;
 type StepFn = unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int;

@@ -23,7 +23,7 @@ use crate::model::Truncation;
 /// The chosen token of every row of a batch and its log-probabilities (see
 /// [`super::Choice`] for what each means).
 #[derive(Debug, Clone, PartialEq)]
-pub struct BatchChoice {
+pub(crate) struct BatchChoice {
     /// Token id per row.
     pub tokens: Vec<i64>,
     /// Log-probability under the distribution sampled from (truncated, renormalised).
@@ -37,7 +37,7 @@ pub struct BatchChoice {
 ///
 /// # Shapes
 /// `rows[r]` are row `r`'s tokens; the mask is `[rows.len(), vocab]` bool on `device`.
-pub fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: Device) -> Result<Tensor, tch::TchError> {
+pub(crate) fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: Device) -> Result<Tensor, tch::TchError> {
     let mask = device.zeros(&[rows.len() as i64, vocab], Kind::Bool)?;
     for (r, ids) in rows.iter().enumerate() {
         if !ids.is_empty() {
@@ -50,7 +50,7 @@ pub fn seen_mask(rows: &[Vec<i64>], vocab: i64, device: Device) -> Result<Tensor
 
 /// [`super::choose_rows`] in tensor ops on the logits' device: what runs off the CPU (and is tested
 /// on the CPU against the host sampler like the CPU kernel).
-pub fn choose_rows_with_tensors(
+pub(crate) fn choose_rows_with_tensors(
     logits: &Tensor,
     seen: Option<&Tensor>,
     cfg: &SamplingConfig,

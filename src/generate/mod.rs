@@ -2,7 +2,7 @@
 //! one decode shape per call), batched prompts of any lengths, sampling with the log-probs GRPO
 //! needs, prefix-shared group generation (prefill a prompt once, fork its cache into G slots)
 //! and multi-turn conversations continued from their cache ([`Conversations`]).
-//! Tokens are chosen on the model's device ([`choose_rows`]); [`choose`] is the same rule for
+//! Tokens are chosen on the model's device (`choose_rows`); [`choose`] is the same rule for
 //! one row of host logits.
 //!
 //! # Shapes, sampling, log-probs
@@ -48,9 +48,8 @@ pub use completion::{Completion, FinishReason};
 pub use config::{GenerateError, GenerationConfig};
 pub use conversation::Conversations;
 pub(crate) use conversation::common_prefix;
-pub use cpu_sampler::choose_rows;
-pub use device_sampling::{BatchChoice, choose_rows_with_tensors, seen_mask};
 pub use generator::Generator;
-pub use sampling::{Choice, SamplingConfig, choose};
+pub use sampling::Choice;
+pub use sampling::{SamplingConfig, choose};
 pub use stop::StopStrings;
 pub use view::Completions;

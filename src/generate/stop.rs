@@ -43,7 +43,7 @@ impl StopStrings {
 
     /// Whether the text of `ids` gained a stop string with its last token: an occurrence that
     /// ends past the text of the tokens before it.
-    pub fn ends_in_last_token(&self, ids: &[i64]) -> bool {
+    pub(crate) fn ends_in_last_token(&self, ids: &[i64]) -> bool {
         if self.strings.is_empty() || ids.is_empty() {
             return false;
         }

@@ -34,7 +34,7 @@ pub enum KeyValues<'a> {
 impl KeyValues<'_> {
     /// The CPU ops a forward over these keys and values uses: the decode kernels in cached
     /// (generation) forwards, libtorch's elsewhere (see `super::cpu_kernels`).
-    pub fn cpu_ops(&self) -> CpuOps {
+    pub(crate) fn cpu_ops(&self) -> CpuOps {
         match self {
             KeyValues::Layout { .. } => CpuOps::Libtorch,
             KeyValues::Cache { .. } => CpuOps::Kernels,
@@ -111,7 +111,7 @@ impl Attention {
     }
 
     /// The linear layers by name within `self_attn`.
-    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 4] {
+    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 4] {
         let [q, k, v] = self.qkv.named_mut();
         [q, k, v, ("o_proj", &mut self.o_proj)]
     }
@@ -182,7 +182,7 @@ impl Attention {
     /// `[batch, kv_heads or heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]`
     /// (true = attend; `None` = causal), merged back to `[batch, q_len, hidden]` through
     /// `o_proj`.
-    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    pub(crate) fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let scale = (self.head_dim as f64).powf(-0.5);
         // Grouped-query attention inside the kernel (`enable_gqa`) where keys come at
         // `kv_heads`: repeating the keys and values of a whole KV cache every decode step would

@@ -169,7 +169,7 @@ impl KvCache for StaticCache {
 
 /// A cache that grows by concatenation: no capacity, but a new shape every step.
 #[derive(Debug, Default)]
-pub struct DynamicCache {
+pub(crate) struct DynamicCache {
     k: Vec<Option<Tensor>>,
     v: Vec<Option<Tensor>>,
     len: i64,

@@ -226,7 +226,7 @@ impl HfConfig {
     }
 
     /// The checkpoint's dtype as written (`dtype` or `torch_dtype`).
-    pub fn checkpoint_dtype(&self) -> Option<&str> {
+    pub(crate) fn checkpoint_dtype(&self) -> Option<&str> {
         self.dtype.as_deref().or(self.torch_dtype.as_deref())
     }
 
@@ -433,7 +433,7 @@ impl ModelConfig {
     }
 
     /// Bytes of a static KV cache of `rows` x `slots` in `kind`.
-    pub fn kv_cache_bytes(&self, rows: usize, slots: usize, kind: tch::Kind) -> u128 {
+    pub(crate) fn kv_cache_bytes(&self, rows: usize, slots: usize, kind: tch::Kind) -> u128 {
         let per_slot = 2 * self.num_layers as u128 * self.num_kv_heads as u128 * self.head_dim as u128;
         per_slot * rows as u128 * slots as u128 * kind.elt_size_in_bytes() as u128
     }

@@ -170,7 +170,7 @@ impl CausalLm {
 
     /// Every linear layer under its `state_dict` prefix (`model.layers.0.self_attn.q_proj`,
     /// ..., `lm_head`), in the order of the stack.
-    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out: Vec<(String, &mut Linear)> = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
             for (name, l) in layer.self_attn.linears_mut() {

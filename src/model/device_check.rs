@@ -92,7 +92,7 @@ pub fn check_device(device: Device) -> Result<DeviceCheck, ModelError> {
 }
 
 /// Whether the automatic check runs (unless `TREETRAIN_DEVICE_CHECK=0`).
-pub fn device_check_enabled() -> bool {
+pub(crate) fn device_check_enabled() -> bool {
     std::env::var(DEVICE_CHECK_ENV).map_or(true, |v| v != "0")
 }
 

@@ -42,7 +42,7 @@ impl ParamUnit {
 
 /// What a pass does, for [`CausalLm::idle_pass`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// A forward only (scoring, evaluation, a log-prob pass).
     Forward,
     /// A forward and its backward (`CausalLm::forward_backward`).
@@ -104,7 +104,7 @@ impl CausalLm {
     }
 
     /// Whether the parameters are sharded between uses.
-    pub fn is_sharded(&self) -> bool {
+    pub(crate) fn is_sharded(&self) -> bool {
         self.hooks.residency.is_some()
     }
 
@@ -117,7 +117,7 @@ impl CausalLm {
     /// Tells the gradient reduction how many passes of this step back-propagate (the same on
     /// every rank: with idle passes counted); under `no_shard` across processes the last one's
     /// backward all-reduces the gradients as they are done. Nothing without one.
-    pub fn expect_backward_passes(&self, backward: usize) {
+    pub(crate) fn expect_backward_passes(&self, backward: usize) {
         if let Some(r) = &self.hooks.reduction {
             r.expect_backward_passes(backward);
         }
@@ -169,7 +169,7 @@ impl CausalLm {
     /// The gathers, reductions and frees of one `pass` of this model, without computing: what
     /// a rank with fewer rows than the others runs so every rank makes the same collectives.
     /// Nothing without hooks.
-    pub fn idle_pass(&self, pass: Pass) -> Result<(), ModelError> {
+    pub(crate) fn idle_pass(&self, pass: Pass) -> Result<(), ModelError> {
         if !self.in_lockstep() {
             return Ok(());
         }

@@ -110,7 +110,7 @@ pub fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<Tensor>, tch::TchErr
 
 /// `count` zeroed CPU tensors of `shape` and `kind`, end to end in one buffer in huge pages
 /// (a static KV cache's per-layer keys or values, which every decode step reads).
-pub fn zeros_in_one_buffer(count: i64, shape: &[i64], kind: Kind) -> Result<Vec<Tensor>, tch::TchError> {
+pub(crate) fn zeros_in_one_buffer(count: i64, shape: &[i64], kind: Kind) -> Result<Vec<Tensor>, tch::TchError> {
     let each: i64 = shape.iter().product();
     let like = Tensor::f_empty([0], (kind, Device::Cpu))?;
     let (mut buffer, _) = huge_page_empty(each * count, &like)?;
@@ -121,7 +121,7 @@ pub fn zeros_in_one_buffer(count: i64, shape: &[i64], kind: Kind) -> Result<Vec<
 }
 
 /// Whether `t`'s data lies inside `buffer`'s.
-pub fn lies_in(t: &Tensor, buffer: &Tensor) -> bool {
+pub(crate) fn lies_in(t: &Tensor, buffer: &Tensor) -> bool {
     let bytes = |x: &Tensor| x.numel() * x.kind().elt_size_in_bytes();
     let (start, end) = (buffer.data_ptr() as usize, buffer.data_ptr() as usize + bytes(buffer));
     let p = t.data_ptr() as usize;

@@ -22,7 +22,7 @@ pub enum LinearAdapter {
 /// Inputs of at most this many rows (decode steps: one token per sequence) are multiplied as
 /// `W x^T` on the CPU: MKL streams the weight faster in that orientation than as `x W^T`
 /// (the generation bench's decode steps over a real-size LM head show it).
-pub const SKINNY_ROWS: i64 = 64;
+pub(crate) const SKINNY_ROWS: i64 = 64;
 
 /// `x W^T + b` for `x` `[..., in]`, `weight` `[out, in]` with libtorch's ops: on the CPU for
 /// a few rows in the orientation that reads the weight fastest ([`SKINNY_ROWS`]);
@@ -33,7 +33,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
 
 /// [`linear`] with `ops`: [`CpuOps::Kernels`] sends up to `KERNEL_ROWS` rows through the
 /// decode kernel ([`super::cpu_kernels::product`]) where it applies.
-pub fn linear_with(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, ops: CpuOps) -> Tensor {
+pub(crate) fn linear_with(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, ops: CpuOps) -> Tensor {
     let size = x.size();
     let input = size.last().copied().unwrap_or(0);
     let rows = if input > 0 { x.numel() as i64 / input } else { 0 };
@@ -105,7 +105,7 @@ impl Linear {
     }
 
     /// The weight the forward multiplies by (a `modules_to_save` copy when there is one).
-    pub fn effective_weight(&self) -> &Tensor {
+    pub(crate) fn effective_weight(&self) -> &Tensor {
         match &self.adapter {
             Some(LinearAdapter::Copy { weight, .. }) => weight,
             _ => &self.weight,

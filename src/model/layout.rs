@@ -125,7 +125,7 @@ pub struct QueryBlock {
 pub const QUERY_BLOCK: i64 = 256;
 
 /// Segments with paths up to this many keys are attended in padded batches.
-pub const BATCHED_MAX_KEYS: i64 = 256;
+pub(crate) const BATCHED_MAX_KEYS: i64 = 256;
 
 /// Score entries (`G x q_max x k_max`, per head) one padded batch may hold.
 const BATCH_SCORES: i64 = 1 << 20;

@@ -49,7 +49,7 @@ pub struct Model {
 impl Model {
     /// An error naming the first parameter (by name) that holds NaN or infinite values:
     /// checkpoints are never written with them.
-    pub fn check_finite(&self) -> Result<(), ModelError> {
+    pub(crate) fn check_finite(&self) -> Result<(), ModelError> {
         check_finite_to_write(&self.vs.variables())
     }
 }
@@ -233,7 +233,7 @@ impl Model {
 
     /// Attaches a copy of `other`'s adapter (same config, same values): a generator's copy of
     /// the policy.
-    pub fn copy_adapter_from(&mut self, other: &LoraAdapter) -> Result<&LoraAdapter, ModelError> {
+    pub(crate) fn copy_adapter_from(&mut self, other: &LoraAdapter) -> Result<&LoraAdapter, ModelError> {
         let adapter = LoraAdapter::duplicate(other, &mut self.lm)?;
         Ok(self.hold(adapter))
     }

@@ -53,7 +53,7 @@ impl Mlp {
     }
 
     /// The linear layers by name within the MLP.
-    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 3] {
+    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 3] {
         let [gate, up] = self.gate_up.named_mut();
         [gate, up, ("down_proj", &mut self.down_proj)]
     }

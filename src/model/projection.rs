@@ -83,7 +83,7 @@ impl<const N: usize> Projections<N> {
     }
 
     /// The maps by name (an adapter is attached or merged through these).
-    pub fn named_mut(&mut self) -> [(&'static str, &mut Linear); N] {
+    pub(crate) fn named_mut(&mut self) -> [(&'static str, &mut Linear); N] {
         let mut maps = self.maps.iter_mut();
         std::array::from_fn(|i| (self.names[i], maps.next().expect("one map per name")))
     }

@@ -27,7 +27,7 @@ pub enum Activations {
 
 impl Activations {
     /// `gradient_checkpointing = true` means [`Activations::Recomputed`].
-    pub fn from_checkpointing(on: bool) -> Self {
+    pub(crate) fn from_checkpointing(on: bool) -> Self {
         if on { Activations::Recomputed } else { Activations::Kept }
     }
 }

@@ -37,7 +37,7 @@ pub fn inv_freq(cfg: &ModelConfig, device: tch::Device) -> Tensor {
 }
 
 /// `(cos, sin)`, each `[batch, seq, head_dim]` in `kind`, for `position_ids` `[batch, seq]`.
-pub fn cos_sin(inv_freq: &Tensor, position_ids: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+pub(crate) fn cos_sin(inv_freq: &Tensor, position_ids: &Tensor, kind: Kind) -> (Tensor, Tensor) {
     let freqs = position_ids.to_kind(Kind::Float).unsqueeze(-1) * inv_freq.view([1, 1, -1]);
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
     (emb.cos().to_kind(kind), emb.sin().to_kind(kind))

@@ -15,7 +15,7 @@ use super::ModelError;
 const CHUNK_BYTES: i64 = 64 << 20;
 
 /// An open safetensors file expecting its tensors in order.
-pub struct SafetensorsOut {
+pub(crate) struct SafetensorsOut {
     path: PathBuf,
     file: BufWriter<File>,
     entries: Vec<(String, Vec<i64>)>,
@@ -81,7 +81,7 @@ impl SafetensorsOut {
     }
 
     /// The name of the tensor [`SafetensorsOut::write`] takes next.
-    pub fn next_name(&self) -> Option<&str> {
+    pub(crate) fn next_name(&self) -> Option<&str> {
         self.entries.get(self.next).map(|(n, _)| n.as_str())
     }
 

@@ -29,7 +29,7 @@ pub enum SdpaKernel {
 
 impl SdpaKernel {
     /// From `_fused_sdp_choice`'s code.
-    pub fn from_code(code: i64) -> Self {
+    pub(crate) fn from_code(code: i64) -> Self {
         match code {
             0 => SdpaKernel::Math,
             1 => SdpaKernel::Flash,

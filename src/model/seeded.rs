@@ -10,7 +10,7 @@ use super::{HfConfig, LoadOptions, Model, ModelError};
 use crate::device::{Device, privateuse1};
 
 /// Marks a seeded checkpoint folder (see [`Model::load`]).
-pub const SEED_FILE: &str = "treetrain_init.json";
+pub(crate) const SEED_FILE: &str = "treetrain_init.json";
 
 /// Where a checkpoint's weights are read from.
 pub(super) enum Weights {

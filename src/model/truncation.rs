@@ -91,7 +91,7 @@ impl Truncation {
 
     /// [`Truncation::logprobs`] given the rows' `log_softmax` `log_probs` already at hand (only
     /// its values are read, to find the kept set).
-    pub fn logprobs_with(
+    pub(crate) fn logprobs_with(
         &self,
         logits: &Tensor,
         log_probs: &Tensor,

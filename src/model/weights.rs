@@ -12,7 +12,7 @@ use crate::util::SplitMix64;
 
 /// The safetensors files of a checkpoint folder: the shards named by
 /// `model.safetensors.index.json`, else `model.safetensors`. Pickle-only folders are refused.
-pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     // transformers loads the single file when both it and an index are there (a sharded save
     // over an unsharded one leaves both).
     let single = dir.join("model.safetensors");
@@ -72,7 +72,7 @@ fn kind_of(dtype: Dtype, file: &Path) -> Result<Kind, ModelError> {
 /// Copies every variable of `vs` from the checkpoint files, converting dtype as needed.
 /// `ignorable` names may be absent from `vs` without complaint (e.g. `lm_head.weight` of a tied
 /// model); every variable of `vs` must be found.
-pub fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(), ModelError> {
+pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(), ModelError> {
     let vars = vs.variables();
     let mut loaded = std::collections::HashSet::new();
     for file in files {
@@ -139,7 +139,7 @@ fn ignorable(name: &str, vars: &std::collections::HashMap<String, Tensor>) -> bo
 }
 
 /// Whether every value of `t` is finite (integer tensors always are).
-pub fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
+pub(crate) fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
     if !t.is_floating_point() {
         return Ok(true);
     }
@@ -149,7 +149,7 @@ pub fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
 /// A short fingerprint of the weights in `vs`: every tensor's name, shape and up to 64 of its
 /// values at evenly spaced places, hashed (FNV-1a). Reading 64 values a tensor keeps it cheap at
 /// any model size; two different checkpoints of one architecture differ in it.
-pub fn weights_fingerprint(vs: &tch::nn::VarStore) -> Result<String, ModelError> {
+pub(crate) fn weights_fingerprint(vs: &tch::nn::VarStore) -> Result<String, ModelError> {
     let sorted: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -200,7 +200,7 @@ pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), M
 
 /// Fills `vs` deterministically from `seed`: norms 1, biases 0, everything else N(0, std)
 /// (transformers' `initializer_range` scheme). Same values on every machine.
-pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelError> {
+pub(crate) fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelError> {
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     let mut rng = SplitMix64::new(seed);
     for (name, var) in &vars {
@@ -220,7 +220,7 @@ pub fn init_seeded(vs: &nn::VarStore, seed: u64, std: f64) -> Result<(), ModelEr
 
 /// Writes `tensors` (name -> tensor) as one safetensors file in `kind`, with the
 /// `{"format": "pt"}` metadata transformers checks; one tensor's bytes in memory at a time
-/// ([`SafetensorsOut`]).
+/// (`SafetensorsOut`).
 pub fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>, kind: Kind) -> Result<(), ModelError> {
     let sorted: BTreeMap<&String, &Tensor> = tensors.iter().collect();
     let entries = sorted.iter().map(|(n, t)| ((*n).clone(), t.size())).collect();

@@ -5,11 +5,11 @@ use super::PackedRow;
 use crate::display::escape;
 
 /// Colour of a segment forwarded once for several rollouts.
-pub const SHARED: &str = "#1f77b4";
+pub(crate) const SHARED: &str = "#1f77b4";
 /// Colour of a segment that belongs to one rollout.
-pub const OWN: &str = "#ff7f0e";
+pub(crate) const OWN: &str = "#ff7f0e";
 /// Colour of the bar marking positions that predict trained tokens.
-pub const TRAINED: &str = "#2ca02c";
+pub(crate) const TRAINED: &str = "#2ca02c";
 
 /// A node with more children than this shows the first `MAX_CHILDREN - 1` and a "+k more" line.
 const MAX_CHILDREN: usize = 6;
@@ -34,7 +34,7 @@ pub enum Line {
 
 /// The lines of the tree picture in DFS order, collapsed past [`MAX_CHILDREN`] siblings and
 /// [`MAX_LINES`] lines.
-pub fn tree_lines(row: &PackedRow) -> Vec<Line> {
+pub(crate) fn tree_lines(row: &PackedRow) -> Vec<Line> {
     let n = row.segments.len();
     let mut children = vec![Vec::new(); n];
     let mut roots = Vec::new();
@@ -92,7 +92,7 @@ fn siblings(parent: Option<usize>, kids: &[usize], subtree: &[usize]) -> Vec<Lin
 }
 
 /// Trained positions (predicting a trained token) in each segment.
-pub fn trained_per_segment(row: &PackedRow) -> Vec<usize> {
+pub(crate) fn trained_per_segment(row: &PackedRow) -> Vec<usize> {
     row.segments
         .iter()
         .map(|s| {
@@ -116,7 +116,7 @@ pub fn fit(text: &str, max_chars: usize) -> String {
 
 /// The tree as SVG: one box per segment (x = depth, width ~ tokens), its label to its right,
 /// children on the lines below joined to the end of their parent.
-pub fn tree_svg(row: &PackedRow, segment_text: &[String]) -> String {
+pub(crate) fn tree_svg(row: &PackedRow, segment_text: &[String]) -> String {
     let segs = &row.segments;
     let depth_end = |i: usize| row.position_ids[segs[i].start] as f64 + segs[i].len as f64;
     let max_depth = (0..segs.len()).map(depth_end).fold(1.0, f64::max);
@@ -190,7 +190,7 @@ fn segment_box(row: &PackedRow, i: usize, (x, y): (f64, f64), scale: f64, traine
 
 /// The row as one strip of tokens at `px_per_token`: blue where a token is forwarded once for
 /// several rollouts, orange where it serves one, a green tick under positions that are trained.
-pub fn strip_svg(row: &PackedRow, px_per_token: f64) -> String {
+pub(crate) fn strip_svg(row: &PackedRow, px_per_token: f64) -> String {
     let width = (row.len() as f64 * px_per_token).max(1.0);
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0}\" height=\"24\">",
@@ -219,11 +219,11 @@ pub fn strip_svg(row: &PackedRow, px_per_token: f64) -> String {
 }
 
 /// Largest row whose attention mask is drawn cell by cell.
-pub const MASK_MAX: usize = 160;
+pub(crate) const MASK_MAX: usize = 160;
 
 /// The attention mask as SVG (query rows, key columns, packed positions on both axes), for rows
 /// of at most [`MASK_MAX`] tokens.
-pub fn mask_svg(row: &PackedRow) -> Option<String> {
+pub(crate) fn mask_svg(row: &PackedRow) -> Option<String> {
     let n = row.len();
     if n == 0 || n > MASK_MAX {
         return None;

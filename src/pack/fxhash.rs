@@ -5,7 +5,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// Multiply-rotate hashing of machine words (the rustc "Fx" scheme).
 #[derive(Default, Clone, Copy)]
-pub struct FxHasher {
+pub(crate) struct FxHasher {
     hash: u64,
 }
 
@@ -34,4 +34,4 @@ impl Hasher for FxHasher {
 }
 
 /// `HashMap` with [`FxHasher`].
-pub type FxHashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type FxHashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;

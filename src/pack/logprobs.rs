@@ -97,7 +97,7 @@ impl DistinctTerms {
     /// The policy's entropy at every pair `[U]` (f32) with its gradient, for an entropy bonus:
     /// each chunk's full logits are kept until backward, as a plain `log_softmax` over the
     /// vocabulary keeps them.
-    pub fn entropies_with_grad(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+    pub(crate) fn entropies_with_grad(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
         let mut out = Vec::new();
         self.for_each_logit_chunk(lm_head, chunks, |_, logits| {
             out.push(entropy_of(&logits.f_log_softmax(-1, Kind::Float)?)?);
@@ -112,7 +112,7 @@ impl DistinctTerms {
     /// Log-prob of every loss term `[M]` (as [`DistinctTerms::logprobs`]) and the policy's
     /// untruncated entropy at every pair `[U]` (f32, without gradient), from one pass over the
     /// LM head.
-    pub fn logprobs_and_entropies(
+    pub(crate) fn logprobs_and_entropies(
         &self,
         lm_head: &Tensor,
         chunks: LogprobChunks,
@@ -236,7 +236,7 @@ pub fn row_logprobs(model: &CausalLm, row: &PackedRow, chunks: LogprobChunks) ->
 
 /// [`row_logprobs`] under the distribution a sampler with `temperature` and `truncation` draws
 /// from (the truncation replayed: [`Truncation::logprobs`]).
-pub fn row_logprobs_at(
+pub(crate) fn row_logprobs_at(
     model: &CausalLm,
     row: &PackedRow,
     chunks: LogprobChunks,

@@ -115,7 +115,7 @@ impl PackedRow {
 
     /// The distinct `(position, target)` pairs of the loss terms: how many rows the LM head
     /// computes for this row (a token trained in several rollouts that share it is one pair).
-    pub fn distinct_terms(&self) -> usize {
+    pub(crate) fn distinct_terms(&self) -> usize {
         let pairs: std::collections::HashSet<(i64, i64)> =
             self.token_index.iter().copied().zip(self.targets()).collect();
         pairs.len()
@@ -124,7 +124,7 @@ impl PackedRow {
     /// Forward FLOPs of the row under `cfg` (backward scales every part alike, so ratios hold
     /// for forward + backward): `2 x` the linear weights per forwarded token, `4 x layers x
     /// heads x head_dim` per causal attention pair ([`PackedRow::attention_pairs`]), the LM
-    /// head per distinct term pair ([`PackedRow::distinct_terms`]). Norms, RoPE and the
+    /// head per distinct term pair (`PackedRow::distinct_terms`). Norms, RoPE and the
     /// loss's elementwise work are left out (a few percent at these sizes).
     pub fn forward_flops(&self, cfg: &ModelConfig) -> f64 {
         let (h, layers) = (cfg.hidden_size as f64, cfg.num_layers as f64);

@@ -167,7 +167,7 @@ impl PrefixTree {
     }
 
     /// Tokens of `rollout` this tree does not hold yet.
-    pub fn novel_tokens(&self, rollout: &Rollout) -> usize {
+    pub(crate) fn novel_tokens(&self, rollout: &Rollout) -> usize {
         let mut node = ROOT;
         let mut shared = 0;
         for (t, next) in Self::keys(&rollout.input_ids) {

@@ -61,17 +61,17 @@ impl TreeView {
     }
 
     /// The tree as SVG (see `draw::tree_svg`).
-    pub fn tree_svg(&self) -> String {
+    pub(crate) fn tree_svg(&self) -> String {
         draw::tree_svg(&self.row, &self.segment_text)
     }
 
     /// The attention mask as SVG, for rows of at most 160 tokens.
-    pub fn mask_svg(&self) -> Option<String> {
+    pub(crate) fn mask_svg(&self) -> Option<String> {
         draw::mask_svg(&self.row)
     }
 
     /// The summary table alone (what a trainer shows of its latest row).
-    pub fn summary_html(&self) -> String {
+    pub(crate) fn summary_html(&self) -> String {
         let rows: Vec<(&str, String)> = self.summary_rows().into_iter().map(|(k, v)| (k, escape(&v))).collect();
         display::kv_table(&rows)
     }

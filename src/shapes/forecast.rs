@@ -25,7 +25,7 @@ pub enum ShapeError {
 
 /// The longest sequence a forecast accepts (2^40 tokens: far past any model's context, and
 /// small enough that token counts of any dataset fit in 64 bits).
-pub const MAX_LENGTH: usize = 1 << 40;
+pub(crate) const MAX_LENGTH: usize = 1 << 40;
 
 /// The shapes one pass over a dataset feeds a graph when batches are padded to their longest
 /// row (then up to a multiple, when one is set).
@@ -146,7 +146,7 @@ impl PaddingComparison {
     }
 
     /// Compile time saved by the policy, seconds (negative if it costs more).
-    pub fn seconds_saved(&self) -> f64 {
+    pub(crate) fn seconds_saved(&self) -> f64 {
         self.without.ledger.predicted_compile_seconds() - self.with.ledger.predicted_compile_seconds()
     }
 

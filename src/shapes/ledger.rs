@@ -72,17 +72,17 @@ impl ShapeLedger {
     }
 
     /// Calls over all graphs.
-    pub fn total_calls(&self) -> u64 {
+    pub(crate) fn total_calls(&self) -> u64 {
         self.graphs.values().map(|g| g.calls).sum()
     }
 
     /// Predicted compile time on Neuron, seconds.
-    pub fn predicted_compile_seconds(&self) -> f64 {
+    pub(crate) fn predicted_compile_seconds(&self) -> f64 {
         self.total_distinct() as f64 * self.seconds_per_compile
     }
 
     /// `(call, distinct shapes so far)` after every call of `graph`: the compile curve.
-    pub fn compile_curve(&self, graph: &str) -> Vec<(u64, usize)> {
+    pub(crate) fn compile_curve(&self, graph: &str) -> Vec<(u64, usize)> {
         let Some(g) = self.graphs.get(graph) else {
             return Vec::new();
         };

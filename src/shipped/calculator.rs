@@ -24,7 +24,7 @@ use crate::grpo::{Conversation, EnvReply, EnvRole, Environment, RolloutBatch, ex
 use crate::tokenizer::{Tokenizer, python_json};
 
 /// The tool's name.
-pub const TOOL_NAME: &str = "calculator";
+pub(crate) const TOOL_NAME: &str = "calculator";
 
 /// The calculator environment: up to `max_calls` tool calls, then an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +64,13 @@ impl Calculator {
 
     /// The call asking `question`, as the model writes it and the chat template renders
     /// structured `tool_calls`.
-    pub fn call_text(question: &str) -> String {
+    pub(crate) fn call_text(question: &str) -> String {
         let call = json!({"name": TOOL_NAME, "arguments": {"question": question}});
         format!("<tool_call>{}</tool_call>", python_json(&call, None, false))
     }
 
     /// The `a + b` or `a - b` a question asks about, as written there.
-    pub fn expression_in(question: &str) -> Option<String> {
+    pub(crate) fn expression_in(question: &str) -> Option<String> {
         let words: Vec<&str> = question.split_whitespace().collect();
         let number = |w: &str| w.trim_end_matches(['?', '.', '=']).parse::<i64>().ok();
         words.windows(3).find_map(|w| {
@@ -97,7 +97,7 @@ impl Calculator {
 
     /// The tool call in `reply`: `None` when it calls no tool, else the question it asks or
     /// why the call is malformed.
-    pub fn parse_call(reply: &str) -> Option<Result<String, String>> {
+    pub(crate) fn parse_call(reply: &str) -> Option<Result<String, String>> {
         let (_, rest) = reply.split_once("<tool_call>")?;
         let body = rest.split_once("</tool_call>").map_or(rest, |(b, _)| b);
         let call: Value = match serde_json::from_str(body.trim()) {
@@ -127,7 +127,7 @@ impl Calculator {
 
     /// The tool's reply to a call asking a question: `result: value`, or an error the model
     /// reads.
-    pub fn respond(call: Result<String, String>) -> String {
+    pub(crate) fn respond(call: Result<String, String>) -> String {
         let expression = |q: String| Self::expression_in(&q).ok_or_else(|| format!("no a + b or a - b in {q:?}"));
         match call.and_then(expression).and_then(|e| Self::evaluate(&e)) {
             Ok(value) => format!("result: {value}"),

@@ -32,10 +32,10 @@ fn msg(role: &str, content: &str) -> ChatMessage {
 }
 
 /// System prompt used by part of the SFT conversations and by every GRPO prompt.
-pub const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
+pub(crate) const SYSTEM_PROMPT: &str = "You are a precise assistant. Reply with 'Answer: ' followed by the answer.";
 
 /// SFT conversations of the shipped mix: one or two question/answer turns, a system prompt on
-/// about a third; replies from [`sft_reply`] (the correct item or a random listed one, see
+/// about a third; replies from `sft_reply` (the correct item or a random listed one, see
 /// [`super::tasks`]).
 pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)> {
     let mut reply_rng = SplitMix64::new(seed ^ 0x5f7_a45);
@@ -47,7 +47,7 @@ pub fn sft_conversations(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, String)>
 /// SFT conversations of the calculator task ([`super::calculator`]): each of `n` questions
 /// twice, after the system prompt: answered directly (correctly), then through a call to the
 /// calculator and its result.
-pub fn calculator_conversations(n: usize, seed: u64) -> Vec<Vec<ChatMessage>> {
+pub(crate) fn calculator_conversations(n: usize, seed: u64) -> Vec<Vec<ChatMessage>> {
     arithmetic_tasks(n, seed)
         .into_iter()
         .flat_map(|t| {
@@ -96,7 +96,7 @@ pub fn grpo_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
 }
 
 /// GRPO prompts of the calculator task (its environment adds the tool), as [`grpo_prompts`].
-pub fn calculator_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
+pub(crate) fn calculator_prompts(n: usize, seed: u64) -> Vec<(Vec<ChatMessage>, Task)> {
     with_system_prompt(arithmetic_tasks(n, seed))
 }
 
@@ -142,17 +142,17 @@ fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) -> Result<(), String> {
 }
 
 /// Sizes of the shipped splits: SFT conversations of the selection mix.
-pub const SFT_TRAIN: usize = 2000;
+pub(crate) const SFT_TRAIN: usize = 2000;
 /// Questions of the calculator task in the SFT data (each twice; `sft/train-calculator.parquet`).
 pub const SFT_CALCULATOR: usize = 600;
 /// Calculator GRPO training prompts.
-pub const CALCULATOR_TRAIN: usize = 500;
+pub(crate) const CALCULATOR_TRAIN: usize = 500;
 /// Calculator GRPO held-out prompts.
-pub const CALCULATOR_TEST: usize = 100;
+pub(crate) const CALCULATOR_TEST: usize = 100;
 /// GRPO training prompts.
-pub const GRPO_TRAIN: usize = 500;
+pub(crate) const GRPO_TRAIN: usize = 500;
 /// GRPO held-out prompts.
-pub const GRPO_TEST: usize = 100;
+pub(crate) const GRPO_TEST: usize = 100;
 /// SFT conversations, GRPO training and held-out prompts of [`TaskKind::TOKENIZER_CORPUS`] in
 /// the tokenizer's corpus: fixed, so resizing a shipped split leaves the tokenizer as it is.
 const TOKENIZER_CORPUS_SIZES: [usize; 3] = [2000, 500, 100];
@@ -221,7 +221,7 @@ fn write_prompts(path: &Path, rows: &[(Vec<ChatMessage>, Task)]) -> Result<(), S
 /// The text the shipped tokenizer is trained on: [`TaskKind::TOKENIZER_CORPUS`] as SFT
 /// conversations (correct replies) and GRPO splits of fixed sizes, so the tokenizer does not
 /// change when the task mix does.
-pub fn corpus() -> Vec<String> {
+pub(crate) fn corpus() -> Vec<String> {
     let kinds = &TaskKind::TOKENIZER_CORPUS;
     let [sft_n, train_n, test_n] = TOKENIZER_CORPUS_SIZES;
     let sft = conversations(&tasks_of(kinds, 2 * sft_n, 1), sft_n, 1, |t| format_reply(&t.answer));

@@ -1,15 +1,15 @@
 //! Verifiable tasks small enough for a tiny model to learn on a CPU.
 //!
-//! The shipped mix ([`TaskKind::SHIPPED`]) asks the model to pick one item of a listed four or
+//! The shipped mix (`TaskKind::SHIPPED`) asks the model to pick one item of a listed four or
 //! five by a rule named in the question: the largest or smallest number, the first or last item,
 //! the item listed twice. Every item and every answer is one whole token of the shipped
 //! tokenizer (a number 0-49 or a syllable, with its leading space), so what is learnt is the
-//! rule, not spelling. The SFT replies name the correct item in [`SFT_RULE_SHARE`] of cases and a
-//! random listed item otherwise ([`sft_reply`]): SFT teaches the reply format, the answer space
+//! rule, not spelling. The SFT replies name the correct item in `SFT_RULE_SHARE` of cases and a
+//! random listed item otherwise (`sft_reply`): SFT teaches the reply format, the answer space
 //! and a faint preference for each rule, which the GRPO reward has to make a habit. GRPO's
 //! prompts ([`TaskKind::GRPO`]) are the two kinds whose named item the SFT model can copy.
 //!
-//! [`TaskKind::TOKENIZER_CORPUS`] (arithmetic, reversing, upper-casing, letter counting) is the
+//! `TaskKind::TOKENIZER_CORPUS` (arithmetic, reversing, upper-casing, letter counting) is the
 //! text the shipped tokenizer is trained on, fixed so that the tokenizer and every fixture made
 //! with it do not change when the task mix does. Those tasks are not trained on: a question's
 //! word and its answer split into different tokens, so for a tiny model each answer would be a
@@ -46,7 +46,7 @@ pub enum TaskKind {
 
 impl TaskKind {
     /// The shipped mix, in generation order.
-    pub const SHIPPED: [TaskKind; 5] = [
+    pub(crate) const SHIPPED: [TaskKind; 5] = [
         TaskKind::Largest,
         TaskKind::Smallest,
         TaskKind::First,
@@ -73,7 +73,7 @@ impl TaskKind {
     ];
 
     /// The mix whose text trains the shipped tokenizer (no shipped split trains on it).
-    pub const TOKENIZER_CORPUS: [TaskKind; 5] = [
+    pub(crate) const TOKENIZER_CORPUS: [TaskKind; 5] = [
         TaskKind::Add,
         TaskKind::Subtract,
         TaskKind::Reverse,
@@ -82,7 +82,7 @@ impl TaskKind {
     ];
 
     /// The calculator tool task's questions ([`super::calculator`]).
-    pub const ARITHMETIC: [TaskKind; 2] = [TaskKind::Add, TaskKind::Subtract];
+    pub(crate) const ARITHMETIC: [TaskKind; 2] = [TaskKind::Add, TaskKind::Subtract];
 
     /// Stable name stored in the datasets' `task` column.
     pub fn name(self) -> &'static str {
@@ -124,7 +124,7 @@ const SYLLABLES: [&str; 24] = [
 const MAX_NUMBER: u64 = 50;
 
 /// Items listed by a selection question (the `Repeated` kind lists one of them twice).
-pub const LISTED: usize = 4;
+pub(crate) const LISTED: usize = 4;
 
 /// A pronounceable made-up word of 2 to 4 syllables.
 pub fn word(rng: &mut SplitMix64) -> String {
@@ -276,7 +276,7 @@ fn corpus_task(kind: TaskKind, rng: &mut SplitMix64) -> Task {
 }
 
 /// `n` tasks cycling through `kinds`, from `seed`.
-pub fn tasks_of(kinds: &[TaskKind], n: usize, seed: u64) -> Vec<Task> {
+pub(crate) fn tasks_of(kinds: &[TaskKind], n: usize, seed: u64) -> Vec<Task> {
     let mut rng = SplitMix64::new(seed);
     (0..n).map(|i| task(kinds[i % kinds.len()], &mut rng)).collect()
 }
@@ -287,12 +287,12 @@ pub fn tasks(n: usize, seed: u64) -> Vec<Task> {
 }
 
 /// `n` tasks of the GRPO mix ([`TaskKind::GRPO`]), from `seed`.
-pub fn grpo_tasks(n: usize, seed: u64) -> Vec<Task> {
+pub(crate) fn grpo_tasks(n: usize, seed: u64) -> Vec<Task> {
     tasks_of(&TaskKind::GRPO, n, seed)
 }
 
 /// `n` questions of the calculator task (sums and differences), from `seed`.
-pub fn arithmetic_tasks(n: usize, seed: u64) -> Vec<Task> {
+pub(crate) fn arithmetic_tasks(n: usize, seed: u64) -> Vec<Task> {
     tasks_of(&TaskKind::ARITHMETIC, n, seed)
 }
 
@@ -303,13 +303,13 @@ pub fn format_reply(answer: &str) -> String {
 
 /// Share of SFT replies to selection tasks that name the correct item; the others name a
 /// uniformly random listed item.
-pub const SFT_RULE_SHARE: f64 = 0.3;
+pub(crate) const SFT_RULE_SHARE: f64 = 0.3;
 
 /// The SFT reply to a task: with probability [`SFT_RULE_SHARE`] the correct item, else a
 /// uniformly random listed item, in the reply format. SFT so teaches the format, the answer
 /// space and only a faint preference for the rule, which GRPO's reward must make a habit;
 /// tasks that list nothing to choose from get their correct answer.
-pub fn sft_reply(task: &Task, rng: &mut SplitMix64) -> String {
+pub(crate) fn sft_reply(task: &Task, rng: &mut SplitMix64) -> String {
     if task.options.is_empty() || rng.next_f64() < SFT_RULE_SHARE {
         return format_reply(&task.answer);
     }

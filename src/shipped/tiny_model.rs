@@ -12,14 +12,14 @@ use super::datasets::corpus;
 use crate::model::{LoadOptions, Model, ModelError, SEED_FILE};
 
 /// Vocabulary size of the tiny tokenizer and model.
-pub const VOCAB_SIZE: usize = 2048;
+pub(crate) const VOCAB_SIZE: usize = 2048;
 /// Seed of the initial weights.
-pub const WEIGHT_SEED: u64 = 20261015;
+pub(crate) const WEIGHT_SEED: u64 = 20261015;
 /// Std of the initial weights (transformers' default `initializer_range`).
-pub const WEIGHT_STD: f64 = 0.02;
+pub(crate) const WEIGHT_STD: f64 = 0.02;
 
 /// Special tokens, in id order after training (ids 0, 1, 2).
-pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+pub(crate) const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 /// The chat template: ChatML turns; assistant replies wrapped in `{% generation %}` so
 /// assistant-only loss masks come from the template itself. With `tools` (transformers'
@@ -28,7 +28,7 @@ pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_en
 /// in the assistant's reply, the form structured `tool_calls` render in too. Tool results come
 /// back in a user turn as `<tool_response>...</tool_response>`, as Qwen's templates do.
 /// Conversations without tools render as they always did.
-pub const CHAT_TEMPLATE: &str = "{%- if tools %}\n\
+pub(crate) const CHAT_TEMPLATE: &str = "{%- if tools %}\n\
 {{- '<|im_start|>system\\n' }}\n\
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}\n\
 {{- '# Tools\\nTo call one: <tool_call>{\"name\": <name>, \"arguments\": <object>}</tool_call>' }}\n\
@@ -60,7 +60,7 @@ pub const CHAT_TEMPLATE: &str = "{%- if tools %}\n\
 {%- endif %}";
 
 /// Trains the byte-level BPE tokenizer on the shipped corpus (deterministic).
-pub fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
+pub(crate) fn train_tokenizer() -> Result<tokenizers::Tokenizer, String> {
     let mut tok = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
     tok.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))));
     tok.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
@@ -137,7 +137,7 @@ pub fn tokenizer_config() -> serde_json::Value {
 }
 
 /// Writes config, tokenizer and templates of the tiny model into `dir` (not the weights:
-/// [`ensure_weights`] makes those on first use).
+/// `ensure_weights` makes those on first use).
 pub fn write_model_files(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let tok = train_tokenizer()?;
@@ -165,7 +165,7 @@ pub fn write_model_files(dir: &Path) -> Result<(), String> {
 
 /// The tiny model's folder, checked loadable (its weights are made from the seed in
 /// `treetrain_init.json` on first load).
-pub fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {
+pub(crate) fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {
     if !dir.join("model.safetensors").exists() {
         Model::load(dir, LoadOptions::default())?;
     }

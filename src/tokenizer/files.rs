@@ -1,7 +1,7 @@
 //! The files of a Hugging Face tokenizer folder.
 
 /// Files that make up a Hugging Face tokenizer folder (copied with a saved model).
-pub const TOKENIZER_FILES: [&str; 7] = [
+pub(crate) const TOKENIZER_FILES: [&str; 7] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -12,7 +12,7 @@ pub const TOKENIZER_FILES: [&str; 7] = [
 ];
 
 /// Copies the tokenizer files `from` holds into `to` (a checkpoint being written).
-pub fn copy_tokenizer_files(from: &std::path::Path, to: &std::path::Path) -> Result<(), super::TokenizerError> {
+pub(crate) fn copy_tokenizer_files(from: &std::path::Path, to: &std::path::Path) -> Result<(), super::TokenizerError> {
     for f in TOKENIZER_FILES {
         let src = from.join(f);
         if src.exists() {

@@ -127,12 +127,12 @@ impl Tokenizer {
     }
 
     /// A special token's text from tokenizer_config.json (`bos_token`, `eos_token`, ...).
-    pub fn special_token(&self, name: &str) -> Option<String> {
+    pub(crate) fn special_token(&self, name: &str) -> Option<String> {
         token_string(self.config.get(name))
     }
 
     /// The id of a token's text.
-    pub fn token_id(&self, token: &str) -> Option<u32> {
+    pub(crate) fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 

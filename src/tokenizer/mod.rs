@@ -9,9 +9,11 @@ mod hf_tokenizer;
 mod mask_view;
 mod pyjson;
 
-pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES, RenderedChat};
+pub use chat_template::RenderedChat;
+pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES};
 pub use error::TokenizerError;
-pub use files::{TOKENIZER_FILES, copy_tokenizer_files};
-pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
+pub(crate) use files::copy_tokenizer_files;
+pub use hf_tokenizer::TokenizedChat;
+pub use hf_tokenizer::{ChatOptions, Tokenizer};
 pub use mask_view::MaskView;
 pub use pyjson::dumps as python_json;

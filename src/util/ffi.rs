@@ -3,11 +3,11 @@
 use std::ffi::c_char;
 
 /// The text buffer a shim call writes its error (or a short string result) into.
-pub struct ErrBuf([u8; ErrBuf::LEN]);
+pub(crate) struct ErrBuf([u8; ErrBuf::LEN]);
 
 impl ErrBuf {
     /// Its length in bytes, as passed to the shim.
-    pub const LEN: usize = 1024;
+    pub(crate) const LEN: usize = 1024;
 
     /// An empty buffer.
     pub fn new() -> Self {
@@ -15,7 +15,7 @@ impl ErrBuf {
     }
 
     /// The pointer the shim writes through.
-    pub fn ptr(&mut self) -> *mut c_char {
+    pub(crate) fn ptr(&mut self) -> *mut c_char {
         self.0.as_mut_ptr().cast()
     }
 

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error};
 
 /// `Some(v)` as `v`, `None` as `"off"`.
-pub fn serialize<S: Serializer, T: Serialize>(value: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer, T: Serialize>(value: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
     match value {
         Some(v) => v.serialize(s),
         None => s.serialize_str("off"),

@@ -33,7 +33,8 @@ pub const KERNEL_ROWS: i64 = 128;
 
 mod ops;
 
-pub use ops::{QkvShape, decode_attention, qk_norm_rope, rms_norm, swiglu};
+pub use ops::decode_attention;
+pub(crate) use ops::{QkvShape, qk_norm_rope, rms_norm, swiglu};
 
 unsafe extern "C" {
     fn tt_grad_enabled() -> std::ffi::c_int;
@@ -83,14 +84,14 @@ pub enum KernelIsa {
 
 /// Whether autograd records operations on this thread now (`c10::GradMode`): false inside
 /// [`tch::no_grad`].
-pub fn grad_enabled() -> bool {
+pub(crate) fn grad_enabled() -> bool {
     // SAFETY: reads libtorch's thread-local grad mode flag.
     unsafe { tt_grad_enabled() != 0 }
 }
 
 /// Whether an op on `inputs` would be recorded for backward: one of them requires grad and
 /// grad mode is on.
-pub fn records_graph(inputs: &[&Tensor]) -> bool {
+pub(crate) fn records_graph(inputs: &[&Tensor]) -> bool {
     inputs.iter().any(|t| t.requires_grad()) && grad_enabled()
 }
 

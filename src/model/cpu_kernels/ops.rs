@@ -43,7 +43,7 @@ fn f32_ptr(t: &Tensor) -> *const f32 {
 
 /// RMSNorm of `x` `[..., dim]` with `weight` `[dim]`: `weight * (x / sqrt(mean(x^2) + eps))`
 /// in f32, as [`crate::model::RmsNorm`] computes it.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Option<Tensor> {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Option<Tensor> {
     let dim = *x.size().last()?;
     if dim == 0 || weight.size() != [dim] || !weight.is_contiguous() || !applies(&[x, weight]) {
         return None;
@@ -59,7 +59,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Option<Tensor> {
 
 /// The per-head norms and shapes of [`qk_norm_rope`].
 #[derive(Debug, Clone, Copy)]
-pub struct QkvShape {
+pub(crate) struct QkvShape {
     /// Query heads.
     pub heads: i64,
     /// Key/value heads.
@@ -72,7 +72,7 @@ pub struct QkvShape {
 /// and k head normed by `norms` (Qwen3's `q_norm`, `k_norm` weights `[d]`, with `eps`) when
 /// given, then rotated by RoPE's `cos`, `sin` `[batch, t, d]`; v is left alone. False (nothing
 /// written) where the kernel does not apply.
-pub fn qk_norm_rope(
+pub(crate) fn qk_norm_rope(
     qkv: &Tensor,
     shape: QkvShape,
     cos: &Tensor,
@@ -178,7 +178,7 @@ pub fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, valid: &Tensor, scal
 }
 
 /// `silu(gate) * up` of a fused gate/up product `[..., 2 inter]` (gate first) -> `[..., inter]`.
-pub fn swiglu(gate_up: &Tensor) -> Option<Tensor> {
+pub(crate) fn swiglu(gate_up: &Tensor) -> Option<Tensor> {
     let size = gate_up.size();
     let width = *size.last()?;
     if width == 0 || width % 2 != 0 || !gate_up.is_contiguous() || !applies(&[gate_up]) {

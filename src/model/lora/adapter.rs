@@ -15,9 +15,9 @@ use crate::model::{CausalLm, ModelError};
 use crate::util::SplitMix64;
 
 /// PEFT's config file.
-pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+pub(crate) const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// PEFT's weights file.
-pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+pub(crate) const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 
 /// A LoRA adapter: the trainable tensors (the only ones with gradients and optimizer state
 /// while it is attached) and what they wrap.
@@ -246,7 +246,7 @@ impl LoraAdapter {
     }
 
     /// The two files, into an existing folder (a checkpoint being written).
-    pub fn write_files(&self, dir: &Path) -> Result<(), ModelError> {
+    pub(crate) fn write_files(&self, dir: &Path) -> Result<(), ModelError> {
         let vars = self.vs.variables();
         check_finite_to_write(&vars)?;
         write_json(&dir.join(ADAPTER_CONFIG), &self.config.to_peft_json(&self.base_model))?;
@@ -254,13 +254,13 @@ impl LoraAdapter {
     }
 
     /// Folds every update into its base weight (`W += scale * B A`, in `W`'s dtype): the same
-    /// outputs with no adapter work per forward. Undone by [`LoraAdapter::unmerge`].
+    /// outputs with no adapter work per forward. Undone by `LoraAdapter::unmerge`.
     pub fn merge(&mut self, lm: &mut CausalLm) -> Result<(), ModelError> {
         self.fold(lm, true)
     }
 
     /// Takes merged updates back out of the base weights.
-    pub fn unmerge(&mut self, lm: &mut CausalLm) -> Result<(), ModelError> {
+    pub(crate) fn unmerge(&mut self, lm: &mut CausalLm) -> Result<(), ModelError> {
         self.fold(lm, false)
     }
 

@@ -190,7 +190,7 @@ fn is_off(v: &serde_json::Value) -> bool {
 
 impl LoraConfig {
     /// The `adapter_config.json` PEFT writes for this adapter on `base_model`.
-    pub fn to_peft_json(&self, base_model: &str) -> serde_json::Value {
+    pub(crate) fn to_peft_json(&self, base_model: &str) -> serde_json::Value {
         let modules_to_save = match self.modules_to_save.is_empty() {
             true => serde_json::Value::Null,
             false => serde_json::json!(self.modules_to_save),
@@ -222,7 +222,7 @@ impl LoraConfig {
     /// Reads PEFT's `adapter_config.json`: every key either understood or at its "off" value;
     /// anything else (DoRA, a bias, per-layer ranks, an unknown option) is an error naming the
     /// field.
-    pub fn from_peft_json(path: &Path) -> Result<(Self, Option<String>), ModelError> {
+    pub(crate) fn from_peft_json(path: &Path) -> Result<(Self, Option<String>), ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
             path: path.into(),

@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 /// The dropout of one adapter, shared by all its layers: probability, seed, whether the model
 /// is training, and how many masks were drawn (saved with checkpoints).
 #[derive(Debug)]
-pub struct DropoutStream {
+pub(crate) struct DropoutStream {
     p: f64,
     seed: u64,
     training: AtomicBool,
@@ -39,7 +39,7 @@ impl DropoutStream {
     }
 
     /// Continues the stream after `draws` masks (resuming a run).
-    pub fn set_draws(&self, draws: u64) {
+    pub(crate) fn set_draws(&self, draws: u64) {
         self.draws.store(draws, Ordering::Relaxed);
     }
 
@@ -104,7 +104,7 @@ impl LoraDelta {
     }
 
     /// `scale * B A` `[out, in]` in f32: what merging adds to the base weight.
-    pub fn delta_weight(&self) -> Tensor {
+    pub(crate) fn delta_weight(&self) -> Tensor {
         self.lora_b.matmul(&self.lora_a) * self.scale
     }
 }

@@ -25,6 +25,8 @@ mod config;
 mod delta;
 mod view;
 
-pub use adapter::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraAdapter};
+pub(crate) use adapter::ADAPTER_CONFIG;
+pub use adapter::LoraAdapter;
 pub use config::{LoraConfig, TargetModules};
-pub use delta::{DropoutStream, LoraDelta};
+pub(crate) use delta::DropoutStream;
+pub use delta::LoraDelta;

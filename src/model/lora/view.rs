@@ -8,7 +8,7 @@ use crate::display::Rich;
 
 impl LoraAdapter {
     /// The wrapped layers grouped by their short name: `q_proj x 2, v_proj x 2`.
-    pub fn targets_summary(&self) -> String {
+    pub(crate) fn targets_summary(&self) -> String {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         for m in &self.modules {
             *counts.entry(m.rsplit('.').next().unwrap_or(m)).or_default() += 1;
@@ -29,7 +29,7 @@ impl LoraAdapter {
     }
 
     /// Trainable parameters, and their share of the base model's.
-    pub fn trainable_summary(&self) -> String {
+    pub(crate) fn trainable_summary(&self) -> String {
         let n = self.num_parameters();
         format!(
             "{} of {} ({:.2}%)",
