@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use arrow::array::RecordBatch;
 use serde_json::{Map, Value};
 
-use super::{DataError, Example, to_json};
+use super::DataError;
+use super::example::Example;
+use super::value::to_json;
 
 /// A dataset: one file or every data file under a folder (sorted), read lazily.
 #[derive(Debug, Clone)]

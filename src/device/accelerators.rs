@@ -1,6 +1,9 @@
 use std::path::PathBuf;
 
-use super::{CudaInfo, HostProbe, NeuronInfo, Platform, load_torch_cuda};
+use super::cuda::{CudaInfo, load_torch_cuda};
+use super::neuron::NeuronInfo;
+use super::policy::Platform;
+use super::probe::HostProbe;
 
 /// libtorch's answers about this process, gathered in one place so detection logic can be
 /// tested with made-up values.

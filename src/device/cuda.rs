@@ -1,7 +1,8 @@
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-use super::{DeviceError, HostProbe};
+use super::error::DeviceError;
+use super::probe::HostProbe;
 
 /// One CUDA device as libtorch and the driver describe it.
 #[derive(Debug, Clone, PartialEq)]

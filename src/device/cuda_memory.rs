@@ -10,7 +10,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::DeviceError;
+use super::error::DeviceError;
 use crate::util::ErrBuf;
 use crate::util::runtime_library::LibrarySpec;
 

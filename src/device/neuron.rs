@@ -1,4 +1,5 @@
-use super::{DeviceError, HostProbe};
+use super::error::DeviceError;
+use super::probe::HostProbe;
 
 /// AWS Neuron devices found on the machine (Trainium / Inferentia2).
 ///

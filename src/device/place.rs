@@ -10,7 +10,8 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
-use super::{Platform, privateuse1};
+use super::policy::Platform;
+use super::privateuse1;
 
 /// The most bytes of a backend name a [`Device`] keeps (names are short: `neuron`).
 const NAME_BYTES: usize = 24;

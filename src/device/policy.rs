@@ -1,7 +1,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{BackendName, Device, DeviceError, privateuse1};
+use super::error::DeviceError;
+use super::place::{BackendName, Device};
+use super::privateuse1;
 
 /// The kind of machine a run targets; policies depend on it, not on the tch device, because
 /// Neuron runs are planned on any machine (a PrivateUse1 device runs them for real).
@@ -33,7 +35,7 @@ impl Platform {
     /// users get from `bf16=True`; CPU and MPS: fp32, for exactness and because CPU bf16
     /// matmuls are not faster than fp32 ones on most hosts.
     pub fn preferred_dtype(self) -> super::Dtype {
-        use super::Dtype;
+        use super::dtype::Dtype;
         match self {
             Platform::Neuron | Platform::Cuda => Dtype::Bf16,
             Platform::Cpu | Platform::Mps => Dtype::Fp32,

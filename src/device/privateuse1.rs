@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
-use super::{Device, DeviceError};
+use super::error::DeviceError;
+use super::place::Device;
 use crate::display::{self, Rich};
 use crate::util::ErrBuf;
 

@@ -3,7 +3,7 @@
 
 use crate::device::DeviceSpec;
 
-use super::DistError;
+use super::error::DistError;
 use super::nccl::{NcclLibrary, version_string};
 
 /// The `distributed_backend` setting.

@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 
 use tch::Tensor;
 
-use super::{BUCKET_BYTES, DistError, Pending, World};
+use super::error::DistError;
+use super::group::Pending;
+use super::world::{BUCKET_BYTES, World};
 
 /// Gradients summed over the ranks in flat buckets of one dtype and about [`BUCKET_BYTES`]:
 /// parameters are added in an order every rank shares, a full bucket's all-reduce starts at

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tch::Tensor;
 
-use super::DistError;
+use super::error::DistError;
 use crate::util::ErrBuf;
 
 #[allow(non_camel_case_types)]

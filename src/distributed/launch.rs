@@ -9,7 +9,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use super::{DistError, Store};
+use super::error::DistError;
+use super::group::Store;
 
 /// The hosts of a run, as torchrun's `--nnodes`, `--node-rank` and `--master-addr` give them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,8 @@
 
 use std::net::IpAddr;
 
-use super::{DistError, GlooDevice};
+use super::error::DistError;
+use super::group::GlooDevice;
 
 /// torchrun's description of this process (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
 /// `MASTER_PORT`, and whether its agent already hosts the store).

@@ -38,6 +38,7 @@ pub use group::{GlooDevice, Pending, Reduce};
 pub use launch::LaunchError;
 pub use launch::{LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
+#[cfg(test)]
 pub(crate) use world::BUCKET_BYTES;
 pub use world::{CommTotals, HeldState};
 pub use world::{World, bind, share};

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
 use super::backend::{BackendChoice, CommBackend};
-use super::{DistError, Flat, GlooDevice, LaunchEnv, Pending, ProcessGroup, Reduce, Store};
+use super::error::DistError;
+use super::group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Store};
+use super::launch_env::LaunchEnv;
 use crate::device::DeviceSpec;
 
 /// Gradients are all-reduced in flat buckets of about this many bytes (DDP's default is 25 MB;

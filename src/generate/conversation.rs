@@ -8,8 +8,10 @@
 use crate::device::privateuse1;
 use crate::model::{CausalLm, KvCache, StaticCache};
 
+use super::completion::Completion;
+use super::config::{GenerateError, GenerationConfig};
 use super::generator::Decoding;
-use super::{Completion, GenerateError, GenerationConfig, Generator};
+use super::generator::Generator;
 
 /// Conversations being decoded turn by turn: one cache row each.
 pub struct Conversations {

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use tch::{Kind, Tensor};
 
-use super::{GenerateError, GenerationConfig};
+use super::config::{GenerateError, GenerationConfig};
 use crate::device::Device;
 use crate::model::{CausalLm, KvCache, StaticCache};
 use crate::util::ErrBuf;

@@ -4,10 +4,11 @@ use tch::{Kind, Tensor};
 
 use crate::device::{Device, privateuse1};
 
+use super::completion::{Completion, FinishReason};
+use super::config::{GenerateError, GenerationConfig};
 use super::cpu_sampler::choose_rows;
 use super::cuda_graph::GraphState;
 use super::device_sampling::seen_mask;
-use super::{Completion, FinishReason, GenerateError, GenerationConfig};
 use crate::model::{CausalLm, DynamicCache, KvCache, StaticCache};
 use crate::shapes::ShapeLedger;
 use crate::util::SplitMix64;

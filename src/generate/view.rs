@@ -1,6 +1,6 @@
 //! The completions table.
 
-use super::Completion;
+use super::completion::Completion;
 use crate::display::{self, Rich, escape};
 use crate::tokenizer::Tokenizer;
 

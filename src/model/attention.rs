@@ -2,10 +2,10 @@
 
 use tch::{Tensor, nn};
 
-use super::ModelError;
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::{CpuOps, QkvShape, decode_attention, qk_norm_rope};
+use super::error::ModelError;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
 use super::projection::Projections;

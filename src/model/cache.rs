@@ -5,7 +5,9 @@ use tch::{Kind, Tensor};
 
 use crate::device::Device;
 
-use super::{ModelConfig, ModelError, host_memory};
+use super::config::ModelConfig;
+use super::error::ModelError;
+use super::host_memory;
 
 /// What a cached forward needs from a cache.
 pub trait KvCache {

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// An int-or-list field (`eos_token_id` is written both ways).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,10 +8,12 @@ use super::attention::{Attention, KeyValues};
 use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::CpuOps;
+use super::error::ModelError;
+use super::hooks::ParamUnit;
 use super::layers::{Linear, RmsNorm};
 use super::layout::AttentionLayout;
 use super::mlp::Mlp;
-use super::{ModelError, ParamUnit, rope};
+use super::rope;
 
 /// `model.layers.{i}`: pre-norm attention and MLP with residuals.
 #[derive(Debug)]

@@ -8,7 +8,10 @@
 
 use tch::{Kind, Tensor};
 
-use super::{AttentionLayout, HfConfig, LoadOptions, Model, ModelError};
+use super::config::HfConfig;
+use super::error::ModelError;
+use super::layout::AttentionLayout;
+use super::loaded::{LoadOptions, Model};
 use crate::device::Device;
 use crate::util::SplitMix64;
 

@@ -15,7 +15,8 @@
 
 use std::sync::Arc;
 
-use super::{CausalLm, ModelError};
+use super::decoder::CausalLm;
+use super::error::ModelError;
 
 /// A unit of parameters the model asks for by name; ordered as a pass's forward meets them
 /// (the root first).

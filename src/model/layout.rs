@@ -4,7 +4,7 @@ use tch::{Kind, Tensor};
 
 use crate::device::Device;
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// The attention pattern of one forward over `[batch, seq]` tokens.
 ///

@@ -4,10 +4,15 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor, nn};
 
+use super::config::HfConfig;
+use super::decoder::CausalLm;
+use super::error::ModelError;
+use super::layout::AttentionLayout;
+use super::logprobs::{LogprobChunks, target_logprobs};
 use super::lora::{LoraAdapter, LoraConfig};
 use super::seeded::{SEED_FILE, Weights, materialise_seeded};
 use super::weights::{check_finite_to_write, weight_files};
-use super::{AttentionLayout, CausalLm, HfConfig, LogprobChunks, ModelError, host_memory, parse_kind, target_logprobs};
+use super::{host_memory, parse_kind};
 use crate::device::{Device, privateuse1};
 
 /// Where and how to materialise parameters.

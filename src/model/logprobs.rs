@@ -2,7 +2,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::ModelError;
+use super::error::ModelError;
 use crate::device::Device;
 
 /// Token and vocabulary chunk sizes for [`target_logprobs`].

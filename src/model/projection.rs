@@ -11,8 +11,8 @@
 
 use tch::Tensor;
 
-use super::ModelError;
 use super::cpu_kernels::{self, CpuOps};
+use super::error::ModelError;
 use super::host_memory;
 use super::layers::{Linear, linear_with};
 

@@ -11,9 +11,12 @@ use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 use super::attention::KeyValues;
+use super::decoder::CausalLm;
+use super::error::ModelError;
+use super::hooks::{ParamUnit, Phase};
 use super::layers::{Linear, LinearAdapter};
+use super::layout::AttentionLayout;
 use super::lora::DropoutStream;
-use super::{AttentionLayout, CausalLm, ModelError, ParamUnit, Phase};
 
 /// Whether to recompute layer activations in backward (`gradient_checkpointing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// Bytes converted and written at a time.
 const CHUNK_BYTES: i64 = 64 << 20;

@@ -6,8 +6,12 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
+use super::error::ModelError;
+use super::hooks::ParamUnit;
+use super::loaded::Model;
+use super::safetensors_out::SafetensorsOut;
+use super::weights::all_finite;
 use super::weights::{write_json, write_safetensors};
-use super::{Model, ModelError, ParamUnit, SafetensorsOut, all_finite};
 
 /// The `torch_dtype` name of a parameter kind (`float32`, `bfloat16`, `float16`).
 pub fn kind_name(kind: Kind) -> &'static str {

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
+use super::config::HfConfig;
+use super::error::ModelError;
+use super::loaded::{LoadOptions, Model};
 use super::weights::{init_seeded, load_into, weight_files, write_safetensors};
-use super::{HfConfig, LoadOptions, Model, ModelError};
 use crate::device::{Device, privateuse1};
 
 /// Marks a seeded checkpoint folder (see [`Model::load`]).

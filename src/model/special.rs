@@ -1,6 +1,6 @@
 //! The special token ids a run needs, merged from the tokenizer and `config.json` once.
 
-use super::ModelConfig;
+use super::config::ModelConfig;
 use crate::tokenizer::Tokenizer;
 
 /// End-of-sequence ids (the tokenizer's first, then `config.json`'s, without repeats) and the

@@ -1,6 +1,7 @@
 //! The notebook display of a [`Model`]: its config and its parameter table.
 
-use super::{Model, kind_name};
+use super::loaded::Model;
+use super::save::kind_name;
 use crate::display::{self, Rich, escape};
 
 impl Model {

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 use tch::{Kind, Tensor, nn};
 
-use super::ModelError;
-use super::SafetensorsOut;
+use super::error::ModelError;
+use super::safetensors_out::SafetensorsOut;
 use crate::util::SplitMix64;
 
 /// The safetensors files of a checkpoint folder: the shards named by

@@ -1,7 +1,11 @@
 //! The same rollouts packed as a prefix tree and flat, side by side at one scale.
 
 use super::draw::{self, OWN, SHARED, TRAINED};
-use super::{PackError, PackedRow, Rollout, pack_flat, pack_tree};
+use super::error::PackError;
+use super::rollout::Rollout;
+use super::row::PackedRow;
+use super::sequence::pack_flat;
+use super::tree::pack_tree;
 use crate::display::{self, Rich, escape};
 
 /// Tree and flat packings of the same rollouts (from [`PackComparison::new`]).

@@ -1,7 +1,7 @@
 //! SVG pictures of a packed row: the prefix tree (collapsed past a size), the row as a strip of
 //! tokens, and the attention mask with axes. Pure functions of the row and its segment labels.
 
-use super::PackedRow;
+use super::row::PackedRow;
 use crate::display::escape;
 
 /// Colour of a segment forwarded once for several rollouts.

@@ -3,7 +3,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::PackedRow;
+use super::row::PackedRow;
 use crate::device::Device;
 use crate::model::Truncation;
 use crate::model::{CausalLm, LogprobChunks, ModelError, head_logits, target_logprobs, target_logprobs_and_entropy};

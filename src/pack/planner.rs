@@ -1,4 +1,8 @@
-use super::{PackError, PackedRow, PrefixTree, Rollout, sequence::FlatRow};
+use super::error::PackError;
+use super::rollout::Rollout;
+use super::row::PackedRow;
+use super::sequence::FlatRow;
+use super::tree::PrefixTree;
 
 /// How rollouts share a packed row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]

@@ -1,4 +1,4 @@
-use super::PackError;
+use super::error::PackError;
 
 /// One GRPO rollout: prompt and completion tokens, which of them are trained, the generator's
 /// log-probability of each token, the rollout's advantage and its group (prompt).

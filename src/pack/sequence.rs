@@ -1,7 +1,10 @@
 use std::collections::HashSet;
 
+use super::error::PackError;
+use super::planner::RowBuilder;
+use super::rollout::Rollout;
+use super::row::{PackKind, PackedRow, Segment};
 use super::terms::loss_terms;
-use super::{PackError, PackKind, PackedRow, Rollout, RowBuilder, Segment};
 
 /// Sequence (flat) packing: rollouts laid end to end with position resets, each attending to
 /// itself only. The baseline tree packing is measured against; it emits the same loss terms in

@@ -2,7 +2,7 @@
 //! row's order) and each of its trained tokens, the packed position whose hidden state predicts
 //! it. Tree and flat rows differ only in where a rollout's tokens lie (`rollout_positions`).
 
-use super::Rollout;
+use super::rollout::Rollout;
 
 /// `shift_labels` `[N]` and the per-term fields `[M]` of [`super::PackedRow`].
 pub(crate) struct LossTerms {

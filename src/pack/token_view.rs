@@ -1,7 +1,7 @@
 //! One segment of a packed row token by token: what each position holds, what it predicts, and
 //! whether that prediction is trained.
 
-use super::PackedRow;
+use super::row::PackedRow;
 use crate::display::{self, Rich, escape};
 
 /// One packed position of a [`SegmentTokens`] view.

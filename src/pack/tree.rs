@@ -1,8 +1,11 @@
 use std::collections::HashSet;
 
+use super::error::PackError;
 use super::fxhash::FxHashMap;
+use super::planner::RowBuilder;
+use super::rollout::Rollout;
+use super::row::{PackKind, PackedRow, Segment};
 use super::terms::loss_terms;
-use super::{PackError, PackKind, PackedRow, Rollout, RowBuilder, Segment};
 
 /// Every rollout in one prefix tree, packed as one row (errors name the malformed rollout):
 /// the tree twin of [`super::pack_flat`], without a token budget (the planner splits by one).

@@ -3,8 +3,8 @@
 //! and tree and flat packings of the same rollouts side by side.
 
 use super::draw::{self, OWN, SHARED, TRAINED};
+use super::row::{PackKind, PackedRow};
 use super::token_view::SegmentTokens;
-use super::{PackKind, PackedRow};
 use crate::display::{self, Rich, escape};
 use crate::tokenizer::Tokenizer;
 

@@ -1,4 +1,4 @@
-use super::ShapeLedger;
+use super::ledger::ShapeLedger;
 use crate::display::{self, Rich, escape};
 
 /// Ledgers of runs that differ in one setting (say `pad_to_multiple_of` none vs auto), side by

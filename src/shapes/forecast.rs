@@ -2,7 +2,7 @@ use crate::device::round_up;
 use crate::device::{PadTo, Platform};
 use crate::display::{self, LineChart, Rich, escape};
 
-use super::ShapeLedger;
+use super::ledger::ShapeLedger;
 
 /// Errors from shape forecasting.
 #[derive(Debug, thiserror::Error, PartialEq)]

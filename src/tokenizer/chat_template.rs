@@ -8,7 +8,7 @@ use std::ops::Range;
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 
-use super::TokenizerError;
+use super::error::TokenizerError;
 use super::pyjson;
 
 const GEN_START: char = '\u{E000}';

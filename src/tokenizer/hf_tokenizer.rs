@@ -2,7 +2,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::{ChatTemplate, RenderedChat, TokenizerError};
+use super::chat_template::{ChatTemplate, RenderedChat};
+use super::error::TokenizerError;
 
 /// Options of [`Tokenizer::apply_chat_template`], as transformers names them.
 #[derive(Debug, Clone, Default)]

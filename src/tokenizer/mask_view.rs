@@ -1,6 +1,7 @@
 //! A tokenized conversation token by token, the trained (assistant) tokens highlighted.
 
-use super::{TokenizedChat, Tokenizer, TokenizerError};
+use super::error::TokenizerError;
+use super::hf_tokenizer::{TokenizedChat, Tokenizer};
 use crate::display::{self, Rich};
 
 /// Every token of a [`TokenizedChat`] with its text and whether the loss trains it (from

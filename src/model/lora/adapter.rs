@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tch::{Kind, Tensor, nn};
 
 use super::config::target_matches;
+use super::config::{LoraConfig, TargetModules};
 use super::delta::{DropoutStream, LoraDelta};
-use super::{LoraConfig, TargetModules};
 use crate::model::layers::{Linear, LinearAdapter};
 use crate::model::weights::{check_finite_to_write, load_into, write_json, write_safetensors};
 use crate::model::{CausalLm, ModelError};

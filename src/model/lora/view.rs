@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{LoraAdapter, TargetModules};
+use super::adapter::LoraAdapter;
+use super::config::TargetModules;
 use crate::display::Rich;
 
 impl LoraAdapter {

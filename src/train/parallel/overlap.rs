@@ -6,7 +6,7 @@
 //! for ranks with fewer rows), so every rank starts the same buckets in the same order.
 //!
 //! Buckets fill with whole layers, last layer first, and start once they hold
-//! [`BUCKET_BYTES`] or more; at most [`IN_FLIGHT`] are left running (each holds a flat
+//! `distributed::BUCKET_BYTES` or more; at most [`IN_FLIGHT`] are left running (each holds a flat
 //! copy of its gradients), the oldest waited for first. The root (embeddings, final norm, head)
 //! and anything a pass did not reach are reduced when the step ends, then every bucket is
 //! waited for. A step whose passes were not announced reduces everything then, as without
@@ -17,8 +17,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tch::Tensor;
 
 use super::units::{Unit, UnitKey};
-#[cfg(doc)]
-use crate::distributed::BUCKET_BYTES;
 use crate::distributed::{DistError, GradBuckets, World};
 use crate::model::{GradReduction, ModelError, ParamUnit, Pass};
 
