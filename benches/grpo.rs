@@ -15,7 +15,7 @@ use clap::Parser;
 
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
 use treetrain::pack::Packing;
-use treetrain::train::TrainConfig;
+use treetrain::train::{DataSettings, OptimizerSettings, TrainConfig};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -49,9 +49,15 @@ fn recipe(model_dir: &std::path::Path, prompts: usize, steps: u64) -> GrpoConfig
     let mut c = GrpoConfig {
         train: TrainConfig {
             model: model_dir.display().to_string(),
-            dataset: root.join("datasets/grpo/train.parquet"),
-            learning_rate: 1e-3,
             seed: 7,
+            data: DataSettings {
+                dataset: root.join("datasets/grpo/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 1e-3,
+                ..Default::default()
+            },
             ..Default::default()
         },
         rewards: [BuiltinReward::ExactAnswer, BuiltinReward::AnswerFormat]

@@ -17,7 +17,7 @@ use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
 use crate::shapes::{PaddingComparison, synthetic_lengths};
 use crate::shipped::{ShippedEnvironment, calculator::Calculator};
 use crate::tokenizer::Tokenizer;
-use crate::train::{TrainConfig, TrainError, Trainer};
+use crate::train::{DataSettings, OptimizerSettings, TrainConfig, TrainError, Trainer};
 
 /// What stopped the demo.
 #[derive(Debug, thiserror::Error)]
@@ -207,9 +207,15 @@ fn sft_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, Dem
     let config = SftConfig {
         train: TrainConfig {
             model: crate::shipped::tiny_model_dir()?.display().to_string(),
-            dataset: crate::shipped::datasets_dir().join("sft/train.parquet"),
-            learning_rate: 2e-3,
-            warmup_ratio: 0.05,
+            data: DataSettings {
+                dataset: crate::shipped::datasets_dir().join("sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 2e-3,
+                warmup_ratio: 0.05,
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {
@@ -240,14 +246,14 @@ fn sft_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, Dem
 fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, RolloutBatch, serde_json::Value), DemoError> {
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
-    config.train.output_dir = Some(out.join("grpo"));
+    config.train.output.output_dir = Some(out.join("grpo"));
     // Every demo run starts afresh.
-    config.train.overwrite_output_dir = true;
+    config.train.output.overwrite_output_dir = true;
     let mut grpo = GrpoTrainer::new(config)?;
     let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
     // Held-out exact accuracy every `eval_steps` (8 samples of each test prompt, one seed): the
     // curve a researcher reads first, drawn as points beside the per-step training reward.
-    let eval_every = grpo.config().train.eval_steps.unwrap_or(u64::MAX).max(1);
+    let eval_every = grpo.config().train.output.eval_steps.unwrap_or(u64::MAX).max(1);
     let before = grpo.evaluate(&held_out, 8, 99)?;
     let by_task_before = grpo.evaluate_by(&held_out, "task", 8, 99)?;
     let mut held_out_exact = vec![(0.0, exact_share(&before))];
@@ -413,10 +419,10 @@ fn packing_section(
 fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("calculator.toml"))?;
-    config.train.output_dir = None;
+    config.train.output.output_dir = None;
     let (samples, eval_every) = (
         config.eval.eval_samples,
-        config.train.eval_steps.unwrap_or(u64::MAX).max(1),
+        config.train.output.eval_steps.unwrap_or(u64::MAX).max(1),
     );
     let mut grpo = ShippedEnvironment::Calculator.trainer(config, None)?;
     let held_out = grpo.load_prompts(&root.join("calculator/test.parquet"))?;

@@ -15,7 +15,7 @@ use treetrain::grpo::{
 };
 use treetrain::model::{LoadOptions, Model};
 use treetrain::pack::Packing;
-use treetrain::train::{AdamW, AdamWConfig, TrainConfig, Trainer};
+use treetrain::train::{AdamW, AdamWConfig, OutputSettings, TrainConfig, Trainer};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -35,7 +35,10 @@ fn with_output(dir: Option<PathBuf>) -> GrpoConfig {
     let c = config();
     GrpoConfig {
         train: TrainConfig {
-            output_dir: dir,
+            output: OutputSettings {
+                output_dir: dir,
+                ..c.train.output.clone()
+            },
             ..c.train.clone()
         },
         ..c
@@ -446,7 +449,10 @@ fn resume_is_exact(
 ) {
     let mut straight = GrpoTrainer::new(GrpoConfig {
         train: TrainConfig {
-            output_dir: None,
+            output: OutputSettings {
+                output_dir: None,
+                ..cfg.train.output.clone()
+            },
             ..cfg.train.clone()
         },
         ..cfg.clone()
@@ -1201,7 +1207,7 @@ fn a_failing_environment_fails_its_conversation_and_the_step_goes_on() {
 fn the_calculator_task_reward_rises() {
     use treetrain::shipped::{ShippedEnvironment, calculator::Calculator};
     let mut cfg = GrpoConfig::from_toml_file(&root().join("datasets/calculator.toml")).unwrap();
-    cfg.train.output_dir = None;
+    cfg.train.output.output_dir = None;
     let steps = cfg.max_steps;
     let mut t = ShippedEnvironment::Calculator.trainer(cfg, None).unwrap();
     let held_out = t

@@ -34,8 +34,8 @@ fn lora(dropout: f64) -> LoraConfig {
 
 fn sft(out: Option<PathBuf>, lora: Option<LoraConfig>, steps: u64) -> SftConfig {
     let mut cfg = common::shipped_sft(out, steps);
-    cfg.train.learning_rate = 1e-2;
-    cfg.train.warmup_ratio = 0.0;
+    cfg.train.optimizer.learning_rate = 1e-2;
+    cfg.train.optimizer.warmup_ratio = 0.0;
     cfg.train.lora = lora;
     cfg
 }
@@ -150,7 +150,7 @@ fn lora_checkpoints_hold_the_adapter_alone_and_resume_exactly() {
 
 fn grpo(lora: Option<LoraConfig>, mode: RolloutMode) -> GrpoConfig {
     let mut cfg = common::shipped_grpo();
-    cfg.train.learning_rate = 1e-2;
+    cfg.train.optimizer.learning_rate = 1e-2;
     cfg.train.lora = lora;
     cfg.loss.beta = 0.02;
     cfg.rollouts.mode = mode;

@@ -189,7 +189,7 @@ fn twenty_sft_steps_equal_the_cpu_and_the_optimizer_state_lives_on_the_device() 
         let mut cfg = common::shipped_sft(None, 20);
         cfg.train.device = spec;
         // `auto` would pick bf16 on neuron; the comparison is exact fp32 on both.
-        cfg.train.dtype = DtypeSetting::Fixed(Dtype::Fp32);
+        cfg.train.precision.dtype = DtypeSetting::Fixed(Dtype::Fp32);
         let mut t = SftTrainer::new(cfg).unwrap();
         let losses: Vec<f64> = (0..20).map(|_| t.step().unwrap().loss).collect();
         (losses, t)
@@ -251,12 +251,12 @@ fn a_tree_packed_grpo_update_on_the_device_equals_the_cpu() {
         c
     };
     cfg.max_steps = 1;
-    cfg.train.dtype = DtypeSetting::Fixed(Dtype::Fp32);
+    cfg.train.precision.dtype = DtypeSetting::Fixed(Dtype::Fp32);
     // AdamW's first step moves an entry by lr * g / (|g| + eps): with the default 1e-8, entries
     // whose gradient is summation noise (most vocabulary rows, for a model as sure of its replies
     // as the shipped SFT model) move by O(lr) either way. At 1e-6 they move in proportion to
     // the gradient, so comparing updates compares gradients.
-    cfg.train.adamw.eps = 1e-6;
+    cfg.train.optimizer.adamw.eps = 1e-6;
     assert_eq!(cfg.update.packing, Packing::Tree);
     let mut cpu_trainer = GrpoTrainer::new(cfg.clone()).unwrap();
     let cpu_step = cpu_trainer.step().unwrap();

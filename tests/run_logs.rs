@@ -18,8 +18,8 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Every report target on, evaluations and a held-out split.
 fn all_reports(train: &mut TrainConfig, out: &Path) {
-    train.output_dir = Some(out.into());
-    train.report_to = vec![ReportTo::Jsonl, ReportTo::Tensorboard, ReportTo::Csv];
+    train.output.output_dir = Some(out.into());
+    train.output.report_to = vec![ReportTo::Jsonl, ReportTo::Tensorboard, ReportTo::Csv];
 }
 
 fn sft(out: &Path, steps: u64) -> SftConfig {
@@ -123,7 +123,7 @@ fn check_with_python_readers(out: &Path, dir: &Path, kind: &str) {
 fn sft_killed_and_resumed(out: &Path) -> (SftTrainer, PathBuf) {
     run_killed_and_resumed(|resume| {
         let mut c = sft(out, 6);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        c.train.output.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
         SftTrainer::from_config(c, None)
     })
 }
@@ -154,7 +154,7 @@ fn tensorboard_and_pandas_read_what_sft_and_grpo_runs_log() {
     let out = scratch("grpo-readers");
     let (_, dir) = run_killed_and_resumed(|resume| {
         let mut c = grpo(&out, 5);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        c.train.output.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
         GrpoTrainer::from_config(c, None)
     });
     assert_eq!(logged_steps(&out), [1, 2, 3, 4, 5]);
@@ -179,8 +179,8 @@ fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
     let out = scratch("rotate");
     let config = |resume| {
         let mut c = common::shipped_sft(Some(out.clone()), 8);
-        c.train.save_total_limit = Some(2);
-        c.train.resume_from_checkpoint = resume;
+        c.train.output.save_total_limit = Some(2);
+        c.train.output.resume_from_checkpoint = resume;
         c
     };
     let mut t = SftTrainer::new(config(None)).unwrap();
@@ -210,7 +210,7 @@ fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
 fn save_only_model_checkpoints_load_as_models_but_never_resume() {
     let out = scratch("model-only");
     let mut c = common::shipped_sft(Some(out.clone()), 4);
-    c.train.save_only_model = true;
+    c.train.output.save_only_model = true;
     let mut t = SftTrainer::new(c.clone()).unwrap();
     t.train_for(2).unwrap();
     let ckpt = t.save_checkpoint().unwrap();
@@ -219,7 +219,7 @@ fn save_only_model_checkpoints_load_as_models_but_never_resume() {
     assert!(treetrain::model::Model::load(&ckpt, options).is_ok());
     let err = SftTrainer::from_config(c.clone(), Some(&ckpt)).unwrap_err().to_string();
     assert!(err.contains("save_only_model") && err.contains("checkpoint-2"), "{err}");
-    c.train.resume_from_checkpoint = Some(ResumeFrom::Latest);
+    c.train.output.resume_from_checkpoint = Some(ResumeFrom::Latest);
     let err = SftTrainer::new(c).unwrap_err().to_string();
     assert!(err.contains("save_only_model"), "{err}");
     let _ = std::fs::remove_dir_all(&out);
@@ -235,26 +235,26 @@ fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
     let cases: [(&str, Change); 5] = [
         (
             "`report_to`",
-            Box::new(|t| t.report_to = vec![ReportTo::None, ReportTo::Csv]),
+            Box::new(|t| t.output.report_to = vec![ReportTo::None, ReportTo::Csv]),
         ),
-        ("`save_total_limit`", Box::new(|t| t.save_total_limit = Some(0))),
+        ("`save_total_limit`", Box::new(|t| t.output.save_total_limit = Some(0))),
         (
             "`logging_dir`",
             Box::new(|t| {
-                t.report_to = vec![ReportTo::Tensorboard];
-                t.logging_dir = Some(file.join("runs"));
+                t.output.report_to = vec![ReportTo::Tensorboard];
+                t.output.logging_dir = Some(file.join("runs"));
             }),
         ),
         (
             "`logging_dir`",
             Box::new(|t| {
-                t.report_to = vec![ReportTo::Tensorboard];
-                t.output_dir = None;
+                t.output.report_to = vec![ReportTo::Tensorboard];
+                t.output.output_dir = None;
             }),
         ),
         (
             "`resume_from_checkpoint`",
-            Box::new(|t| t.resume_from_checkpoint = Some(ResumeFrom::Latest)),
+            Box::new(|t| t.output.resume_from_checkpoint = Some(ResumeFrom::Latest)),
         ),
     ];
     for (field, change) in cases {
@@ -282,8 +282,8 @@ fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
     )
     .unwrap();
     let good = SftConfig::from_toml_file(&path).unwrap();
-    assert_eq!(good.train.report_to, [ReportTo::Csv]);
-    assert_eq!(good.train.resume_from_checkpoint, Some(ResumeFrom::Latest));
+    assert_eq!(good.train.output.report_to, [ReportTo::Csv]);
+    assert_eq!(good.train.output.resume_from_checkpoint, Some(ResumeFrom::Latest));
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use treetrain::grpo::{GrpoConfig, RewardFn, RolloutProducer};
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{TrainConfig, TrainError};
+use treetrain::train::{DataSettings, OptimizerSettings, OutputSettings, TrainConfig, TrainError};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -28,9 +28,9 @@ fn shared_settings_keep_each_trainers_defaults_and_unknown_keys_are_refused() {
     std::fs::write(&file, "model = \"m\"\nseed = 3\n").unwrap();
     // The flattened shared section still takes GRPO's own learning-rate default (TRL's 1e-6).
     let g = GrpoConfig::from_toml_file(&file).unwrap();
-    assert_eq!((g.train.learning_rate, g.train.seed), (1e-6, 3));
+    assert_eq!((g.train.optimizer.learning_rate, g.train.seed), (1e-6, 3));
     let s = SftConfig::from_toml_file(&file).unwrap();
-    assert_eq!(s.train.learning_rate, 2e-5);
+    assert_eq!(s.train.optimizer.learning_rate, 2e-5);
     std::fs::write(&file, "learning_rat = 0.1\n").unwrap();
     let err = SftConfig::from_toml_file(&file).unwrap_err().to_string();
     assert!(
@@ -62,10 +62,19 @@ fn configs_saved_as_toml_read_back_unchanged() {
     let sft = SftConfig {
         train: TrainConfig {
             model: root().join("datasets/tiny-qwen3").display().to_string(),
-            dataset: root().join("datasets/sft/train.parquet"),
-            output_dir: Some(dir.join("out")),
-            max_grad_norm: None,
-            warmup_steps: Some(3),
+            data: DataSettings {
+                dataset: root().join("datasets/sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                max_grad_norm: None,
+                warmup_steps: Some(3),
+                ..Default::default()
+            },
+            output: OutputSettings {
+                output_dir: Some(dir.join("out")),
+                ..Default::default()
+            },
             ..Default::default()
         },
         packing: Some(PackingStrategy::Bfd),
@@ -77,7 +86,7 @@ fn configs_saved_as_toml_read_back_unchanged() {
     assert_eq!(SftConfig::from_toml_file(&path).unwrap(), sft);
     let mut grpo = GrpoConfig::default();
     grpo.train.model = sft.train.model.clone();
-    grpo.train.dataset = root().join("datasets/grpo/train.parquet");
+    grpo.train.data.dataset = root().join("datasets/grpo/train.parquet");
     grpo.eval.eval_dataset = Some(root().join("datasets/grpo/test.parquet"));
     let path = dir.join("grpo.toml");
     grpo.save_toml(&path).unwrap();
@@ -85,9 +94,15 @@ fn configs_saved_as_toml_read_back_unchanged() {
     // Settings on by default are turned off by "off" (a missing key means the default).
     std::fs::write(&path, "max_grad_norm = \"off\"\nlogging_steps = \"off\"\n").unwrap();
     let off = SftConfig::from_toml_file(&path).unwrap();
-    assert_eq!((off.train.max_grad_norm, off.train.logging_steps), (None, None));
+    assert_eq!(
+        (off.train.optimizer.max_grad_norm, off.train.output.logging_steps),
+        (None, None)
+    );
     std::fs::write(&path, "max_grad_norm = 2\n").unwrap();
-    assert_eq!(SftConfig::from_toml_file(&path).unwrap().train.max_grad_norm, Some(2.0));
+    assert_eq!(
+        SftConfig::from_toml_file(&path).unwrap().train.optimizer.max_grad_norm,
+        Some(2.0)
+    );
     std::fs::write(&path, "max_grad_norm = \"never\"\n").unwrap();
     let err = SftConfig::from_toml_file(&path).unwrap_err().to_string();
     assert!(err.contains("max_grad_norm") || err.contains("\"off\""), "{err}");
@@ -98,7 +113,10 @@ fn configs_saved_as_toml_read_back_unchanged() {
 fn out_of_range_settings_name_their_field() {
     let named = TrainConfig {
         model: "m".into(),
-        dataset: "d.jsonl".into(),
+        data: DataSettings {
+            dataset: "d.jsonl".into(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let cfg = SftConfig {
@@ -119,7 +137,10 @@ fn out_of_range_settings_name_their_field() {
     );
     let cfg = GrpoConfig {
         train: TrainConfig {
-            learning_rate: f64::NAN,
+            optimizer: OptimizerSettings {
+                learning_rate: f64::NAN,
+                ..Default::default()
+            },
             ..named
         },
         ..Default::default()
@@ -164,7 +185,7 @@ fn an_sft_config_file_can_name_a_hub_dataset() {
     )
     .unwrap();
     assert_eq!(
-        SftConfig::from_toml_file(&cfg).unwrap().train.dataset,
+        SftConfig::from_toml_file(&cfg).unwrap().train.data.dataset,
         PathBuf::from("acme/chat")
     );
     let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
@@ -195,7 +216,10 @@ fn packing_that_cannot_work_is_an_error_not_an_endless_step() {
         let cfg = SftConfig {
             train: TrainConfig {
                 model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-                dataset: root().join("datasets/sft/train.parquet"),
+                data: DataSettings {
+                    dataset: root().join("datasets/sft/train.parquet"),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             tokenize: TokenizeOptions {

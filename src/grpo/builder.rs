@@ -409,7 +409,7 @@ pub(super) fn load_prompt_set(
         tokenizer,
         &config.rollouts.prompt_field,
         config.rollouts.max_prompt_length,
-        config.train.skip_invalid_rows,
+        config.train.data.skip_invalid_rows,
         chat,
     )
 }

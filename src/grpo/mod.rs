@@ -22,7 +22,7 @@
 //! use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
 //! use treetrain::train::Trainer;
 //! let mut config = GrpoConfig::from_toml_file(&treetrain::shipped::datasets_dir().join("grpo.toml")).unwrap();
-//! config.train.output_dir = None;
+//! config.train.output.output_dir = None;
 //! config.rollouts.prompts_per_step = 2;
 //! let rewards = vec![
 //!     RewardFn::exact_answer(),

@@ -97,7 +97,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             loss_type: c.loss.loss_type,
             max_completion_length: c.rollouts.max_completion_length,
             per_device_train_batch_size: c.loss.per_device_train_batch_size,
-            activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
+            activations: Activations::from_checkpointing(c.train.precision.gradient_checkpointing),
             sapo_temperatures: [c.loss.sapo_temperature_pos, c.loss.sapo_temperature_neg],
             vespo_shape: [
                 (c.loss.vespo_k_pos, c.loss.vespo_lambda_pos),

@@ -444,7 +444,8 @@ impl GrpoTrainer {
         }
         // The table is text for TensorBoard alone: made only when the run writes there.
         let to_tensorboard = self.core.logging_dir().is_some();
-        if to_tensorboard && crate::train::every(self.config.train.logging_steps, m.step) && !samples.is_empty() {
+        if to_tensorboard && crate::train::every(self.config.train.output.logging_steps, m.step) && !samples.is_empty()
+        {
             let table = completions_markdown(&samples, &self.rewards);
             self.core.log_text("completions", m.step, &table);
         }

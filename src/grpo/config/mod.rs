@@ -9,7 +9,7 @@ pub use loss::{ImportanceSampling, Loss, LossType, SamplingCorrectionMode};
 use super::BuiltinReward;
 use crate::pack::Packing;
 use crate::train::config_file::{Alias, same};
-use crate::train::{TrainConfig, TrainError};
+use crate::train::{OptimizerSettings, TrainConfig, TrainError};
 
 /// Where rollouts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -76,7 +76,10 @@ impl Default for GrpoConfig {
     fn default() -> Self {
         GrpoConfig {
             train: TrainConfig {
-                learning_rate: 1e-6,
+                optimizer: OptimizerSettings {
+                    learning_rate: 1e-6,
+                    ..OptimizerSettings::default()
+                },
                 ..TrainConfig::default()
             },
             rewards: vec![RewardSpec {
@@ -391,7 +394,7 @@ impl GrpoConfig {
     /// Checks the numbers that would make a run meaningless or hang.
     pub fn validate(&self) -> Result<(), TrainError> {
         self.train.validate()?;
-        if self.train.eval_steps.is_some() && self.eval.eval_dataset.is_none() {
+        if self.train.output.eval_steps.is_some() && self.eval.eval_dataset.is_none() {
             return Err(TrainError::config(
                 "eval_steps",
                 "is set, but eval_dataset is not: there is nothing to evaluate on",
