@@ -132,7 +132,7 @@ fn tree_and_flat_packing_give_the_same_update() {
     let mut t = GrpoTrainer::new({
         let mut c = config();
         c.rollouts.prompts_per_step = 6;
-        c.loss.beta = 0.05;
+        c.reference.beta = 0.05;
         c
     })
     .unwrap();
@@ -724,7 +724,7 @@ fn batch_scaled_advantages_zero_std_groups_and_all_options_in_the_trainer() {
         c.loss.top_entropy_quantile = 0.5;
         c.loss.importance_sampling_level = treetrain::grpo::ImportanceSampling::Sequence;
         c.loss.delta = Some(2.0);
-        c.loss.importance_sampling_correction = true;
+        c.sampling_correction.importance_sampling_correction = true;
         c
     })
     .unwrap();
@@ -1405,10 +1405,10 @@ fn the_entropy_bonus_trains_on_the_mean_entropy_and_adapts() {
     // moves by its delta each step, and applies only while the entropy is at or below target.
     let mut t = GrpoTrainer::new({
         let mut c = config();
-        c.loss.use_adaptive_entropy = true;
-        c.loss.entropy_coef = 0.1;
-        c.loss.entropy_coef_delta = 0.02;
-        c.loss.entropy_target = 100.0; // above any entropy of this vocabulary: always "low"
+        c.entropy_bonus.use_adaptive_entropy = true;
+        c.entropy_bonus.entropy_coef = 0.1;
+        c.entropy_bonus.entropy_coef_delta = 0.02;
+        c.entropy_bonus.entropy_target = 100.0; // above any entropy of this vocabulary: always "low"
         c
     })
     .unwrap();
@@ -1432,10 +1432,10 @@ fn a_synced_reference_mixes_in_the_policy_and_survives_a_resume() {
         let mut c = with_output(Some(dir.clone()));
         c.rollouts.prompts_per_step = 3;
         c.max_steps = 4;
-        c.loss.beta = 0.04;
-        c.loss.sync_ref_model = true;
-        c.loss.ref_model_sync_steps = 2;
-        c.loss.ref_model_mixup_alpha = 0.6;
+        c.reference.beta = 0.04;
+        c.reference.sync_ref_model = true;
+        c.reference.ref_model_sync_steps = 2;
+        c.reference.ref_model_mixup_alpha = 0.6;
         c
     };
     let embed = |t: &GrpoTrainer| t.reference().unwrap().embed_tokens.copy();
@@ -1575,7 +1575,7 @@ fn logging_switches_and_disable_dropout() {
                 lora_dropout: 0.3,
                 ..Default::default()
             });
-            c.loss.disable_dropout = disable;
+            c.update.disable_dropout = disable;
             c
         })
         .unwrap();

@@ -152,7 +152,7 @@ fn grpo(lora: Option<LoraConfig>, mode: RolloutMode) -> GrpoConfig {
     let mut cfg = common::shipped_grpo();
     cfg.train.optimizer.learning_rate = 1e-2;
     cfg.train.lora = lora;
-    cfg.loss.beta = 0.02;
+    cfg.reference.beta = 0.02;
     cfg.rollouts.mode = mode;
     cfg
 }
@@ -205,7 +205,7 @@ fn grpo_with_lora_raises_the_reward() {
     // No KL term, as the full-weight test (TRL's default beta = 0).
     let cfg = {
         let mut c = grpo(Some(adapter), RolloutMode::Sync);
-        c.loss.beta = 0.0;
+        c.reference.beta = 0.0;
         c
     };
     let mut t = GrpoTrainer::new(cfg).unwrap();

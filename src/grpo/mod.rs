@@ -136,8 +136,8 @@ pub use advantage::{MultiObjective, ScaleRewards, decoupled_group_rewards, group
 pub use answer::extract_answer;
 pub use builder::GrpoTrainerBuilder;
 pub use config::{
-    Eval, GrpoConfig, ImportanceSampling, Loss, LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling,
-    SamplingCorrectionMode, Update,
+    EntropyBonus, EntropyControl, Eval, GrpoConfig, ImportanceCorrection, ImportanceSampling, KlReference, Loss,
+    LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling, SamplingCorrectionMode, Update,
 };
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
 pub use eval::{EvalBreakdown, EvalResult};
@@ -153,7 +153,7 @@ pub use rollouts::{
     DriftTally, ForkedRow, PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup,
 };
 pub use row_loss::{LmHead, grpo_loss, grpo_loss_backward};
-pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
+pub use trainer::{GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, idle_rows, idle_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;

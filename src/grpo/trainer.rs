@@ -9,9 +9,9 @@ use super::metrics::{RolloutMetrics, StepTimes, UpdateMetrics};
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
-    EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn, RolloutBatch,
-    RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows, idle_share,
-    pack_rollouts, plan_rank_update, with_entropy_floor,
+    EntropyControl, EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn,
+    RolloutBatch, RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows,
+    idle_share, pack_rollouts, plan_rank_update, with_entropy_floor,
 };
 use crate::generate::GenerationConfig;
 use crate::model::{CausalLm, Model};
@@ -51,60 +51,6 @@ pub struct GrpoState {
     #[serde(default)]
     pub entropy_control: EntropyControl,
 }
-
-/// Skywork-OR1's adaptive entropy coefficient, carried from step to step (and checkpointed).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EntropyControl {
-    /// The coefficient (`None` before the first step: `entropy_coef`).
-    pub coef: Option<f64>,
-    /// The last step's mean entropy over its trained terms (`None` before the first step: no
-    /// bonus until one is measured).
-    pub last_entropy: Option<f64>,
-}
-
-impl EntropyControl {
-    /// The coefficient the next step applies: the controller's, while the last step's entropy
-    /// was at or below the target; else 0.
-    fn applied(&self, loss: &super::Loss) -> f64 {
-        match self.last_entropy {
-            Some(e) if e <= loss.entropy_target => self.coef.unwrap_or(loss.entropy_coef),
-            _ => 0.0,
-        }
-    }
-
-    /// After a step whose trained terms' mean entropy was `entropy`: the coefficient steps up
-    /// (entropy at or below the target) or down, within its bounds.
-    fn update(&mut self, loss: &super::Loss, entropy: f64) {
-        let coef = self.coef.unwrap_or(loss.entropy_coef);
-        self.coef = Some(if entropy <= loss.entropy_target {
-            (coef + loss.entropy_coef_delta).min(loss.entropy_coef_max)
-        } else {
-            (coef - loss.entropy_coef_delta).max(loss.entropy_coef_min)
-        });
-        self.last_entropy = Some(entropy);
-    }
-}
-
-impl crate::display::Rich for EntropyControl {
-    fn html(&self) -> String {
-        crate::display::rows_card("Adaptive entropy bonus", &self.rows())
-    }
-    fn text(&self) -> String {
-        crate::display::rows_text(&self.rows())
-    }
-}
-
-impl EntropyControl {
-    fn rows(&self) -> Vec<(&'static str, String)> {
-        let or_unset = |v: Option<f64>| v.map_or("not yet".to_string(), |v| format!("{v:.4}"));
-        vec![
-            ("coefficient", or_unset(self.coef)),
-            ("last step's entropy", or_unset(self.last_entropy)),
-        ]
-    }
-}
-
-crate::rich_display!(EntropyControl);
 
 pub(super) enum Source {
     Sync(Box<RolloutProducer>),
@@ -187,8 +133,8 @@ impl GrpoTrainer {
         let mut objective = GrpoObjective::from(&self.config);
         // The sampler never draws the LM head's padding rows: the loss leaves them out too.
         objective.truncation.token_limit = self.core.special.token_limit;
-        if self.config.loss.use_adaptive_entropy {
-            objective.entropy_coef = self.state.entropy_control.applied(&self.config.loss);
+        if self.config.entropy_bonus.use_adaptive_entropy {
+            objective.entropy_coef = self.state.entropy_control.applied(&self.config.entropy_bonus);
         }
         objective
     }
@@ -370,15 +316,15 @@ impl GrpoTrainer {
         if let Some(r) = self
             .reference
             .as_ref()
-            .filter(|r| r.due(version + 1, &self.config.loss))
+            .filter(|r| r.due(version + 1, &self.config.reference))
         {
             let lm = &self.core.model.lm;
-            lm.with_whole_weights(|| r.sync(&self.core.model.vs, version + 1, &self.config.loss))?;
+            lm.with_whole_weights(|| r.sync(&self.core.model.vs, version + 1, &self.config.reference))?;
         }
-        if self.config.loss.use_adaptive_entropy {
+        if self.config.entropy_bonus.use_adaptive_entropy {
             self.state
                 .entropy_control
-                .update(&self.config.loss, stats.entropy_trained);
+                .update(&self.config.entropy_bonus, stats.entropy_trained);
         }
         let times = StepTimes {
             pack_s,
@@ -530,7 +476,7 @@ impl Trainer for GrpoTrainer {
     /// checkpoint.
     fn write_own_files(&self, dir: &std::path::Path) -> Result<(), String> {
         if let Some(r) = &self.reference {
-            r.write(dir, &self.config.loss)?;
+            r.write(dir, &self.config.reference)?;
         }
         super::pending::write(dir, &self.pending)
     }

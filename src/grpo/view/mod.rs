@@ -415,7 +415,10 @@ config_group_display!(
     Rollouts => "GRPO rollouts",
     Sampling => "GRPO sampling",
     Loss => "GRPO loss",
-    Update => "GRPO update packing",
+    KlReference => "GRPO KL reference",
+    EntropyBonus => "GRPO entropy bonus",
+    ImportanceCorrection => "GRPO sampling correction",
+    Update => "GRPO update",
     MultiTurnLimits => "GRPO multi-turn limits",
     Eval => "GRPO evaluation",
 );
@@ -517,14 +520,15 @@ mod settings_tests {
     #[test]
     fn config_groups_and_the_builder_render_their_settings() {
         let mut config = super::super::GrpoConfig::default();
-        config.loss.beta = 0.04;
-        let loss = &config.loss;
+        config.reference.beta = 0.04;
+        let reference = &config.reference;
         assert!(
-            loss.html().contains("GRPO loss") && loss.html().contains("<th>beta</th>"),
+            reference.html().contains("GRPO KL reference") && reference.html().contains("<th>beta</th>"),
             "{}",
-            loss.html()
+            reference.html()
         );
-        assert!(loss.text().contains("beta = 0.04\n") && !loss.text().contains("num_generations"));
+        assert!(reference.text().contains("beta = 0.04\n") && !reference.text().contains("num_generations"));
+        assert!(config.loss.text().contains("epsilon_low = 0.2\n") && !config.loss.text().contains("beta"));
         assert!(config.rollouts.text().contains("num_generations = 8\n"));
         let builder = super::super::GrpoTrainer::builder(config)
             .rewards(vec![super::super::RewardFn::exact_answer()])
