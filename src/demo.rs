@@ -310,11 +310,11 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "held_out_exact_curve": held_out_exact,
         "held_out_by_task_before": by_task_before,
         "held_out_by_task_after": by_task_after,
-        "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.frac_reward_zero_std),
+        "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.rollouts.frac_reward_zero_std),
         "held_out_before": before,
         "held_out_after": after,
-        "train_reward_first_step": grpo.state.history.first().map(|m| m.reward_mean),
-        "train_reward_last_step": grpo.state.history.last().map(|m| m.reward_mean),
+        "train_reward_first_step": grpo.state.history.first().map(|m| m.rollouts.reward_mean),
+        "train_reward_last_step": grpo.state.history.last().map(|m| m.rollouts.reward_mean),
         "generated_tokens_last_step": tokens,
         "generation_tokens_per_s_last_step": tokens as f64 / gen_s.max(1e-9),
         "generation_distinct_shapes": grpo.generation_shapes().map_or(0, |l| l.total_distinct()),
@@ -327,13 +327,13 @@ fn step_line(m: &GrpoStepMetrics) -> String {
     format!(
         "step {:>3}: reward {:.3}, exact {:.3}, groups with equal rewards {:.0}%, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
         m.step,
-        m.reward_mean,
-        exact_mean(&m.rewards),
-        100.0 * m.frac_reward_zero_std,
-        m.completion_length,
-        m.entropy,
-        m.packing_ratio,
-        m.step_s
+        m.rollouts.reward_mean,
+        exact_mean(&m.rollouts.rewards),
+        100.0 * m.rollouts.frac_reward_zero_std,
+        m.rollouts.completion_length,
+        m.update.entropy,
+        m.update.packing_ratio,
+        m.times.step_s
     )
 }
 
@@ -440,12 +440,12 @@ fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Val
             let line = format!(
                 "step {:>2}: reward {:.3}, calls the calculator in {:.0}% of conversations, groups with equal rewards {:.0}%, failed {}, update packing {:.1}x, {:.2} s\n",
                 m.step,
-                m.reward_mean,
+                m.rollouts.reward_mean,
                 100.0 * calls,
-                100.0 * m.frac_reward_zero_std,
-                m.reward_failures,
-                m.packing_ratio,
-                m.step_s
+                100.0 * m.rollouts.frac_reward_zero_std,
+                m.rollouts.reward_failures,
+                m.update.packing_ratio,
+                m.times.step_s
             );
             write_log(log, &line)?;
         }
@@ -453,7 +453,7 @@ fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Val
             curve.push((m.step as f64, grpo.evaluate(&held_out, samples, 99)?.reward_mean));
         }
         steps.push(
-            serde_json::json!({"reward": m.reward_mean, "tool_call_share": calls, "packing_ratio": m.packing_ratio}),
+            serde_json::json!({"reward": m.rollouts.reward_mean, "tool_call_share": calls, "packing_ratio": m.update.packing_ratio}),
         );
     }
     let seconds = t.elapsed().as_secs_f64();

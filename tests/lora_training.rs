@@ -186,7 +186,7 @@ fn grpo_with_lora_uses_the_base_as_reference_and_syncs_the_adapter_alone() {
         "one sync = the f32 adapter"
     );
     assert!(
-        t.state.history.last().unwrap().kl > 0.0,
+        t.state.history.last().unwrap().update.kl > 0.0,
         "the adapter moved away from the base"
     );
     assert_base_untouched(t.model());

@@ -263,14 +263,17 @@ fn a_tree_packed_grpo_update_on_the_device_equals_the_cpu() {
     cfg.train.device = DeviceSpec::PrivateUse1(0);
     let mut dev_trainer = GrpoTrainer::new(cfg).unwrap();
     let dev_step = dev_trainer.step().unwrap();
-    assert_eq!(cpu_step.reward_mean, dev_step.reward_mean, "same rollouts");
+    assert_eq!(
+        cpu_step.rollouts.reward_mean, dev_step.rollouts.reward_mean,
+        "same rollouts"
+    );
     // GRPO's loss at ratio 1 is a sum of advantages that cancel (~1e-7 here): compared in
     // absolute terms; the update itself is compared weight by weight below.
     assert!(
-        (cpu_step.loss - dev_step.loss).abs() <= 1e-6,
+        (cpu_step.update.loss - dev_step.update.loss).abs() <= 1e-6,
         "loss cpu {} neuron {}",
-        cpu_step.loss,
-        dev_step.loss
+        cpu_step.update.loss,
+        dev_step.update.loss
     );
     // The update, tensor by tensor: AdamW's first step is lr * g / (|g| + eps), so entries
     // with near-zero gradients turn summation-order noise into O(lr) moves; compared in norm,

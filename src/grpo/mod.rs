@@ -32,8 +32,8 @@
 //! ];
 //! let mut trainer = GrpoTrainer::builder(config).rewards(rewards).build().unwrap();
 //! let m = trainer.step().unwrap(); // 2 prompts x 8 completions, one tree-packed update
-//! assert_eq!(m.rewards.len(), 3);
-//! assert!(m.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
+//! assert_eq!(m.rollouts.rewards.len(), 3);
+//! assert!(m.update.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
 //! ```
 //!
 //! # Reference
@@ -141,7 +141,9 @@ pub use config::{
 };
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
 pub use eval::{EvalBreakdown, EvalResult};
-pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
+pub use metrics::{
+    BatchOrigin, GrpoStepMetrics, RewardStat, RolloutMetrics, SampleCompletion, StepTimes, TurnDrift, UpdateMetrics,
+};
 pub use multiturn::MultiTurn;
 pub use objective::{
     GrpoLoss, GrpoObjective, SamplingCorrection, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::builder::GrpoTrainerBuilder;
-use super::metrics::{RolloutMetrics, StepTimes, UpdateMetrics};
+use super::metrics::{StepClock, UpdateMetrics, UpdatePart};
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
@@ -249,7 +249,7 @@ impl GrpoTrainer {
             let start = Instant::now();
             let (batch, wait_s, dropped_stale) = self.take_batch()?;
             let version = self.state.global_step;
-            let (update, rows, mut times) = self.update_on(&batch, version)?;
+            let (update, rows) = self.update_on(&batch, version)?;
             self.state.global_step = version + 1;
             if self
                 .state
@@ -258,12 +258,13 @@ impl GrpoTrainer {
             {
                 self.publish_weights(self.state.global_step)?;
             }
-            times.staleness = version - batch.version.min(version);
-            times.dropped_stale = dropped_stale;
-            times.wait_s = wait_s;
-            times.step_s = start.elapsed().as_secs_f64();
-            let rollout = RolloutMetrics::of(&batch, &self.rewards);
-            let m = GrpoStepMetrics::compose(version + 1, rollout, update, times);
+            let clock = StepClock {
+                staleness: version - batch.version.min(version),
+                dropped_stale,
+                wait_s,
+                step_s: start.elapsed().as_secs_f64(),
+            };
+            let m = GrpoStepMetrics::compose(version + 1, (&batch, &self.rewards), update, clock);
             self.record(&batch, &m);
             self.last_row = rows.into_iter().last();
             self.last_batch = Some(batch);
@@ -272,13 +273,9 @@ impl GrpoTrainer {
     }
 
     /// Plans, forwards and back-propagates this rank's share of `batch`, sums the statistics
-    /// over ranks and ends optimizer step `version`: the update's metrics, this rank's packed
-    /// rows, and the packing and optimizer times.
-    fn update_on(
-        &mut self,
-        batch: &RolloutBatch,
-        version: u64,
-    ) -> Result<(UpdateMetrics, Vec<PackedRow>, StepTimes), TrainError> {
+    /// over ranks and ends optimizer step `version`: the update's part of the step's metrics
+    /// (with its packing, forward + backward and optimizer times) and this rank's packed rows.
+    fn update_on(&mut self, batch: &RolloutBatch, version: u64) -> Result<(UpdatePart, Vec<PackedRow>), TrainError> {
         let t = Instant::now();
         let rollouts = batch.rollouts_for_update(self.config.loss.mask_truncated_completions);
         let world = &self.core.world;
@@ -326,18 +323,14 @@ impl GrpoTrainer {
                 .entropy_control
                 .update(&self.config.entropy_bonus, stats.entropy_trained);
         }
-        let times = StepTimes {
+        let part = UpdatePart {
+            metrics: UpdateMetrics::of(&stats, &outcome, entropy_coef, update.step_rows),
+            skipped: outcome.skipped,
             pack_s,
+            forward_backward_s: stats.forward_backward_s,
             optimizer_s: t.elapsed().as_secs_f64(),
-            ..StepTimes::default()
         };
-        let metrics = UpdateMetrics {
-            stats,
-            rows: update.step_rows,
-            outcome,
-            entropy_coef,
-        };
-        Ok((metrics, update.rows, times))
+        Ok((part, update.rows))
     }
 
     /// The update of `batch` under `packing`, timed `repeats` times (best forward + backward in
@@ -363,7 +356,7 @@ impl GrpoTrainer {
 
     fn record(&mut self, batch: &RolloutBatch, m: &GrpoStepMetrics) {
         self.state.recent_failures = batch.groups.iter().flat_map(|g| g.rewards.failures.clone()).collect();
-        self.state.total_failures += m.reward_failures;
+        self.state.total_failures += m.rollouts.reward_failures;
         // The samples: completions taken round-robin across groups.
         let mut samples = Vec::new();
         let most = match self.config.eval.log_unique_prompts {
@@ -444,7 +437,12 @@ impl Trainer for GrpoTrainer {
     /// Aligned step numbers and every reward function, for a terminal scrolling through a run;
     /// then `num_completions_to_print` of the step's sample completions.
     fn log_line(&self, m: &GrpoStepMetrics) -> String {
-        let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
+        let per_fn: Vec<String> = m
+            .rollouts
+            .rewards
+            .iter()
+            .map(|r| format!("{} {:.2}", r.name, r.mean))
+            .collect();
         let printed = self.config.eval.num_completions_to_print.unwrap_or(0);
         let samples: String = (self.state.samples.iter().filter(|s| s.step == m.step).take(printed))
             .map(|s| {
@@ -458,18 +456,18 @@ impl Trainer for GrpoTrainer {
         format!(
             "step {:>4}: reward {:.3} ({}) flat {:.2} len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
             m.step,
-            m.reward_mean,
+            m.rollouts.reward_mean,
             per_fn.join(", "),
-            m.frac_reward_zero_std,
-            m.completion_length,
-            m.loss,
-            m.clip_ratio,
-            m.approx_kl,
-            m.entropy,
-            m.packing_ratio,
-            m.staleness,
-            m.generation_s,
-            m.forward_backward_s
+            m.rollouts.frac_reward_zero_std,
+            m.rollouts.completion_length,
+            m.update.loss,
+            m.update.clip_ratio,
+            m.update.approx_kl,
+            m.update.entropy,
+            m.update.packing_ratio,
+            m.origin.staleness,
+            m.times.generation_s,
+            m.times.forward_backward_s
         ) + &samples
     }
     /// A synced reference (`sync_ref_model`) is part of the run: its weights go with the
