@@ -29,7 +29,10 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{BackwardPrefetch, Fsdp, FsdpConfig, TrainConfig, Trainer};
+use treetrain::train::{
+    BackwardPrefetch, DataSettings, Fsdp, FsdpConfig, OptimizerSettings, ParallelSettings, PrecisionSettings,
+    TrainConfig, Trainer,
+};
 
 const WORKER: &str = "TREETRAIN_BENCH_DIST_WORKER";
 /// The model folder the parent hands its workers.
@@ -354,13 +357,25 @@ fn worker() {
     let cfg = SftConfig {
         train: TrainConfig {
             model: std::env::var(WORKER_MODEL).expect("model folder"),
-            dataset: root.join("datasets/sft/train.parquet"),
-            learning_rate: 2e-3,
-            distributed_timeout_s: 120.0,
-            fsdp,
-            fsdp_config,
-            overlap_grad_reduce,
-            gradient_checkpointing: std::env::var(WORKER_CHECKPOINTING).is_ok_and(|v| v == "1"),
+            data: DataSettings {
+                dataset: root.join("datasets/sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 2e-3,
+                ..Default::default()
+            },
+            precision: PrecisionSettings {
+                gradient_checkpointing: std::env::var(WORKER_CHECKPOINTING).is_ok_and(|v| v == "1"),
+                ..Default::default()
+            },
+            parallel: ParallelSettings {
+                distributed_timeout_s: 120.0,
+                fsdp,
+                fsdp_config,
+                overlap_grad_reduce,
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {

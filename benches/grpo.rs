@@ -15,7 +15,7 @@ use clap::Parser;
 
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
 use treetrain::pack::Packing;
-use treetrain::train::TrainConfig;
+use treetrain::train::{DataSettings, OptimizerSettings, TrainConfig};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -49,9 +49,15 @@ fn recipe(model_dir: &std::path::Path, prompts: usize, steps: u64) -> GrpoConfig
     let mut c = GrpoConfig {
         train: TrainConfig {
             model: model_dir.display().to_string(),
-            dataset: root.join("datasets/grpo/train.parquet"),
-            learning_rate: 1e-3,
             seed: 7,
+            data: DataSettings {
+                dataset: root.join("datasets/grpo/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 1e-3,
+                ..Default::default()
+            },
             ..Default::default()
         },
         rewards: [BuiltinReward::ExactAnswer, BuiltinReward::AnswerFormat]
@@ -115,13 +121,13 @@ fn main() {
     let h = &t.state.history;
     let col = |f: fn(&treetrain::grpo::GrpoStepMetrics) -> f64| mean(&h.iter().map(f).collect::<Vec<_>>());
     let split = [
-        ("generation", col(|m| m.generation_s)),
-        ("rewards", col(|m| m.reward_s)),
-        ("packing", col(|m| m.pack_s)),
-        ("forward + backward", col(|m| m.forward_backward_s)),
-        ("optimizer", col(|m| m.optimizer_s)),
+        ("generation", col(|m| m.times.generation_s)),
+        ("rewards", col(|m| m.times.reward_s)),
+        ("packing", col(|m| m.times.pack_s)),
+        ("forward + backward", col(|m| m.times.forward_backward_s)),
+        ("optimizer", col(|m| m.times.optimizer_s)),
     ];
-    let step_s = col(|m| m.step_s);
+    let step_s = col(|m| m.times.step_s);
     println!(
         "GRPO, {} ({:.1} M parameters) fp32, {prompts} prompts x 8 completions (<= 16 tokens), sync, {} threads, {steps} steps",
         model_dir.display(),
@@ -161,8 +167,8 @@ fn main() {
         "speedup_over_work_ratio": speedup / work_ratio,
         "tree_forward_gflop": u.tree_flops / 1e9,
         "flat_forward_gflop": u.flat_flops / 1e9,
-        "reward_first": h.first().map(|m| m.reward_mean),
-        "reward_last": h.last().map(|m| m.reward_mean),
+        "reward_first": h.first().map(|m| m.rollouts.reward_mean),
+        "reward_last": h.last().map(|m| m.rollouts.reward_mean),
     });
     args.write_result("grpo", &result);
 }

@@ -22,7 +22,7 @@ use std::process::Command;
 
 use treetrain::model::ModelConfig;
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{TrainConfig, Trainer};
+use treetrain::train::{DataSettings, OptimizerSettings, PrecisionSettings, TrainConfig, Trainer};
 
 /// The SFT bench's flags.
 #[derive(Parser)]
@@ -112,9 +112,18 @@ fn treetrain_rate(model_dir: &Path, data: &Path, steps: u64, checkpointing: bool
     let cfg = SftConfig {
         train: TrainConfig {
             model: model_dir.display().to_string(),
-            dataset: data.into(),
-            learning_rate: 2e-3,
-            gradient_checkpointing: checkpointing,
+            data: DataSettings {
+                dataset: data.into(),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 2e-3,
+                ..Default::default()
+            },
+            precision: PrecisionSettings {
+                gradient_checkpointing: checkpointing,
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {

@@ -17,7 +17,7 @@ use crate::sft::{SftConfig, SftTrainer, StepMetrics, TokenizeOptions};
 use crate::shapes::{PaddingComparison, synthetic_lengths};
 use crate::shipped::{ShippedEnvironment, calculator::Calculator};
 use crate::tokenizer::Tokenizer;
-use crate::train::{TrainConfig, TrainError, Trainer};
+use crate::train::{DataSettings, OptimizerSettings, TrainConfig, TrainError, Trainer};
 
 /// What stopped the demo.
 #[derive(Debug, thiserror::Error)]
@@ -207,9 +207,15 @@ fn sft_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, Dem
     let config = SftConfig {
         train: TrainConfig {
             model: crate::shipped::tiny_model_dir()?.display().to_string(),
-            dataset: crate::shipped::datasets_dir().join("sft/train.parquet"),
-            learning_rate: 2e-3,
-            warmup_ratio: 0.05,
+            data: DataSettings {
+                dataset: crate::shipped::datasets_dir().join("sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 2e-3,
+                warmup_ratio: 0.05,
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {
@@ -240,14 +246,14 @@ fn sft_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, Dem
 fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, RolloutBatch, serde_json::Value), DemoError> {
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("grpo.toml"))?;
-    config.train.output_dir = Some(out.join("grpo"));
+    config.train.output.output_dir = Some(out.join("grpo"));
     // Every demo run starts afresh.
-    config.train.overwrite_output_dir = true;
+    config.train.output.overwrite_output_dir = true;
     let mut grpo = GrpoTrainer::new(config)?;
     let held_out = grpo.load_prompts(&root.join("grpo/test.parquet"))?;
     // Held-out exact accuracy every `eval_steps` (8 samples of each test prompt, one seed): the
     // curve a researcher reads first, drawn as points beside the per-step training reward.
-    let eval_every = grpo.config().train.eval_steps.unwrap_or(u64::MAX).max(1);
+    let eval_every = grpo.config().train.output.eval_steps.unwrap_or(u64::MAX).max(1);
     let before = grpo.evaluate(&held_out, 8, 99)?;
     let by_task_before = grpo.evaluate_by(&held_out, "task", 8, 99)?;
     let mut held_out_exact = vec![(0.0, exact_share(&before))];
@@ -304,11 +310,11 @@ fn grpo_section(out: &Path, log: &mut dyn Write) -> Result<(GrpoTrainer, Rollout
         "held_out_exact_curve": held_out_exact,
         "held_out_by_task_before": by_task_before,
         "held_out_by_task_after": by_task_after,
-        "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.frac_reward_zero_std),
+        "frac_reward_zero_std_last_step": grpo.state.history.last().map(|m| m.rollouts.frac_reward_zero_std),
         "held_out_before": before,
         "held_out_after": after,
-        "train_reward_first_step": grpo.state.history.first().map(|m| m.reward_mean),
-        "train_reward_last_step": grpo.state.history.last().map(|m| m.reward_mean),
+        "train_reward_first_step": grpo.state.history.first().map(|m| m.rollouts.reward_mean),
+        "train_reward_last_step": grpo.state.history.last().map(|m| m.rollouts.reward_mean),
         "generated_tokens_last_step": tokens,
         "generation_tokens_per_s_last_step": tokens as f64 / gen_s.max(1e-9),
         "generation_distinct_shapes": grpo.generation_shapes().map_or(0, |l| l.total_distinct()),
@@ -321,13 +327,13 @@ fn step_line(m: &GrpoStepMetrics) -> String {
     format!(
         "step {:>3}: reward {:.3}, exact {:.3}, groups with equal rewards {:.0}%, completion {:.1} tokens, entropy {:.2}, update packing {:.1}x, {:.2} s\n",
         m.step,
-        m.reward_mean,
-        exact_mean(&m.rewards),
-        100.0 * m.frac_reward_zero_std,
-        m.completion_length,
-        m.entropy,
-        m.packing_ratio,
-        m.step_s
+        m.rollouts.reward_mean,
+        exact_mean(&m.rollouts.rewards),
+        100.0 * m.rollouts.frac_reward_zero_std,
+        m.rollouts.completion_length,
+        m.update.entropy,
+        m.update.packing_ratio,
+        m.times.step_s
     )
 }
 
@@ -413,10 +419,10 @@ fn packing_section(
 fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Value, DemoError> {
     let root = crate::shipped::datasets_dir();
     let mut config = GrpoConfig::from_toml_file(&root.join("calculator.toml"))?;
-    config.train.output_dir = None;
+    config.train.output.output_dir = None;
     let (samples, eval_every) = (
         config.eval.eval_samples,
-        config.train.eval_steps.unwrap_or(u64::MAX).max(1),
+        config.train.output.eval_steps.unwrap_or(u64::MAX).max(1),
     );
     let mut grpo = ShippedEnvironment::Calculator.trainer(config, None)?;
     let held_out = grpo.load_prompts(&root.join("calculator/test.parquet"))?;
@@ -434,12 +440,12 @@ fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Val
             let line = format!(
                 "step {:>2}: reward {:.3}, calls the calculator in {:.0}% of conversations, groups with equal rewards {:.0}%, failed {}, update packing {:.1}x, {:.2} s\n",
                 m.step,
-                m.reward_mean,
+                m.rollouts.reward_mean,
                 100.0 * calls,
-                100.0 * m.frac_reward_zero_std,
-                m.reward_failures,
-                m.packing_ratio,
-                m.step_s
+                100.0 * m.rollouts.frac_reward_zero_std,
+                m.rollouts.reward_failures,
+                m.update.packing_ratio,
+                m.times.step_s
             );
             write_log(log, &line)?;
         }
@@ -447,7 +453,7 @@ fn multi_turn_section(out: &Path, log: &mut dyn Write) -> Result<serde_json::Val
             curve.push((m.step as f64, grpo.evaluate(&held_out, samples, 99)?.reward_mean));
         }
         steps.push(
-            serde_json::json!({"reward": m.reward_mean, "tool_call_share": calls, "packing_ratio": m.packing_ratio}),
+            serde_json::json!({"reward": m.rollouts.reward_mean, "tool_call_share": calls, "packing_ratio": m.update.packing_ratio}),
         );
     }
     let seconds = t.elapsed().as_secs_f64();

@@ -418,15 +418,24 @@ fn a_resume_past_max_steps_is_refused() {
 #[test]
 fn an_update_that_makes_weights_non_finite_stops_the_run() {
     use treetrain::sft::{SftConfig, SftTrainer, TokenizeOptions};
-    use treetrain::train::{TrainConfig, TrainError};
+    use treetrain::train::{DataSettings, OptimizerSettings, OutputSettings, TrainConfig, TrainError};
     let dir = scratch("blowup");
     let cfg = SftConfig {
         train: TrainConfig {
             model: tiny(),
-            dataset: datasets().join("sft/train.parquet"),
-            learning_rate: 1e300,
-            max_grad_norm: None,
-            output_dir: Some(dir.join("out")),
+            data: DataSettings {
+                dataset: datasets().join("sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 1e300,
+                max_grad_norm: None,
+                ..Default::default()
+            },
+            output: OutputSettings {
+                output_dir: Some(dir.join("out")),
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {

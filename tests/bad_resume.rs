@@ -163,7 +163,7 @@ fn a_lora_checkpoint_resumes_only_onto_its_base_model() {
 fn a_grpo_data_position_past_the_steps_taken_is_refused() {
     let out = scratch("grpo-position");
     let mut config = common::shipped_grpo();
-    config.train.output_dir = Some(out.clone());
+    config.train.output.output_dir = Some(out.clone());
     config.max_steps = 3;
     config.rollouts.prompts_per_step = 2;
     config.rollouts.num_generations = 2;

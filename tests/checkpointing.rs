@@ -172,7 +172,7 @@ fn sft_with_gradient_checkpointing_trains_as_without() {
     use treetrain::train::Trainer;
     let run = |checkpointing: bool| {
         let mut cfg = common::shipped_sft(None, 4);
-        cfg.train.gradient_checkpointing = checkpointing;
+        cfg.train.precision.gradient_checkpointing = checkpointing;
         let mut t = SftTrainer::new(cfg).unwrap();
         t.train_for(4).unwrap();
         t.state

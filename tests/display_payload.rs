@@ -75,7 +75,10 @@ fn every_notebook_type_renders() {
 fn the_training_core_types_render() {
     use treetrain::display::Rich;
     let cfg = treetrain::train::TrainConfig {
-        learning_rate: 3e-4,
+        optimizer: treetrain::train::OptimizerSettings {
+            learning_rate: 3e-4,
+            ..Default::default()
+        },
         ..Default::default()
     };
     assert!(cfg.text().contains("learning_rate = 0.0003\n") && cfg.html().contains("Training settings"));

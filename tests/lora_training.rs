@@ -34,8 +34,8 @@ fn lora(dropout: f64) -> LoraConfig {
 
 fn sft(out: Option<PathBuf>, lora: Option<LoraConfig>, steps: u64) -> SftConfig {
     let mut cfg = common::shipped_sft(out, steps);
-    cfg.train.learning_rate = 1e-2;
-    cfg.train.warmup_ratio = 0.0;
+    cfg.train.optimizer.learning_rate = 1e-2;
+    cfg.train.optimizer.warmup_ratio = 0.0;
     cfg.train.lora = lora;
     cfg
 }
@@ -150,9 +150,9 @@ fn lora_checkpoints_hold_the_adapter_alone_and_resume_exactly() {
 
 fn grpo(lora: Option<LoraConfig>, mode: RolloutMode) -> GrpoConfig {
     let mut cfg = common::shipped_grpo();
-    cfg.train.learning_rate = 1e-2;
+    cfg.train.optimizer.learning_rate = 1e-2;
     cfg.train.lora = lora;
-    cfg.loss.beta = 0.02;
+    cfg.reference.beta = 0.02;
     cfg.rollouts.mode = mode;
     cfg
 }
@@ -186,7 +186,7 @@ fn grpo_with_lora_uses_the_base_as_reference_and_syncs_the_adapter_alone() {
         "one sync = the f32 adapter"
     );
     assert!(
-        t.state.history.last().unwrap().kl > 0.0,
+        t.state.history.last().unwrap().update.kl > 0.0,
         "the adapter moved away from the base"
     );
     assert_base_untouched(t.model());
@@ -205,7 +205,7 @@ fn grpo_with_lora_raises_the_reward() {
     // No KL term, as the full-weight test (TRL's default beta = 0).
     let cfg = {
         let mut c = grpo(Some(adapter), RolloutMode::Sync);
-        c.loss.beta = 0.0;
+        c.reference.beta = 0.0;
         c
     };
     let mut t = GrpoTrainer::new(cfg).unwrap();

@@ -12,8 +12,8 @@ use treetrain::train::Trainer;
 
 fn config(dtype: Dtype, mixed: bool, steps: u64, out: Option<PathBuf>) -> SftConfig {
     let mut cfg = common::shipped_sft(out, steps);
-    cfg.train.dtype = dtype.into();
-    cfg.train.mixed_precision = mixed;
+    cfg.train.precision.dtype = dtype.into();
+    cfg.train.precision.mixed_precision = mixed;
     cfg.eval_fraction = 0.0;
     cfg
 }
@@ -112,8 +112,8 @@ fn small_updates_survive_in_the_master_weights_and_are_lost_in_pure_bf16() {
     let name = "model.layers.1.mlp.down_proj.weight";
     let moved = |dtype: Dtype, mixed: bool| {
         let mut cfg = config(dtype, mixed, 5, None);
-        cfg.train.learning_rate = 2e-5;
-        cfg.train.warmup_ratio = 0.0;
+        cfg.train.optimizer.learning_rate = 2e-5;
+        cfg.train.optimizer.warmup_ratio = 0.0;
         let mut t = SftTrainer::new(cfg).unwrap();
         let w = |t: &SftTrainer| {
             let w = t.model().vs.variables()[name].to_kind(Kind::Float);

@@ -83,8 +83,8 @@ fn a_rewritten_history_is_realigned_or_forked_by_the_threshold() {
         assert!(transitions > 0, "no conversation went past its first turn");
         // Every transition departs: the answer the model gave is no longer rendered.
         let (realigned, forked) = if threshold > 0 { (1.0, 0.0) } else { (0.0, 1.0) };
-        assert_eq!((m.realign_frac, m.fork_frac), (realigned, forked), "{m:?}");
-        assert!(m.drift_tokens_max >= 1 && m.drift_tokens_max <= 16, "{m:?}");
+        assert_eq!((m.turns.realign_frac, m.turns.fork_frac), (realigned, forked), "{m:?}");
+        assert!(m.turns.drift_tokens_max >= 1 && m.turns.drift_tokens_max <= 16, "{m:?}");
         let mut rows = 0;
         for g in &batch.groups {
             rows_hold_the_rendering(g, tok);
@@ -132,7 +132,7 @@ fn a_rewritten_history_is_realigned_or_forked_by_the_threshold() {
                 );
             }
         }
-        assert!(m.loss.is_finite() && m.packing_ratio > 1.0, "{m:?}");
+        assert!(m.update.loss.is_finite() && m.update.packing_ratio > 1.0, "{m:?}");
     }
     std::fs::remove_dir_all(&model).unwrap();
 }

@@ -189,7 +189,7 @@ fn twenty_sft_steps_equal_the_cpu_and_the_optimizer_state_lives_on_the_device() 
         let mut cfg = common::shipped_sft(None, 20);
         cfg.train.device = spec;
         // `auto` would pick bf16 on neuron; the comparison is exact fp32 on both.
-        cfg.train.dtype = DtypeSetting::Fixed(Dtype::Fp32);
+        cfg.train.precision.dtype = DtypeSetting::Fixed(Dtype::Fp32);
         let mut t = SftTrainer::new(cfg).unwrap();
         let losses: Vec<f64> = (0..20).map(|_| t.step().unwrap().loss).collect();
         (losses, t)
@@ -251,26 +251,29 @@ fn a_tree_packed_grpo_update_on_the_device_equals_the_cpu() {
         c
     };
     cfg.max_steps = 1;
-    cfg.train.dtype = DtypeSetting::Fixed(Dtype::Fp32);
+    cfg.train.precision.dtype = DtypeSetting::Fixed(Dtype::Fp32);
     // AdamW's first step moves an entry by lr * g / (|g| + eps): with the default 1e-8, entries
     // whose gradient is summation noise (most vocabulary rows, for a model as sure of its replies
     // as the shipped SFT model) move by O(lr) either way. At 1e-6 they move in proportion to
     // the gradient, so comparing updates compares gradients.
-    cfg.train.adamw.eps = 1e-6;
+    cfg.train.optimizer.adamw.eps = 1e-6;
     assert_eq!(cfg.update.packing, Packing::Tree);
     let mut cpu_trainer = GrpoTrainer::new(cfg.clone()).unwrap();
     let cpu_step = cpu_trainer.step().unwrap();
     cfg.train.device = DeviceSpec::PrivateUse1(0);
     let mut dev_trainer = GrpoTrainer::new(cfg).unwrap();
     let dev_step = dev_trainer.step().unwrap();
-    assert_eq!(cpu_step.reward_mean, dev_step.reward_mean, "same rollouts");
+    assert_eq!(
+        cpu_step.rollouts.reward_mean, dev_step.rollouts.reward_mean,
+        "same rollouts"
+    );
     // GRPO's loss at ratio 1 is a sum of advantages that cancel (~1e-7 here): compared in
     // absolute terms; the update itself is compared weight by weight below.
     assert!(
-        (cpu_step.loss - dev_step.loss).abs() <= 1e-6,
+        (cpu_step.update.loss - dev_step.update.loss).abs() <= 1e-6,
         "loss cpu {} neuron {}",
-        cpu_step.loss,
-        dev_step.loss
+        cpu_step.update.loss,
+        dev_step.update.loss
     );
     // The update, tensor by tensor: AdamW's first step is lr * g / (|g| + eps), so entries
     // with near-zero gradients turn summation-order noise into O(lr) moves; compared in norm,

@@ -18,8 +18,8 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Every report target on, evaluations and a held-out split.
 fn all_reports(train: &mut TrainConfig, out: &Path) {
-    train.output_dir = Some(out.into());
-    train.report_to = vec![ReportTo::Jsonl, ReportTo::Tensorboard, ReportTo::Csv];
+    train.output.output_dir = Some(out.into());
+    train.output.report_to = vec![ReportTo::Jsonl, ReportTo::Tensorboard, ReportTo::Csv];
 }
 
 fn sft(out: &Path, steps: u64) -> SftConfig {
@@ -123,7 +123,7 @@ fn check_with_python_readers(out: &Path, dir: &Path, kind: &str) {
 fn sft_killed_and_resumed(out: &Path) -> (SftTrainer, PathBuf) {
     run_killed_and_resumed(|resume| {
         let mut c = sft(out, 6);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        c.train.output.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
         SftTrainer::from_config(c, None)
     })
 }
@@ -154,7 +154,7 @@ fn tensorboard_and_pandas_read_what_sft_and_grpo_runs_log() {
     let out = scratch("grpo-readers");
     let (_, dir) = run_killed_and_resumed(|resume| {
         let mut c = grpo(&out, 5);
-        c.train.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
+        c.train.output.resume_from_checkpoint = resume.then_some(ResumeFrom::Latest);
         GrpoTrainer::from_config(c, None)
     });
     assert_eq!(logged_steps(&out), [1, 2, 3, 4, 5]);
@@ -179,8 +179,8 @@ fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
     let out = scratch("rotate");
     let config = |resume| {
         let mut c = common::shipped_sft(Some(out.clone()), 8);
-        c.train.save_total_limit = Some(2);
-        c.train.resume_from_checkpoint = resume;
+        c.train.output.save_total_limit = Some(2);
+        c.train.output.resume_from_checkpoint = resume;
         c
     };
     let mut t = SftTrainer::new(config(None)).unwrap();
@@ -210,7 +210,7 @@ fn save_total_limit_keeps_the_newest_and_latest_resumes_bit_exactly() {
 fn save_only_model_checkpoints_load_as_models_but_never_resume() {
     let out = scratch("model-only");
     let mut c = common::shipped_sft(Some(out.clone()), 4);
-    c.train.save_only_model = true;
+    c.train.output.save_only_model = true;
     let mut t = SftTrainer::new(c.clone()).unwrap();
     t.train_for(2).unwrap();
     let ckpt = t.save_checkpoint().unwrap();
@@ -219,7 +219,7 @@ fn save_only_model_checkpoints_load_as_models_but_never_resume() {
     assert!(treetrain::model::Model::load(&ckpt, options).is_ok());
     let err = SftTrainer::from_config(c.clone(), Some(&ckpt)).unwrap_err().to_string();
     assert!(err.contains("save_only_model") && err.contains("checkpoint-2"), "{err}");
-    c.train.resume_from_checkpoint = Some(ResumeFrom::Latest);
+    c.train.output.resume_from_checkpoint = Some(ResumeFrom::Latest);
     let err = SftTrainer::new(c).unwrap_err().to_string();
     assert!(err.contains("save_only_model"), "{err}");
     let _ = std::fs::remove_dir_all(&out);
@@ -235,26 +235,26 @@ fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
     let cases: [(&str, Change); 5] = [
         (
             "`report_to`",
-            Box::new(|t| t.report_to = vec![ReportTo::None, ReportTo::Csv]),
+            Box::new(|t| t.output.report_to = vec![ReportTo::None, ReportTo::Csv]),
         ),
-        ("`save_total_limit`", Box::new(|t| t.save_total_limit = Some(0))),
+        ("`save_total_limit`", Box::new(|t| t.output.save_total_limit = Some(0))),
         (
             "`logging_dir`",
             Box::new(|t| {
-                t.report_to = vec![ReportTo::Tensorboard];
-                t.logging_dir = Some(file.join("runs"));
+                t.output.report_to = vec![ReportTo::Tensorboard];
+                t.output.logging_dir = Some(file.join("runs"));
             }),
         ),
         (
             "`logging_dir`",
             Box::new(|t| {
-                t.report_to = vec![ReportTo::Tensorboard];
-                t.output_dir = None;
+                t.output.report_to = vec![ReportTo::Tensorboard];
+                t.output.output_dir = None;
             }),
         ),
         (
             "`resume_from_checkpoint`",
-            Box::new(|t| t.resume_from_checkpoint = Some(ResumeFrom::Latest)),
+            Box::new(|t| t.output.resume_from_checkpoint = Some(ResumeFrom::Latest)),
         ),
     ];
     for (field, change) in cases {
@@ -282,8 +282,8 @@ fn bad_log_and_checkpoint_settings_are_refused_before_step_one() {
     )
     .unwrap();
     let good = SftConfig::from_toml_file(&path).unwrap();
-    assert_eq!(good.train.report_to, [ReportTo::Csv]);
-    assert_eq!(good.train.resume_from_checkpoint, Some(ResumeFrom::Latest));
+    assert_eq!(good.train.output.report_to, [ReportTo::Csv]);
+    assert_eq!(good.train.output.resume_from_checkpoint, Some(ResumeFrom::Latest));
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -465,4 +465,133 @@ fn kill_9_during_saves_never_costs_the_last_checkpoint_and_latest_resumes() {
     let steps: Vec<u64> = events.series("train/loss").iter().map(|p| p.0).collect();
     assert_eq!(steps, (1..=24).collect::<Vec<u64>>());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every key of a GRPO step's `log.jsonl` line, in order, with a value of its type (pinned:
+/// how the Rust record is laid out never renames, reorders or drops a key).
+const GRPO_STEP_KEYS: &[(&str, &str)] = &[
+    ("step", "3"),
+    ("generated_by", "2"),
+    ("staleness", "1"),
+    ("dropped_stale", "4"),
+    ("reward_mean", "0.5"),
+    ("reward_std", "0.25"),
+    ("rewards", r#"[{"name":"exact_answer","mean":0.75,"std":0.125}]"#),
+    ("reward_failures", "5"),
+    ("completion_length", "6.5"),
+    ("completion_length_max", "9"),
+    ("completion_length_min", "2"),
+    ("frac_reward_zero_std", "0.375"),
+    ("truncated_ratio", "0.0625"),
+    ("loss", "1.5"),
+    ("grad_norm", "2.5"),
+    ("lr", "0.001"),
+    ("clip_ratio", "0.03125"),
+    ("clip_ratio_low", "0.015625"),
+    ("clip_ratio_high", "0.0078125"),
+    ("approx_kl", "0.1"),
+    ("kl", "0.2"),
+    ("entropy", "0.3"),
+    ("entropy_coef", "0.01"),
+    ("sampling_correction", "0.9"),
+    ("packing_ratio", "1.75"),
+    ("forwarded_tokens", "100"),
+    ("raw_tokens", "175"),
+    ("rows", "2"),
+    ("generation_s", "0.4"),
+    ("wait_s", "0.05"),
+    ("reward_s", "0.02"),
+    ("pack_s", "0.01"),
+    ("forward_backward_s", "0.6"),
+    ("optimizer_s", "0.07"),
+    ("step_s", "1.2"),
+    ("generation_tokens_per_s", "130.5"),
+    ("training_tokens_per_s", "291.5"),
+    ("skipped", "false"),
+    ("realign_frac", "0.125"),
+    ("fork_frac", "0.0"),
+    ("drift_tokens_mean", "1.5"),
+    ("drift_tokens_max", "3"),
+];
+
+/// The TensorBoard tags (and `metrics.csv` columns after `step`) of that line, in order:
+/// TRL's names where it logs the quantity.
+const GRPO_STEP_TAGS: &[&str] = &[
+    "train/generated_by",
+    "train/staleness",
+    "train/dropped_stale",
+    "train/reward",
+    "train/reward_std",
+    "train/rewards/exact_answer/mean",
+    "train/rewards/exact_answer/std",
+    "train/reward_failures",
+    "train/completions/mean_length",
+    "train/completions/max_length",
+    "train/completions/min_length",
+    "train/frac_reward_zero_std",
+    "train/completions/clipped_ratio",
+    "train/loss",
+    "train/grad_norm",
+    "train/learning_rate",
+    "train/clip_ratio/region_mean",
+    "train/clip_ratio/low_mean",
+    "train/clip_ratio/high_mean",
+    "train/approx_kl",
+    "train/kl",
+    "train/entropy",
+    "train/entropy_coef",
+    "train/sampling/importance_sampling_ratio/mean",
+    "train/packing_ratio",
+    "train/forwarded_tokens",
+    "train/raw_tokens",
+    "train/rows",
+    "train/generation_s",
+    "train/wait_s",
+    "train/reward_s",
+    "train/pack_s",
+    "train/forward_backward_s",
+    "train/optimizer_s",
+    "train/step_s",
+    "train/generation_tokens_per_s",
+    "train/training_tokens_per_s",
+    "train/skipped",
+    "train/rollout/realign_frac",
+    "train/rollout/fork_frac",
+    "train/rollout/drift_tokens_mean",
+    "train/rollout/drift_tokens_max",
+];
+
+#[test]
+fn grpo_step_metrics_keep_their_log_keys_tags_and_columns_in_order() {
+    use treetrain::grpo::GrpoStepMetrics;
+    use treetrain::train::Scalars;
+    let fields: Vec<String> = GRPO_STEP_KEYS.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    let line = format!("{{{}}}", fields.join(","));
+    let m: GrpoStepMetrics = serde_json::from_str(&line).unwrap();
+    assert_eq!(serde_json::to_string(&m).unwrap(), line, "log.jsonl's line changed");
+    let tags: Vec<String> = m.scalars().into_iter().map(|(tag, _)| tag).collect();
+    assert_eq!(tags, GRPO_STEP_TAGS, "TensorBoard tags / CSV columns changed");
+    // A line written before the newer metrics existed still reads (they default to 0).
+    let newer = [
+        "completion_length_min",
+        "frac_reward_zero_std",
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "entropy_coef",
+        "sampling_correction",
+        "realign_frac",
+        "fork_frac",
+        "drift_tokens_mean",
+        "drift_tokens_max",
+    ];
+    let older: Vec<&String> = fields
+        .iter()
+        .filter(|f| !newer.iter().any(|k| f.starts_with(&format!("\"{k}\":"))))
+        .collect();
+    let older = format!("{{{}}}", older.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(","));
+    let old: GrpoStepMetrics = serde_json::from_str(&older).unwrap();
+    let back: serde_json::Value = serde_json::to_value(&old).unwrap();
+    for k in newer {
+        assert_eq!(back[k].as_f64(), Some(0.0), "{k}");
+    }
 }

@@ -135,7 +135,7 @@ fn accumulation_normalises_over_the_whole_window() {
     let base = SftConfig {
         packing: None,
         max_steps: Some(1),
-        ..tweak(config(None), |t| t.max_grad_norm = None)
+        ..tweak(config(None), |t| t.optimizer.max_grad_norm = None)
     };
     let mut one = SftTrainer::new(SftConfig {
         batch_size: 4,
@@ -151,7 +151,7 @@ fn accumulation_normalises_over_the_whole_window() {
     .unwrap();
     let warm = SftTrainer::new(SftConfig {
         max_steps: Some(8),
-        ..tweak(config(None), |t| t.warmup_steps = Some(4))
+        ..tweak(config(None), |t| t.optimizer.warmup_steps = Some(4))
     })
     .unwrap();
     assert_eq!(warm.lr_schedule().warmup_steps, 4);
@@ -222,11 +222,11 @@ fn malformed_rows_are_named_or_skipped() {
     std::fs::write(&f, rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n")).unwrap();
     let cfg = SftConfig {
         eval_fraction: 0.0,
-        ..tweak(config(None), |t| t.dataset = f)
+        ..tweak(config(None), |t| t.data.dataset = f)
     };
     let err = SftTrainer::new(cfg.clone()).unwrap_err().to_string();
     assert!(err.contains("row 1") && err.contains("empty assistant turn"), "{err}");
-    let t = SftTrainer::new(tweak(cfg, |t| t.skip_invalid_rows = true)).unwrap();
+    let t = SftTrainer::new(tweak(cfg, |t| t.data.skip_invalid_rows = true)).unwrap();
     assert_eq!((t.num_train_rows(), t.state.skipped_rows), (2, 2));
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use treetrain::grpo::{GrpoConfig, RewardFn, RolloutProducer};
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
-use treetrain::train::{TrainConfig, TrainError};
+use treetrain::train::{DataSettings, OptimizerSettings, OutputSettings, TrainConfig, TrainError};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,9 +29,9 @@ fn shared_settings_keep_each_trainers_defaults_and_unknown_keys_are_refused() {
     std::fs::write(&file, "model = \"m\"\nseed = 3\n").unwrap();
     // The flattened shared section still takes GRPO's own learning-rate default (TRL's 1e-6).
     let g = GrpoConfig::from_toml_file(&file).unwrap();
-    assert_eq!((g.train.learning_rate, g.train.seed), (1e-6, 3));
+    assert_eq!((g.train.optimizer.learning_rate, g.train.seed), (1e-6, 3));
     let s = SftConfig::from_toml_file(&file).unwrap();
-    assert_eq!(s.train.learning_rate, 2e-5);
+    assert_eq!(s.train.optimizer.learning_rate, 2e-5);
     std::fs::write(&file, "learning_rat = 0.1\n").unwrap();
     let err = SftConfig::from_toml_file(&file).unwrap_err().to_string();
     assert!(
@@ -63,10 +63,19 @@ fn configs_saved_as_toml_read_back_unchanged() {
     let sft = SftConfig {
         train: TrainConfig {
             model: root().join("datasets/tiny-qwen3").display().to_string(),
-            dataset: root().join("datasets/sft/train.parquet"),
-            output_dir: Some(dir.join("out")),
-            max_grad_norm: None,
-            warmup_steps: Some(3),
+            data: DataSettings {
+                dataset: root().join("datasets/sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                max_grad_norm: None,
+                warmup_steps: Some(3),
+                ..Default::default()
+            },
+            output: OutputSettings {
+                output_dir: Some(dir.join("out")),
+                ..Default::default()
+            },
             ..Default::default()
         },
         packing: Some(PackingStrategy::Bfd),
@@ -78,7 +87,7 @@ fn configs_saved_as_toml_read_back_unchanged() {
     assert_eq!(SftConfig::from_toml_file(&path).unwrap(), sft);
     let mut grpo = GrpoConfig::default();
     grpo.train.model = sft.train.model.clone();
-    grpo.train.dataset = root().join("datasets/grpo/train.parquet");
+    grpo.train.data.dataset = root().join("datasets/grpo/train.parquet");
     grpo.eval.eval_dataset = Some(root().join("datasets/grpo/test.parquet"));
     let path = dir.join("grpo.toml");
     grpo.save_toml(&path).unwrap();
@@ -86,9 +95,15 @@ fn configs_saved_as_toml_read_back_unchanged() {
     // Settings on by default are turned off by "off" (a missing key means the default).
     std::fs::write(&path, "max_grad_norm = \"off\"\nlogging_steps = \"off\"\n").unwrap();
     let off = SftConfig::from_toml_file(&path).unwrap();
-    assert_eq!((off.train.max_grad_norm, off.train.logging_steps), (None, None));
+    assert_eq!(
+        (off.train.optimizer.max_grad_norm, off.train.output.logging_steps),
+        (None, None)
+    );
     std::fs::write(&path, "max_grad_norm = 2\n").unwrap();
-    assert_eq!(SftConfig::from_toml_file(&path).unwrap().train.max_grad_norm, Some(2.0));
+    assert_eq!(
+        SftConfig::from_toml_file(&path).unwrap().train.optimizer.max_grad_norm,
+        Some(2.0)
+    );
     std::fs::write(&path, "max_grad_norm = \"never\"\n").unwrap();
     let err = SftConfig::from_toml_file(&path).unwrap_err().to_string();
     assert!(err.contains("max_grad_norm") || err.contains("\"off\""), "{err}");
@@ -99,7 +114,10 @@ fn configs_saved_as_toml_read_back_unchanged() {
 fn out_of_range_settings_name_their_field() {
     let named = TrainConfig {
         model: "m".into(),
-        dataset: "d.jsonl".into(),
+        data: DataSettings {
+            dataset: "d.jsonl".into(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let cfg = SftConfig {
@@ -120,7 +138,10 @@ fn out_of_range_settings_name_their_field() {
     );
     let cfg = GrpoConfig {
         train: TrainConfig {
-            learning_rate: f64::NAN,
+            optimizer: OptimizerSettings {
+                learning_rate: f64::NAN,
+                ..Default::default()
+            },
             ..named
         },
         ..Default::default()
@@ -166,7 +187,7 @@ fn an_sft_config_file_can_name_a_hub_dataset() {
     )
     .unwrap();
     assert_eq!(
-        SftConfig::from_toml_file(&cfg).unwrap().train.dataset,
+        SftConfig::from_toml_file(&cfg).unwrap().train.data.dataset,
         PathBuf::from("acme/chat")
     );
     let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
@@ -197,7 +218,10 @@ fn packing_that_cannot_work_is_an_error_not_an_endless_step() {
         let cfg = SftConfig {
             train: TrainConfig {
                 model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-                dataset: root().join("datasets/sft/train.parquet"),
+                data: DataSettings {
+                    dataset: root().join("datasets/sft/train.parquet"),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             tokenize: TokenizeOptions {
@@ -268,4 +292,194 @@ fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
         "{}",
         failure.reason
     );
+}
+
+/// Every setting a GRPO config file can hold, each away from its default (TRL's spellings
+/// where TRL has one).
+const GRPO_EVERY_SETTING: &str = r#"
+model = "m"
+dataset = "d.jsonl"
+dataset_split = "test"
+output_dir = "out"
+overwrite_output_dir = true
+report_to = ["jsonl", "csv"]
+logging_dir = "tb"
+learning_rate = 0.001
+lr_scheduler = "cosine"
+warmup_ratio = 0.1
+warmup_steps = 3
+adamw = { beta1 = 0.8, weight_decay = 0.1 }
+max_grad_norm = "off"
+seed = 7
+dtype = "bf16"
+mixed_precision = false
+device = "auto"
+on_nan = "stop"
+skip_invalid_rows = true
+save_steps = 5
+save_total_limit = 2
+save_only_model = true
+resume_from_checkpoint = "ckpt"
+eval_steps = 4
+logging_steps = "off"
+distributed_timeout_s = 60.0
+distributed_backend = "gloo"
+fsdp = "full_shard"
+fsdp_config = { forward_prefetch = false, backward_prefetch = "backward_post" }
+overlap_grad_reduce = false
+gradient_checkpointing = true
+max_steps = 9
+prompt_field = "question"
+num_generations = 4
+prompts_per_step = 2
+max_prompt_length = 100
+max_completion_length = 32
+prefill_chunk_size = 16
+mode = "async"
+queue_size = 3
+max_staleness = 2
+weight_sync_steps = 2
+steps_per_generation = 2
+generation_batch_size = 16
+temperature = 0.7
+top_p = 0.9
+top_k = 20
+min_p = 0.05
+repetition_penalty = 1.1
+epsilon = 0.3
+epsilon_high = 0.28
+delta = 1.5
+importance_sampling_level = "sequence"
+vllm_importance_sampling_correction = true
+vllm_importance_sampling_mode = "token_mask"
+vllm_importance_sampling_cap = 2.0
+vllm_importance_sampling_clip_min = 0.5
+top_entropy_quantile = 0.2
+beta = 0.04
+use_bias_correction_kl = false
+scale_rewards = "batch"
+multi_objective_aggregation = "normalize_then_sum"
+loss_type = "dr_grpo"
+per_device_train_batch_size = 4
+mask_truncated_completions = true
+num_iterations = 2
+sapo_temperature_pos = 0.9
+sapo_temperature_neg = 1.2
+vespo_k_pos = 2.5
+vespo_lambda_pos = 3.5
+vespo_k_neg = 3.5
+vespo_lambda_neg = 2.5
+disable_dropout = true
+sync_ref_model = true
+ref_model_mixup_alpha = 0.5
+ref_model_sync_steps = 64
+entropy_coef = 0.01
+use_adaptive_entropy = true
+entropy_coef_min = 0.001
+entropy_coef_max = 0.5
+entropy_coef_delta = 0.002
+entropy_target = 0.3
+off_policy_mask_threshold = 0.5
+packing = "flat"
+token_budget = 2048
+max_tool_calling_iterations = 2
+turn_generations = 2
+max_conversation_length = 512
+fork_threshold_tokens = 8
+eval_dataset = "e.jsonl"
+num_generations_eval = 2
+log_completions = 3
+num_completions_to_print = 1
+log_unique_prompts = true
+
+[chat_template_kwargs]
+enable_thinking = false
+
+[lora]
+r = 4
+
+[[rewards]]
+name = "answer_format"
+weight = 0.5
+"#;
+
+/// The names of every setting in a config file, pinned: grouping the Rust fields by concern
+/// never renames, adds or drops one. Each key of a file lands in its own field (away from the
+/// default), and `save_toml` writes a file read back equal.
+#[test]
+fn config_files_keep_every_setting_name() {
+    let keys = |v: serde_json::Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let train = [
+        "adamw",
+        "dataset",
+        "dataset_split",
+        "device",
+        "distributed_backend",
+        "distributed_timeout_s",
+        "dtype",
+        "eval_steps",
+        "fsdp",
+        "fsdp_config",
+        "gradient_checkpointing",
+        "learning_rate",
+        "logging_dir",
+        "logging_steps",
+        "lora",
+        "lr_scheduler",
+        "max_grad_norm",
+        "mixed_precision",
+        "model",
+        "on_nan",
+        "output_dir",
+        "overlap_grad_reduce",
+        "overwrite_output_dir",
+        "report_to",
+        "resume_from_checkpoint",
+        "save_only_model",
+        "save_steps",
+        "save_total_limit",
+        "seed",
+        "skip_invalid_rows",
+        "warmup_ratio",
+        "warmup_steps",
+    ];
+    let sft_own = [
+        "batch_size",
+        "eval_fraction",
+        "gradient_accumulation_steps",
+        "lm_head_chunk_tokens",
+        "max_steps",
+        "num_train_epochs",
+        "packing",
+        "pad_to_multiple_of",
+        "platform",
+        "tokenize",
+    ];
+    let mut sft: Vec<String> = train.iter().chain(&sft_own).map(|s| s.to_string()).collect();
+    sft.sort();
+    assert_eq!(keys(serde_json::to_value(SftConfig::default()).unwrap()), sft);
+    let dir = scratch("every-setting");
+    let file = dir.join("grpo.toml");
+    std::fs::write(&file, GRPO_EVERY_SETTING).unwrap();
+    let every = GrpoConfig::from_toml_file(&file).unwrap();
+    let (set, default) = (
+        serde_json::to_value(&every).unwrap(),
+        serde_json::to_value(GrpoConfig::default()).unwrap(),
+    );
+    let grpo = keys(default.clone());
+    assert_eq!(grpo.len(), 97, "{grpo:?}");
+    for k in train.iter().chain(&["max_steps", "packing", "rewards"]) {
+        assert!(grpo.contains(&k.to_string()), "{k}");
+    }
+    for k in &grpo {
+        assert_ne!(set[k], default[k], "`{k}` of the file did not land in its field");
+    }
+    let saved = dir.join("saved.toml");
+    every.save_toml(&saved).unwrap();
+    assert_eq!(GrpoConfig::from_toml_file(&saved).unwrap(), every);
+    let _ = std::fs::remove_dir_all(&dir);
 }

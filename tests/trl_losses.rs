@@ -200,13 +200,13 @@ fn trl_spellings_are_accepted() {
     let toml = "model = \"m\"\ndataset = \"d\"\nepsilon = 0.1\nvllm_importance_sampling_correction = true\nvllm_importance_sampling_mode = \"token_truncate\"\nvllm_importance_sampling_cap = 2.5\n";
     std::fs::write(&path, toml).unwrap();
     let c = GrpoConfig::from_toml_file(&path).unwrap();
-    let l = &c.loss;
-    assert_eq!((l.epsilon_low, l.importance_sampling_correction), (0.1, true));
+    let s = &c.sampling_correction;
+    assert_eq!((c.loss.epsilon_low, s.importance_sampling_correction), (0.1, true));
     assert_eq!(
-        l.importance_sampling_mode,
+        s.importance_sampling_mode,
         treetrain::grpo::SamplingCorrectionMode::TokenTruncate
     );
-    assert_eq!(l.importance_sampling_clip_max, Some(2.5));
+    assert_eq!(s.importance_sampling_clip_max, Some(2.5));
     std::fs::write(
         &path,
         format!("{toml}num_generations_eval = 3\nmax_tool_calling_iterations = 5\nfork_threshold_tokens = 64\n"),
@@ -223,7 +223,10 @@ fn trl_spellings_are_accepted() {
         std::fs::write(&path, format!("{toml}log_completions = {flag}\n")).unwrap();
         assert_eq!(GrpoConfig::from_toml_file(&path).unwrap().eval.log_completions, kept);
     }
-    assert!(GrpoConfig::default().loss.use_bias_correction_kl, "TRL 1.16's default");
+    assert!(
+        GrpoConfig::default().reference.use_bias_correction_kl,
+        "TRL 1.16's default"
+    );
     std::fs::write(
         &path,
         format!("{toml}[chat_template_kwargs]\nenable_thinking = false\n"),

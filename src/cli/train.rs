@@ -58,7 +58,7 @@ pub fn sft(args: &SftArgs) -> Result<()> {
     let mut cfg = SftConfig::from_toml_file(&args.config)?;
     cfg.train.device = args.device.unwrap_or(cfg.train.device);
     if let Some(r) = &args.resume_from {
-        cfg.train.resume_from_checkpoint = Some(r.clone());
+        cfg.train.output.resume_from_checkpoint = Some(r.clone());
     }
     run(SftTrainer::from_config(cfg, None)?)
 }
@@ -71,7 +71,7 @@ pub fn grpo(args: &GrpoArgs) -> Result<()> {
     cfg.rollouts.mode = args.mode.unwrap_or(cfg.rollouts.mode);
     cfg.update.packing = args.packing.unwrap_or(cfg.update.packing);
     if let Some(r) = &args.resume_from {
-        cfg.train.resume_from_checkpoint = Some(r.clone());
+        cfg.train.output.resume_from_checkpoint = Some(r.clone());
     }
     match args.environment {
         Some(env) => run(env.trainer(cfg, None)?),
@@ -95,7 +95,7 @@ fn run<T: Trainer>(mut t: T) -> Result<()> {
     if main {
         eprintln!("{}{}", t.describe(), world_note(&t));
     }
-    let cfg = t.train_config().clone();
+    let cfg = t.train_config().output.clone();
     if cfg.eval_steps.is_some()
         && let Some(e) = t.evaluate_held_out()?
     {

@@ -203,7 +203,7 @@ impl GrpoTrainerBuilder {
 /// The shared settings the run loads its model with: `disable_dropout` zeroes LoRA's dropout.
 fn training_settings(config: &GrpoConfig) -> std::borrow::Cow<'_, crate::train::TrainConfig> {
     match &config.train.lora {
-        Some(lora) if config.loss.disable_dropout && lora.lora_dropout != 0.0 => {
+        Some(lora) if config.update.disable_dropout && lora.lora_dropout != 0.0 => {
             let mut train = config.train.clone();
             train.lora = Some(crate::model::lora::LoraConfig {
                 lora_dropout: 0.0,
@@ -223,9 +223,9 @@ fn carried_state(
     resume: Option<&Path>,
     step: u64,
 ) -> Result<(Option<Reference>, std::collections::VecDeque<super::RolloutBatch>), TrainError> {
-    let reference = (config.loss.beta > 0.0).then(|| Reference::of(core)).transpose()?;
+    let reference = (config.reference.beta > 0.0).then(|| Reference::of(core)).transpose()?;
     if let (Some(r), Some(ckpt)) = (&reference, resume) {
-        r.restore(ckpt, step, &config.loss)?;
+        r.restore(ckpt, step, &config.reference)?;
     }
     let pending = match resume {
         Some(ckpt) => super::pending::read(ckpt)?,
@@ -422,7 +422,7 @@ pub(super) fn load_prompt_set(
         tokenizer,
         &config.rollouts.prompt_field,
         config.rollouts.max_prompt_length,
-        config.train.skip_invalid_rows,
+        config.train.data.skip_invalid_rows,
         chat,
     )
 }

@@ -1,7 +1,10 @@
-//! What a GRPO step reports. [`GrpoStepMetrics`] is composed from three parts, each filled
-//! where it is known: the batch trained on ([`RolloutMetrics`]), the update ([`UpdateStats`]
-//! summed over ranks, with the optimizer's [`StepOutcome`]) and the step's own bookkeeping
-//! ([`StepTimes`]). Every field is written once; none starts as a placeholder.
+//! What a GRPO step reports. [`GrpoStepMetrics`] nests one group per concern, each made where
+//! it is known: the batch's origin ([`BatchOrigin`]), what it held ([`RolloutMetrics`], from the
+//! batch), the update ([`UpdateMetrics`], from [`UpdateStats`] summed over ranks with the
+//! optimizer's [`StepOutcome`]), the times ([`StepTimes`], from the batch, the update and the
+//! step's own clock) and the multi-turn drift ([`TurnDrift`]). The groups are flattened, so
+//! `log.jsonl`'s keys, TensorBoard's tags and `metrics.csv`'s columns are one flat list, in
+//! order. Every field is written once; none starts as a placeholder.
 
 use super::advantage::mean_std;
 use super::{DriftTally, RewardFn, RolloutBatch, UpdateStats};
@@ -26,17 +29,48 @@ impl RewardStat {
     }
 }
 
-/// Metrics of one GRPO step.
+/// Metrics of one GRPO step, grouped by where they come from. Each group is flattened: a
+/// `log.jsonl` line (and TensorBoard, `metrics.csv`) holds every metric at the top level, in the
+/// groups' order (`step`, `generated_by`, ..., `reward_mean`, ..., `loss`, ..., `step_s`, ...).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GrpoStepMetrics {
     /// Step number (1-based).
     pub step: u64,
+    /// The weights that generated the batch, and how stale it was.
+    #[serde(flatten)]
+    pub origin: BatchOrigin,
+    /// What the batch held: rewards and completion lengths.
+    #[serde(flatten)]
+    pub rollouts: RolloutMetrics,
+    /// What the update measured: the loss and its terms, the gradient, the packing.
+    #[serde(flatten)]
+    pub update: UpdateMetrics,
+    /// Where the step's time went, and the throughputs.
+    #[serde(flatten)]
+    pub times: StepTimes,
+    /// Whether the update was skipped (non-finite loss or gradient norm: the weights are left
+    /// untouched, the step counts in `skipped_steps`).
+    pub skipped: bool,
+    /// Multi-turn: how re-rendered histories departed from what the model saw.
+    #[serde(flatten)]
+    pub turns: TurnDrift,
+}
+
+/// Where a step's batch came from ([`GrpoStepMetrics::origin`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatchOrigin {
     /// Weight version that generated the batch (its oldest group).
     pub generated_by: u64,
     /// Steps between generation and this update (of the oldest group).
     pub staleness: u64,
     /// Groups dropped as too stale while this step's batch was assembled.
     pub dropped_stale: usize,
+}
+
+/// The batch's side of a step's metrics: rewards and completion lengths
+/// ([`GrpoStepMetrics::rollouts`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RolloutMetrics {
     /// Mean total (weighted) reward.
     pub reward_mean: f64,
     /// Spread of the total reward.
@@ -59,6 +93,12 @@ pub struct GrpoStepMetrics {
     pub frac_reward_zero_std: f64,
     /// Share of completions cut at `max_completion_length`.
     pub truncated_ratio: f64,
+}
+
+/// The update's side: its statistics summed over ranks, what the optimizer step did, and the
+/// rows of the step ([`GrpoStepMetrics::update`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct UpdateMetrics {
     /// The loss.
     pub loss: f64,
     /// Gradient norm before clipping.
@@ -94,6 +134,11 @@ pub struct GrpoStepMetrics {
     pub raw_tokens: usize,
     /// Packed rows.
     pub rows: usize,
+}
+
+/// Where a step's wall time went, and the throughputs ([`GrpoStepMetrics::times`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepTimes {
     /// Seconds generating this batch (on the generation thread in async mode).
     pub generation_s: f64,
     /// Seconds the trainer waited for a batch (async).
@@ -112,21 +157,21 @@ pub struct GrpoStepMetrics {
     pub generation_tokens_per_s: f64,
     /// Raw (rollout) tokens per second of forward + backward.
     pub training_tokens_per_s: f64,
-    /// Whether the update was skipped (non-finite loss or gradient norm: the weights are left
-    /// untouched, the step counts in `skipped_steps`).
-    pub skipped: bool,
-    /// Multi-turn: share of turn transitions whose re-rendered history was realigned as
-    /// context (`fork_threshold_tokens`).
-    #[serde(default)]
+}
+
+/// Multi-turn drift of a step's conversations: how their re-rendered histories departed from
+/// what the model saw ([`GrpoStepMetrics::turns`]; all 0 for single-turn runs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TurnDrift {
+    /// Share of turn transitions whose re-rendered history was realigned as context
+    /// (`fork_threshold_tokens`).
     pub realign_frac: f64,
     /// Share of turn transitions that forked a new row.
-    #[serde(default)]
     pub fork_frac: f64,
     /// Held tokens a transition's departure moved, on average.
-    #[serde(default)]
     pub drift_tokens_mean: f64,
     /// The most any transition moved.
-    #[serde(default)]
     pub drift_tokens_max: usize,
 }
 
@@ -175,25 +220,6 @@ pub struct SampleCompletion {
     pub advantage: f32,
 }
 
-/// The batch's side of a step's metrics: rewards, lengths and generation.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RolloutMetrics {
-    generated_by: u64,
-    reward_mean: f64,
-    reward_std: f64,
-    rewards: Vec<RewardStat>,
-    reward_failures: usize,
-    completion_length: f64,
-    completion_length_max: usize,
-    completion_length_min: usize,
-    frac_reward_zero_std: f64,
-    truncated_ratio: f64,
-    generation_s: f64,
-    reward_s: f64,
-    generation_tokens_per_s: f64,
-    drift: DriftTally,
-}
-
 impl RolloutMetrics {
     /// What `batch`, scored by `rewards`, says before any update.
     pub(crate) fn of(batch: &RolloutBatch, rewards: &[RewardFn]) -> Self {
@@ -212,7 +238,6 @@ impl RolloutMetrics {
             .filter(|c| c.finish_reason == FinishReason::Length)
             .count();
         RolloutMetrics {
-            generated_by: batch.version,
             reward_mean,
             reward_std,
             rewards: reward_stats(batch, rewards),
@@ -222,58 +247,15 @@ impl RolloutMetrics {
             completion_length_min: lengths.iter().copied().min().unwrap_or(0),
             frac_reward_zero_std: batch.frac_reward_zero_std(),
             truncated_ratio: truncated as f64 / n,
-            generation_s: batch.generation_s,
-            reward_s: batch.reward_s,
-            generation_tokens_per_s: batch.generated_tokens as f64 / batch.generation_s.max(1e-9),
-            drift: DriftTally::over(&batch.groups),
         }
     }
 }
 
-/// The update's side: its statistics (summed over ranks), the rows this rank forwarded and
-/// what the optimizer step did.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct UpdateMetrics {
-    pub(crate) stats: UpdateStats,
-    pub(crate) rows: usize,
-    pub(crate) outcome: StepOutcome,
-    pub(crate) entropy_coef: f64,
-}
-
-/// The step's own bookkeeping: how stale its batch was, and where its wall time went.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct StepTimes {
-    pub(crate) staleness: u64,
-    pub(crate) dropped_stale: usize,
-    pub(crate) wait_s: f64,
-    pub(crate) pack_s: f64,
-    pub(crate) optimizer_s: f64,
-    pub(crate) step_s: f64,
-}
-
-impl GrpoStepMetrics {
-    /// Step `step`'s metrics from its three parts.
-    pub(crate) fn compose(step: u64, rollout: RolloutMetrics, update: UpdateMetrics, times: StepTimes) -> Self {
-        let UpdateMetrics {
-            stats,
-            rows,
-            outcome,
-            entropy_coef,
-        } = update;
-        GrpoStepMetrics {
-            step,
-            generated_by: rollout.generated_by,
-            staleness: times.staleness,
-            dropped_stale: times.dropped_stale,
-            reward_mean: rollout.reward_mean,
-            reward_std: rollout.reward_std,
-            rewards: rollout.rewards,
-            reward_failures: rollout.reward_failures,
-            completion_length: rollout.completion_length,
-            completion_length_max: rollout.completion_length_max,
-            completion_length_min: rollout.completion_length_min,
-            frac_reward_zero_std: rollout.frac_reward_zero_std,
-            truncated_ratio: rollout.truncated_ratio,
+impl UpdateMetrics {
+    /// The update's statistics (summed over ranks) with what the optimizer step did, the
+    /// entropy bonus's coefficient and the step's packed rows.
+    pub(crate) fn of(stats: &UpdateStats, outcome: &StepOutcome, entropy_coef: f64, rows: usize) -> Self {
+        UpdateMetrics {
             loss: stats.loss,
             grad_norm: outcome.grad_norm,
             lr: outcome.lr,
@@ -289,20 +271,73 @@ impl GrpoStepMetrics {
             forwarded_tokens: stats.forwarded_tokens,
             raw_tokens: stats.raw_tokens,
             rows,
-            generation_s: rollout.generation_s,
-            wait_s: times.wait_s,
-            reward_s: rollout.reward_s,
-            pack_s: times.pack_s,
-            forward_backward_s: stats.forward_backward_s,
-            optimizer_s: times.optimizer_s,
-            step_s: times.step_s,
-            generation_tokens_per_s: rollout.generation_tokens_per_s,
-            training_tokens_per_s: stats.raw_tokens as f64 / stats.forward_backward_s.max(1e-9),
-            skipped: outcome.skipped,
-            realign_frac: share(rollout.drift.realigned, rollout.drift.transitions),
-            fork_frac: share(rollout.drift.forked, rollout.drift.transitions),
-            drift_tokens_mean: share(rollout.drift.drift_tokens, rollout.drift.transitions),
-            drift_tokens_max: rollout.drift.drift_max,
+        }
+    }
+}
+
+impl TurnDrift {
+    /// The shares and means of a step's tallied transitions.
+    pub(crate) fn of(drift: &DriftTally) -> Self {
+        TurnDrift {
+            realign_frac: share(drift.realigned, drift.transitions),
+            fork_frac: share(drift.forked, drift.transitions),
+            drift_tokens_mean: share(drift.drift_tokens, drift.transitions),
+            drift_tokens_max: drift.drift_max,
+        }
+    }
+}
+
+/// The update's part of a step: its metrics, whether the optimizer skipped it, and its times.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct UpdatePart {
+    pub(crate) metrics: UpdateMetrics,
+    pub(crate) skipped: bool,
+    pub(crate) pack_s: f64,
+    pub(crate) forward_backward_s: f64,
+    pub(crate) optimizer_s: f64,
+}
+
+/// What the step itself measured: how stale its batch was, and its waiting and wall time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct StepClock {
+    pub(crate) staleness: u64,
+    pub(crate) dropped_stale: usize,
+    pub(crate) wait_s: f64,
+    pub(crate) step_s: f64,
+}
+
+impl GrpoStepMetrics {
+    /// Step `step`'s metrics: the batch's groups from `batch` scored by `rewards`, the update's
+    /// from `update`, and the times from all three.
+    pub(crate) fn compose(
+        step: u64,
+        (batch, rewards): (&RolloutBatch, &[RewardFn]),
+        update: UpdatePart,
+        clock: StepClock,
+    ) -> Self {
+        let raw_tokens = update.metrics.raw_tokens;
+        GrpoStepMetrics {
+            step,
+            origin: BatchOrigin {
+                generated_by: batch.version,
+                staleness: clock.staleness,
+                dropped_stale: clock.dropped_stale,
+            },
+            rollouts: RolloutMetrics::of(batch, rewards),
+            update: update.metrics,
+            times: StepTimes {
+                generation_s: batch.generation_s,
+                wait_s: clock.wait_s,
+                reward_s: batch.reward_s,
+                pack_s: update.pack_s,
+                forward_backward_s: update.forward_backward_s,
+                optimizer_s: update.optimizer_s,
+                step_s: clock.step_s,
+                generation_tokens_per_s: batch.generated_tokens as f64 / batch.generation_s.max(1e-9),
+                training_tokens_per_s: raw_tokens as f64 / update.forward_backward_s.max(1e-9),
+            },
+            skipped: update.skipped,
+            turns: TurnDrift::of(&DriftTally::over(&batch.groups)),
         }
     }
 }

@@ -22,7 +22,7 @@
 //! use treetrain::grpo::{GrpoConfig, GrpoTrainer, RewardFn};
 //! use treetrain::train::Trainer;
 //! let mut config = GrpoConfig::from_toml_file(&treetrain::shipped::datasets_dir().join("grpo.toml")).unwrap();
-//! config.train.output_dir = None;
+//! config.train.output.output_dir = None;
 //! config.rollouts.prompts_per_step = 2;
 //! let rewards = vec![
 //!     RewardFn::exact_answer(),
@@ -32,8 +32,8 @@
 //! ];
 //! let mut trainer = GrpoTrainer::builder(config).rewards(rewards).build().unwrap();
 //! let m = trainer.step().unwrap(); // 2 prompts x 8 completions, one tree-packed update
-//! assert_eq!(m.rewards.len(), 3);
-//! assert!(m.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
+//! assert_eq!(m.rollouts.rewards.len(), 3);
+//! assert!(m.update.packing_ratio > 1.0); // each prompt forwarded once for its 8 completions
 //! ```
 //!
 //! # Reference
@@ -137,12 +137,14 @@ pub use advantage::{MultiObjective, ScaleRewards, decoupled_group_rewards, group
 pub use answer::extract_answer;
 pub use builder::GrpoTrainerBuilder;
 pub use config::{
-    Eval, GrpoConfig, ImportanceSampling, Loss, LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling,
-    SamplingCorrectionMode, Update,
+    EntropyBonus, EntropyControl, Eval, GrpoConfig, ImportanceCorrection, ImportanceSampling, KlReference, Loss,
+    LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling, SamplingCorrectionMode, Update,
 };
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
 pub use eval::{EvalBreakdown, EvalResult};
-pub use metrics::{GrpoStepMetrics, RewardStat, SampleCompletion};
+pub use metrics::{
+    BatchOrigin, GrpoStepMetrics, RewardStat, RolloutMetrics, SampleCompletion, StepTimes, TurnDrift, UpdateMetrics,
+};
 pub use multiturn::MultiTurn;
 pub use objective::{GrpoObjective, LmHead, SamplingCorrection};
 pub use producer::{BatchShape, RolloutProducer, Shard};
@@ -153,7 +155,7 @@ pub use rollouts::{
 };
 pub use row_loss::{grpo_loss, grpo_loss_backward};
 pub use row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
-pub use trainer::{EntropyControl, GrpoState, GrpoTrainer};
+pub use trainer::{GrpoState, GrpoTrainer};
 pub(crate) use update::{StepTotals, accumulate_share, idle_rows, idle_share, plan_rank_update, with_entropy_floor};
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;

@@ -86,33 +86,24 @@ impl From<&GrpoConfig> for GrpoObjective {
             importance_sampling: c.loss.importance_sampling_level,
             top_entropy_quantile: c.loss.top_entropy_quantile,
             entropy_floor: None,
-            sampling_correction: c.loss.importance_sampling_correction.then_some(SamplingCorrection {
-                mode: c.loss.importance_sampling_mode,
-                clip_min: c.loss.importance_sampling_clip_min,
-                clip_max: c.loss.importance_sampling_clip_max,
-            }),
+            sampling_correction: c.sampling_correction.objective(),
             chunks: LogprobChunks::default(),
             lm_head: LmHead::Fused,
             temperature: c.sampling.temperature,
             truncation: c.sampling_config().truncation(),
-            beta: c.loss.beta,
-            bias_corrected_kl: c.loss.use_bias_correction_kl,
+            beta: c.reference.beta,
+            bias_corrected_kl: c.reference.use_bias_correction_kl,
             loss_type: c.loss.loss_type,
             max_completion_length: c.rollouts.max_completion_length,
             per_device_train_batch_size: c.loss.per_device_train_batch_size,
-            activations: Activations::from_checkpointing(c.train.gradient_checkpointing),
+            activations: Activations::from_checkpointing(c.train.precision.gradient_checkpointing),
             sapo_temperatures: [c.loss.sapo_temperature_pos, c.loss.sapo_temperature_neg],
             vespo_shape: [
                 (c.loss.vespo_k_pos, c.loss.vespo_lambda_pos),
                 (c.loss.vespo_k_neg, c.loss.vespo_lambda_neg),
             ],
             off_policy_mask_threshold: c.loss.off_policy_mask_threshold,
-            // The adaptive controller starts without a measured entropy: no bonus yet.
-            entropy_coef: if c.loss.use_adaptive_entropy {
-                0.0
-            } else {
-                c.loss.entropy_coef
-            },
+            entropy_coef: c.entropy_bonus.initial_coef(),
             entropy_terms: None,
         }
     }

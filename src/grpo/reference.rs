@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tch::nn;
 
-use super::Loss;
+use super::KlReference;
 use crate::model::{CausalLm, Model, write_safetensors};
 use crate::train::{TrainCore, TrainError};
 
@@ -42,11 +42,11 @@ impl Reference {
     /// After optimizer step `step` (1-based): every `ref_model_sync_steps` steps the reference
     /// moves toward `policy` by `ref_model_mixup_alpha` (in place: the layers' tensors see it).
     /// Nothing without `sync_ref_model`.
-    pub fn sync(&self, policy: &nn::VarStore, step: u64, loss: &Loss) -> Result<(), TrainError> {
-        let Some(vars) = self.vars.as_ref().filter(|_| self.due(step, loss)) else {
+    pub fn sync(&self, policy: &nn::VarStore, step: u64, reference: &KlReference) -> Result<(), TrainError> {
+        let Some(vars) = self.vars.as_ref().filter(|_| self.due(step, reference)) else {
             return Ok(());
         };
-        let alpha = loss.ref_model_mixup_alpha;
+        let alpha = reference.ref_model_mixup_alpha;
         let policy = policy.variables();
         for (name, r) in vars.variables() {
             let p = policy.get(&name).ok_or_else(|| {
@@ -63,14 +63,17 @@ impl Reference {
     }
 
     /// Whether [`Reference::sync`] moves the reference after step `step`.
-    pub fn due(&self, step: u64, loss: &Loss) -> bool {
-        self.vars.is_some() && loss.sync_ref_model && step != 0 && step.is_multiple_of(loss.ref_model_sync_steps)
+    pub fn due(&self, step: u64, reference: &KlReference) -> bool {
+        self.vars.is_some()
+            && reference.sync_ref_model
+            && step != 0
+            && step.is_multiple_of(reference.ref_model_sync_steps)
     }
 
     /// Writes the reference's weights into checkpoint folder `dir` (a synced reference only:
     /// a frozen one is the starting weights, loaded again on resume).
-    pub fn write(&self, dir: &Path, loss: &Loss) -> Result<(), String> {
-        match self.vars.as_ref().filter(|_| loss.sync_ref_model) {
+    pub fn write(&self, dir: &Path, reference: &KlReference) -> Result<(), String> {
+        match self.vars.as_ref().filter(|_| reference.sync_ref_model) {
             Some(vars) => write_safetensors(&dir.join(REFERENCE_FILE), &vars.variables(), self.lm.kind())
                 .map_err(|e| e.to_string()),
             None => Ok(()),
@@ -80,13 +83,13 @@ impl Reference {
     /// Restores a synced reference from `checkpoint` of a run at step `step`; before its first
     /// sync the reference is still the starting weights, and a checkpoint without the file is
     /// then fine.
-    pub fn restore(&self, checkpoint: &Path, step: u64, loss: &Loss) -> Result<(), TrainError> {
-        let Some(vars) = self.vars.as_ref().filter(|_| loss.sync_ref_model) else {
+    pub fn restore(&self, checkpoint: &Path, step: u64, reference: &KlReference) -> Result<(), TrainError> {
+        let Some(vars) = self.vars.as_ref().filter(|_| reference.sync_ref_model) else {
             return Ok(());
         };
         let file = checkpoint.join(REFERENCE_FILE);
         if !file.exists() {
-            if step >= loss.ref_model_sync_steps {
+            if step >= reference.ref_model_sync_steps {
                 return Err(TrainError::Checkpoint {
                     path: checkpoint.into(),
                     message: format!(

@@ -4,13 +4,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::metrics::{RolloutMetrics, StepTimes, UpdateMetrics};
+use super::metrics::{StepClock, UpdateMetrics, UpdatePart};
 use super::reward::RewardFailure;
 use super::worker::AsyncRollouts;
 use super::{
-    EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn, RolloutBatch,
-    RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows, idle_share,
-    pack_rollouts, plan_rank_update, with_entropy_floor,
+    EntropyControl, EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn,
+    RolloutBatch, RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows,
+    idle_share, pack_rollouts, plan_rank_update, with_entropy_floor,
 };
 use crate::generate::GenerationConfig;
 use crate::model::{CausalLm, Model};
@@ -50,60 +50,6 @@ pub struct GrpoState {
     #[serde(default)]
     pub entropy_control: EntropyControl,
 }
-
-/// Skywork-OR1's adaptive entropy coefficient, carried from step to step (and checkpointed).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EntropyControl {
-    /// The coefficient (`None` before the first step: `entropy_coef`).
-    pub coef: Option<f64>,
-    /// The last step's mean entropy over its trained terms (`None` before the first step: no
-    /// bonus until one is measured).
-    pub last_entropy: Option<f64>,
-}
-
-impl EntropyControl {
-    /// The coefficient the next step applies: the controller's, while the last step's entropy
-    /// was at or below the target; else 0.
-    fn applied(&self, loss: &super::Loss) -> f64 {
-        match self.last_entropy {
-            Some(e) if e <= loss.entropy_target => self.coef.unwrap_or(loss.entropy_coef),
-            _ => 0.0,
-        }
-    }
-
-    /// After a step whose trained terms' mean entropy was `entropy`: the coefficient steps up
-    /// (entropy at or below the target) or down, within its bounds.
-    fn update(&mut self, loss: &super::Loss, entropy: f64) {
-        let coef = self.coef.unwrap_or(loss.entropy_coef);
-        self.coef = Some(if entropy <= loss.entropy_target {
-            (coef + loss.entropy_coef_delta).min(loss.entropy_coef_max)
-        } else {
-            (coef - loss.entropy_coef_delta).max(loss.entropy_coef_min)
-        });
-        self.last_entropy = Some(entropy);
-    }
-}
-
-impl crate::display::Rich for EntropyControl {
-    fn html(&self) -> String {
-        crate::display::rows_card("Adaptive entropy bonus", &self.rows())
-    }
-    fn text(&self) -> String {
-        crate::display::rows_text(&self.rows())
-    }
-}
-
-impl EntropyControl {
-    fn rows(&self) -> Vec<(&'static str, String)> {
-        let or_unset = |v: Option<f64>| v.map_or("not yet".to_string(), |v| format!("{v:.4}"));
-        vec![
-            ("coefficient", or_unset(self.coef)),
-            ("last step's entropy", or_unset(self.last_entropy)),
-        ]
-    }
-}
-
-crate::display::rich_display!(EntropyControl);
 
 pub(super) enum Source {
     Sync(Box<RolloutProducer>),
@@ -175,8 +121,8 @@ impl GrpoTrainer {
         let mut objective = GrpoObjective::from(&self.config);
         // The sampler never draws the LM head's padding rows: the loss leaves them out too.
         objective.truncation.token_limit = self.core.special.token_limit;
-        if self.config.loss.use_adaptive_entropy {
-            objective.entropy_coef = self.state.entropy_control.applied(&self.config.loss);
+        if self.config.entropy_bonus.use_adaptive_entropy {
+            objective.entropy_coef = self.state.entropy_control.applied(&self.config.entropy_bonus);
         }
         objective
     }
@@ -291,7 +237,7 @@ impl GrpoTrainer {
             let start = Instant::now();
             let (batch, wait_s, dropped_stale) = self.take_batch()?;
             let version = self.state.global_step;
-            let (update, rows, mut times) = self.update_on(&batch, version)?;
+            let (update, rows) = self.update_on(&batch, version)?;
             self.state.global_step = version + 1;
             if self
                 .state
@@ -300,12 +246,13 @@ impl GrpoTrainer {
             {
                 self.publish_weights(self.state.global_step)?;
             }
-            times.staleness = version - batch.version.min(version);
-            times.dropped_stale = dropped_stale;
-            times.wait_s = wait_s;
-            times.step_s = start.elapsed().as_secs_f64();
-            let rollout = RolloutMetrics::of(&batch, &self.rewards);
-            let m = GrpoStepMetrics::compose(version + 1, rollout, update, times);
+            let clock = StepClock {
+                staleness: version - batch.version.min(version),
+                dropped_stale,
+                wait_s,
+                step_s: start.elapsed().as_secs_f64(),
+            };
+            let m = GrpoStepMetrics::compose(version + 1, (&batch, &self.rewards), update, clock);
             self.record(&batch, &m);
             self.last_row = rows.into_iter().last();
             self.last_batch = Some(batch);
@@ -314,13 +261,9 @@ impl GrpoTrainer {
     }
 
     /// Plans, forwards and back-propagates this rank's share of `batch`, sums the statistics
-    /// over ranks and ends optimizer step `version`: the update's metrics, this rank's packed
-    /// rows, and the packing and optimizer times.
-    fn update_on(
-        &mut self,
-        batch: &RolloutBatch,
-        version: u64,
-    ) -> Result<(UpdateMetrics, Vec<PackedRow>, StepTimes), TrainError> {
+    /// over ranks and ends optimizer step `version`: the update's part of the step's metrics
+    /// (with its packing, forward + backward and optimizer times) and this rank's packed rows.
+    fn update_on(&mut self, batch: &RolloutBatch, version: u64) -> Result<(UpdatePart, Vec<PackedRow>), TrainError> {
         let t = Instant::now();
         let rollouts = batch.rollouts_for_update(self.config.loss.mask_truncated_completions);
         let world = &self.core.world;
@@ -358,28 +301,24 @@ impl GrpoTrainer {
         if let Some(r) = self
             .reference
             .as_ref()
-            .filter(|r| r.due(version + 1, &self.config.loss))
+            .filter(|r| r.due(version + 1, &self.config.reference))
         {
             let lm = &self.core.model.lm;
-            lm.with_whole_weights(|| r.sync(&self.core.model.vs, version + 1, &self.config.loss))?;
+            lm.with_whole_weights(|| r.sync(&self.core.model.vs, version + 1, &self.config.reference))?;
         }
-        if self.config.loss.use_adaptive_entropy {
+        if self.config.entropy_bonus.use_adaptive_entropy {
             self.state
                 .entropy_control
-                .update(&self.config.loss, stats.entropy_trained);
+                .update(&self.config.entropy_bonus, stats.entropy_trained);
         }
-        let times = StepTimes {
+        let part = UpdatePart {
+            metrics: UpdateMetrics::of(&stats, &outcome, entropy_coef, update.step_rows),
+            skipped: outcome.skipped,
             pack_s,
+            forward_backward_s: stats.forward_backward_s,
             optimizer_s: t.elapsed().as_secs_f64(),
-            ..StepTimes::default()
         };
-        let metrics = UpdateMetrics {
-            stats,
-            rows: update.step_rows,
-            outcome,
-            entropy_coef,
-        };
-        Ok((metrics, update.rows, times))
+        Ok((part, update.rows))
     }
 
     /// The update of `batch` under `packing`, timed `repeats` times (best forward + backward in
@@ -405,7 +344,7 @@ impl GrpoTrainer {
 
     fn record(&mut self, batch: &RolloutBatch, m: &GrpoStepMetrics) {
         self.state.recent_failures = batch.groups.iter().flat_map(|g| g.rewards.failures.clone()).collect();
-        self.state.total_failures += m.reward_failures;
+        self.state.total_failures += m.rollouts.reward_failures;
         // The samples: completions taken round-robin across groups.
         let mut samples = Vec::new();
         let most = match self.config.eval.log_unique_prompts {
@@ -432,7 +371,8 @@ impl GrpoTrainer {
         }
         // The table is text for TensorBoard alone: made only when the run writes there.
         let to_tensorboard = self.core.logging_dir().is_some();
-        if to_tensorboard && crate::train::every(self.config.train.logging_steps, m.step) && !samples.is_empty() {
+        if to_tensorboard && crate::train::every(self.config.train.output.logging_steps, m.step) && !samples.is_empty()
+        {
             let table = completions_markdown(&samples, &self.rewards);
             self.core.log_text("completions", m.step, &table);
         }
@@ -485,7 +425,12 @@ impl Trainer for GrpoTrainer {
     /// Aligned step numbers and every reward function, for a terminal scrolling through a run;
     /// then `num_completions_to_print` of the step's sample completions.
     fn log_line(&self, m: &GrpoStepMetrics) -> String {
-        let per_fn: Vec<String> = m.rewards.iter().map(|r| format!("{} {:.2}", r.name, r.mean)).collect();
+        let per_fn: Vec<String> = m
+            .rollouts
+            .rewards
+            .iter()
+            .map(|r| format!("{} {:.2}", r.name, r.mean))
+            .collect();
         let printed = self.config.eval.num_completions_to_print.unwrap_or(0);
         let samples: String = (self.state.samples.iter().filter(|s| s.step == m.step).take(printed))
             .map(|s| {
@@ -499,25 +444,25 @@ impl Trainer for GrpoTrainer {
         format!(
             "step {:>4}: reward {:.3} ({}) flat {:.2} len {:.1} loss {:+.4} clip {:.3} kl~ {:.1e} ent {:.2} pack {:.2}x stale {} | gen {:.2}s fwd/bwd {:.2}s\n",
             m.step,
-            m.reward_mean,
+            m.rollouts.reward_mean,
             per_fn.join(", "),
-            m.frac_reward_zero_std,
-            m.completion_length,
-            m.loss,
-            m.clip_ratio,
-            m.approx_kl,
-            m.entropy,
-            m.packing_ratio,
-            m.staleness,
-            m.generation_s,
-            m.forward_backward_s
+            m.rollouts.frac_reward_zero_std,
+            m.rollouts.completion_length,
+            m.update.loss,
+            m.update.clip_ratio,
+            m.update.approx_kl,
+            m.update.entropy,
+            m.update.packing_ratio,
+            m.origin.staleness,
+            m.times.generation_s,
+            m.times.forward_backward_s
         ) + &samples
     }
     /// A synced reference (`sync_ref_model`) is part of the run: its weights go with the
     /// checkpoint.
     fn write_own_files(&self, dir: &std::path::Path) -> Result<(), String> {
         if let Some(r) = &self.reference {
-            r.write(dir, &self.config.loss)?;
+            r.write(dir, &self.config.reference)?;
         }
         super::pending::write(dir, &self.pending)
     }

@@ -17,7 +17,7 @@
 //!   clipping, non-finite steps skipped or stopped with the rows named, a JSONL log,
 //!   `step()` / `train_for(n)` / `evaluate()` / `state`, and checkpoints (an HF model folder,
 //!   optimizer and trainer state, written atomically) that resume bit-exactly on CPU.
-//! - [`SftConfig`]: `SftConfig { train: TrainConfig { model, dataset, learning_rate, .. },
+//! - [`SftConfig`]: `SftConfig { train: TrainConfig { model, data, optimizer, .. },
 //!   packing, .. }` in Rust; in TOML every field sits at the top level (`datasets/sft.toml`, the
 //!   run that made the shipped `tiny-qwen3-sft`). Unknown keys and values outside a field's set
 //!   are errors naming them.

@@ -130,7 +130,7 @@ impl SftTrainer {
         let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer, core.model.lm.config.vocab_size)?;
         let total_rows = rows.len();
         let (train, eval) = split_held_out(rows, &config);
-        if config.train.eval_steps.is_some() && eval.is_empty() {
+        if config.train.output.eval_steps.is_some() && eval.is_empty() {
             return Err(TrainError::config(
                 "eval_steps",
                 format!(
@@ -188,7 +188,7 @@ impl SftTrainer {
     /// What a non-finite step does from now on (the one setting that may change mid-run:
     /// `stop` to investigate a run that started skipping).
     pub fn set_on_nan(&mut self, policy: NanPolicy) {
-        self.config.train.on_nan = policy;
+        self.config.train.optimizer.on_nan = policy;
     }
 
     /// The model being trained.
@@ -247,7 +247,7 @@ impl SftTrainer {
             // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
             let mut sums = [0.0; 3];
             let training = self.core.model.training();
-            let activations = Activations::from_checkpointing(self.config.train.gradient_checkpointing);
+            let activations = Activations::from_checkpointing(self.config.train.precision.gradient_checkpointing);
             // Every rank makes a pass (or an idle one) per micro-batch.
             self.core.model.lm.expect_backward_passes(window.len());
             for mb in &window {
@@ -398,14 +398,14 @@ fn tokenized_rows(
     vocab_size: i64,
 ) -> Result<(Vec<TrainExample>, usize), TrainError> {
     let ds = TrainCore::open_dataset(&config.train)?;
-    let skip = config.train.skip_invalid_rows;
+    let skip = config.train.data.skip_invalid_rows;
     let (mut rows, mut skipped, mut skipped_examples) = (Vec::new(), 0, 0);
     for (i, ex) in ds.examples(skip, &mut skipped_examples).enumerate() {
         let ex = ex?;
         let in_vocab = |t: TrainExample| match t.input_ids.iter().find(|&&id| id < 0 || id >= vocab_size) {
             Some(id) => Err(format!(
                 "{}: row {i} (0-based) tokenizes to id {id}, outside the model's vocab_size {vocab_size}",
-                config.train.dataset.display()
+                config.train.data.dataset.display()
             )),
             None => Ok(t),
         };

@@ -1,6 +1,9 @@
 //! The settings every trainer shares (transformers' `TrainingArguments`), flattened into
 //! [`crate::sft::SftConfig`] and [`crate::grpo::GrpoConfig`] so a TOML file names them at the
-//! top level.
+//! top level. In Rust they are grouped by concern, each group a flattened struct that checks
+//! its own settings: the data, the optimizer (with its schedule and the end of a step), the
+//! precision, what the run writes, and the multi-process settings. The model, the device, the
+//! seed and the LoRA adapter say what is trained and where, and stay on [`TrainConfig`].
 
 use std::path::{Path, PathBuf};
 
@@ -22,31 +25,90 @@ pub enum NanPolicy {
     Stop,
 }
 
-/// Model, data, optimizer, schedule, precision, placement and bookkeeping of a run.
+/// Model, data, optimizer, schedule, precision, placement and bookkeeping of a run, grouped by
+/// concern: what is trained and where ([`TrainConfig::model`], [`TrainConfig::device`],
+/// [`TrainConfig::seed`], [`TrainConfig::lora`]), then [`DataSettings`], [`OptimizerSettings`],
+/// [`PrecisionSettings`], [`OutputSettings`] and [`ParallelSettings`]. The groups are flattened:
+/// a TOML file (and `save_toml`) names every setting at the top level under transformers'
+/// names (`learning_rate = 2e-5`, not `optimizer.learning_rate`), and each group checks its own
+/// settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct TrainConfig {
     /// Model folder or cached repo id (`org/name[@revision]`).
     pub model: String,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
+    pub device: DeviceSpec,
+    /// Seed of the data order, the held-out split and sampling.
+    pub seed: u64,
+    /// The training data.
+    #[serde(flatten)]
+    pub data: DataSettings,
+    /// The optimizer, its schedule and the end of each step.
+    #[serde(flatten)]
+    pub optimizer: OptimizerSettings,
+    /// What the forward and backward compute in, and what they keep.
+    #[serde(flatten)]
+    pub precision: PrecisionSettings,
+    /// What the run writes: the output folder, logs, checkpoints, and how often.
+    #[serde(flatten)]
+    pub output: OutputSettings,
+    /// How a multi-process run shares its work.
+    #[serde(flatten)]
+    pub parallel: ParallelSettings,
+    /// Train a LoRA adapter instead of every weight (TRL's `peft_config`; the `[lora]` table
+    /// of a TOML file). Checkpoints then hold the adapter alone, in PEFT's format.
+    pub lora: Option<LoraConfig>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: String::new(),
+            device: DeviceSpec::Cpu,
+            seed: 42,
+            data: DataSettings::default(),
+            optimizer: OptimizerSettings::default(),
+            precision: PrecisionSettings::default(),
+            output: OutputSettings::default(),
+            parallel: ParallelSettings::default(),
+            lora: None,
+        }
+    }
+}
+
+/// The training data ([`TrainConfig::data`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct DataSettings {
     /// Dataset file or folder (Parquet, Arrow, JSON lines), or a dataset repo id in the Hugging
     /// Face cache (`org/name[@revision]`).
     pub dataset: PathBuf,
     /// Split of a folder or hub dataset (default `train`), as `datasets.load_dataset` splits
     /// it: `save_to_disk` split folders, or split names in folder and file names.
     pub dataset_split: Option<String>,
-    /// Where checkpoints, `log.jsonl` and `metrics.csv` go (none: nothing written).
-    pub output_dir: Option<PathBuf>,
-    /// A fresh run into an `output_dir` that holds checkpoints deletes them (transformers'
-    /// setting); otherwise such a run is refused (resume it, or choose another folder).
-    pub overwrite_output_dir: bool,
-    /// Where the metrics go (transformers' `report_to`): a list of `"jsonl"` (`log.jsonl`, the
-    /// default), `"tensorboard"` (event files in `logging_dir`), `"csv"` (`metrics.csv`), or
-    /// `"none"`; a single name is taken as a list of one.
-    #[serde(with = "super::report::one_or_many")]
-    pub report_to: Vec<ReportTo>,
-    /// TensorBoard's folder (default `<output_dir>/runs/<Mon><DD>_<HH>-<MM>-<SS>_<host>`, as
-    /// transformers places it; a resumed run continues in its checkpoint's folder).
-    pub logging_dir: Option<PathBuf>,
+    /// Skip malformed rows (counted) instead of failing on the first.
+    pub skip_invalid_rows: bool,
+}
+
+impl DataSettings {
+    /// The dataset is named.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.dataset.as_os_str().is_empty() {
+            return Err(TrainError::config(
+                "dataset",
+                "is not set: name a data file, folder or hub dataset id",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The optimizer, its learning-rate schedule and what the end of a step does with the
+/// gradients ([`TrainConfig::optimizer`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct OptimizerSettings {
     /// Peak learning rate (SFT's default is TRL's 2e-5; GRPO's is 1e-6).
     pub learning_rate: f64,
     /// Schedule after warmup.
@@ -60,8 +122,55 @@ pub struct TrainConfig {
     /// Gradient-norm clipping (`None`, written `"off"` in a file: no clipping).
     #[serde(with = "crate::util::off_or")]
     pub max_grad_norm: Option<f64>,
-    /// Seed of the data order, the held-out split and sampling.
-    pub seed: u64,
+    /// Non-finite loss or gradient handling.
+    pub on_nan: NanPolicy,
+}
+
+impl Default for OptimizerSettings {
+    fn default() -> Self {
+        OptimizerSettings {
+            learning_rate: 2e-5,
+            lr_scheduler: ScheduleKind::Linear,
+            warmup_ratio: 0.0,
+            warmup_steps: None,
+            adamw: AdamWConfig::default(),
+            max_grad_norm: Some(1.0),
+            on_nan: NanPolicy::Skip,
+        }
+    }
+}
+
+impl OptimizerSettings {
+    /// The learning rate, AdamW's hyper-parameters, the warmup and the clipping norm.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return Err(TrainError::config(
+                "learning_rate",
+                format!("is {}; must be finite and > 0", self.learning_rate),
+            ));
+        }
+        self.adamw.validate()?;
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return Err(TrainError::config(
+                "warmup_ratio",
+                format!("is {}; must lie in 0..=1", self.warmup_ratio),
+            ));
+        }
+        if self.max_grad_norm.is_some_and(|n| !(n.is_finite() && n > 0.0)) {
+            return Err(TrainError::config(
+                "max_grad_norm",
+                "must be finite and > 0 (or \"off\")",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the forward and backward compute in, and which activations they keep
+/// ([`TrainConfig::precision`]; `src/guide/memory_and_precision.md`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PrecisionSettings {
     /// Parameter dtype: what the forward and backward compute in. `auto` (default): the
     /// device's policy, bf16 on CUDA and Neuron (mixed, with the default `mixed_precision`),
     /// fp32 on CPU and MPS; `fp32`, `bf16` or `fp16` fix it.
@@ -72,12 +181,40 @@ pub struct TrainConfig {
     /// the half parameters updated in place (updates below a half step are lost). No effect at
     /// fp32. The loss and the LM head's log-softmax are always fp32.
     pub mixed_precision: bool,
-    /// Where the model trains: `cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when available).
-    pub device: DeviceSpec,
-    /// Non-finite loss or gradient handling.
-    pub on_nan: NanPolicy,
-    /// Skip malformed rows (counted) instead of failing on the first.
-    pub skip_invalid_rows: bool,
+    /// Recompute each decoder layer's activations in backward instead of keeping them
+    /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
+    /// more forward of the stack per step). Same gradients.
+    pub gradient_checkpointing: bool,
+}
+
+impl Default for PrecisionSettings {
+    fn default() -> Self {
+        PrecisionSettings {
+            dtype: DtypeSetting::Auto,
+            mixed_precision: true,
+            gradient_checkpointing: false,
+        }
+    }
+}
+
+/// What a run writes and how often: the output folder, the metric logs, checkpoints and
+/// evaluations ([`TrainConfig::output`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct OutputSettings {
+    /// Where checkpoints, `log.jsonl` and `metrics.csv` go (none: nothing written).
+    pub output_dir: Option<PathBuf>,
+    /// A fresh run into an `output_dir` that holds checkpoints deletes them (transformers'
+    /// setting); otherwise such a run is refused (resume it, or choose another folder).
+    pub overwrite_output_dir: bool,
+    /// Where the metrics go (transformers' `report_to`): a list of `"jsonl"` (`log.jsonl`, the
+    /// default), `"tensorboard"` (event files in `logging_dir`), `"csv"` (`metrics.csv`), or
+    /// `"none"`; a single name is taken as a list of one.
+    #[serde(with = "super::report::one_or_many")]
+    pub report_to: Vec<ReportTo>,
+    /// TensorBoard's folder (default `<output_dir>/runs/<Mon><DD>_<HH>-<MM>-<SS>_<host>`, as
+    /// transformers places it; a resumed run continues in its checkpoint's folder).
+    pub logging_dir: Option<PathBuf>,
     /// Write a checkpoint every this many steps (the CLI's run loop).
     pub save_steps: Option<u64>,
     /// Keep only the newest this many checkpoints in `output_dir`, deleting older ones after
@@ -97,117 +234,28 @@ pub struct TrainConfig {
     /// never).
     #[serde(with = "crate::util::off_or")]
     pub logging_steps: Option<u64>,
-    /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
-    /// before failing with an error naming the rank (torch's default: 30 minutes).
-    pub distributed_timeout_s: f64,
-    /// The c10d backend of a multi-process run: `auto` (NCCL for a CUDA run when its library
-    /// loads, else Gloo, said once), `gloo` or `nccl` (stops when NCCL cannot be had).
-    pub distributed_backend: crate::distributed::CommBackend,
-    /// How a multi-process run shares its state, as transformers' `fsdp`: `no_shard`
-    /// (replicated, the default), `shard_grad_op` (ZeRO-2: gradients reduce-scattered, fp32
-    /// master weights and AdamW moments sharded) or `full_shard` (ZeRO-3: parameters too,
-    /// gathered layer by layer). One process does not shard.
-    pub fsdp: super::Fsdp,
-    /// `full_shard`'s prefetching (transformers' `fsdp_config`: `forward_prefetch`, on by
-    /// default here; `backward_prefetch`: `backward_pre`, the default, `backward_post` or
-    /// `no_prefetch`).
-    pub fsdp_config: super::FsdpConfig,
-    /// `no_shard` across processes: all-reduce the gradients in buckets during the step's last
-    /// backward, as each layer's are done (DDP's overlap; the default), or `false`: all of
-    /// them after it. Same sums either way. (Megatron's name; the sharded modes always
-    /// overlap.)
-    pub overlap_grad_reduce: bool,
-    /// Recompute each decoder layer's activations in backward instead of keeping them
-    /// (activation checkpointing at layer boundaries: far less memory for long sequences, one
-    /// more forward of the stack per step). Same gradients.
-    pub gradient_checkpointing: bool,
-    /// Train a LoRA adapter instead of every weight (TRL's `peft_config`; the `[lora]` table
-    /// of a TOML file). Checkpoints then hold the adapter alone, in PEFT's format.
-    pub lora: Option<LoraConfig>,
 }
 
-impl Default for TrainConfig {
+impl Default for OutputSettings {
     fn default() -> Self {
-        TrainConfig {
-            model: String::new(),
-            dataset: PathBuf::new(),
-            dataset_split: None,
+        OutputSettings {
             output_dir: None,
             overwrite_output_dir: false,
             report_to: vec![ReportTo::Jsonl],
             logging_dir: None,
-            learning_rate: 2e-5,
-            lr_scheduler: ScheduleKind::Linear,
-            warmup_ratio: 0.0,
-            warmup_steps: None,
-            adamw: AdamWConfig::default(),
-            max_grad_norm: Some(1.0),
-            seed: 42,
-            dtype: DtypeSetting::Auto,
-            mixed_precision: true,
-            device: DeviceSpec::Cpu,
-            on_nan: NanPolicy::Skip,
-            skip_invalid_rows: false,
             save_steps: None,
             save_total_limit: None,
             save_only_model: false,
             resume_from_checkpoint: None,
             eval_steps: None,
             logging_steps: Some(1),
-            distributed_timeout_s: 1800.0,
-            distributed_backend: Default::default(),
-            fsdp: Default::default(),
-            fsdp_config: Default::default(),
-            overlap_grad_reduce: true,
-            gradient_checkpointing: false,
-            lora: None,
         }
     }
 }
 
-impl TrainConfig {
-    /// Checks the numbers that would make a run meaningless.
+impl OutputSettings {
+    /// `report_to`'s list, and the intervals and limits that must be at least 1.
     pub fn validate(&self) -> Result<(), TrainError> {
-        if self.model.trim().is_empty() {
-            return Err(TrainError::config(
-                "model",
-                "is not set: name a model folder or a hub repo id",
-            ));
-        }
-        if self.dataset.as_os_str().is_empty() {
-            return Err(TrainError::config(
-                "dataset",
-                "is not set: name a data file, folder or hub dataset id",
-            ));
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
-            return Err(TrainError::config(
-                "learning_rate",
-                format!("is {}; must be finite and > 0", self.learning_rate),
-            ));
-        }
-        self.adamw.validate()?;
-        if let Some(lora) = &self.lora {
-            lora.validate()?;
-        }
-        if !(0.0..=1.0).contains(&self.warmup_ratio) {
-            return Err(TrainError::config(
-                "warmup_ratio",
-                format!("is {}; must lie in 0..=1", self.warmup_ratio),
-            ));
-        }
-        if self.max_grad_norm.is_some_and(|n| !(n.is_finite() && n > 0.0)) {
-            return Err(TrainError::config(
-                "max_grad_norm",
-                "must be finite and > 0 (or \"off\")",
-            ));
-        }
-        if !(self.distributed_timeout_s.is_finite() && self.distributed_timeout_s > 0.0) {
-            return Err(TrainError::config(
-                "distributed_timeout_s",
-                format!("is {}; must be finite and > 0", self.distributed_timeout_s),
-            ));
-        }
         if self.report_to.contains(&ReportTo::None) && self.report_to.len() > 1 {
             return Err(TrainError::config(
                 "report_to",
@@ -231,15 +279,9 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// [`TrainConfig::distributed_timeout_s`] as a duration.
-    pub fn distributed_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.distributed_timeout_s)
-    }
-
-    /// Takes relative paths from the config file's folder `base`: the output folder always, the
-    /// model and the dataset only when they exist there (otherwise they may be hub repo ids).
-    pub(crate) fn anchor_paths(&mut self, base: &Path) {
-        use super::config_file::{anchor, anchor_if_exists};
+    /// Takes the relative output, logging and checkpoint paths from the config file's folder.
+    fn anchor_paths(&mut self, base: &Path) {
+        use super::config_file::anchor;
         for dir in [self.output_dir.as_mut(), self.logging_dir.as_mut()]
             .into_iter()
             .flatten()
@@ -249,10 +291,94 @@ impl TrainConfig {
         if let Some(ResumeFrom::Checkpoint(dir)) = self.resume_from_checkpoint.as_mut() {
             anchor(base, dir);
         }
+    }
+}
+
+/// How a multi-process run shares its work: the collectives and the sharding
+/// ([`TrainConfig::parallel`]; `src/guide/data_parallelism.md`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ParallelSettings {
+    /// Seconds a multi-process run waits for its peers (the rendezvous, every collective)
+    /// before failing with an error naming the rank (torch's default: 30 minutes).
+    pub distributed_timeout_s: f64,
+    /// The c10d backend of a multi-process run: `auto` (NCCL for a CUDA run when its library
+    /// loads, else Gloo, said once), `gloo` or `nccl` (stops when NCCL cannot be had).
+    pub distributed_backend: crate::distributed::CommBackend,
+    /// How a multi-process run shares its state, as transformers' `fsdp`: `no_shard`
+    /// (replicated, the default), `shard_grad_op` (ZeRO-2: gradients reduce-scattered, fp32
+    /// master weights and AdamW moments sharded) or `full_shard` (ZeRO-3: parameters too,
+    /// gathered layer by layer). One process does not shard.
+    pub fsdp: super::Fsdp,
+    /// `full_shard`'s prefetching (transformers' `fsdp_config`: `forward_prefetch`, on by
+    /// default here; `backward_prefetch`: `backward_pre`, the default, `backward_post` or
+    /// `no_prefetch`).
+    pub fsdp_config: super::FsdpConfig,
+    /// `no_shard` across processes: all-reduce the gradients in buckets during the step's last
+    /// backward, as each layer's are done (DDP's overlap; the default), or `false`: all of
+    /// them after it. Same sums either way. (Megatron's name; the sharded modes always
+    /// overlap.)
+    pub overlap_grad_reduce: bool,
+}
+
+impl Default for ParallelSettings {
+    fn default() -> Self {
+        ParallelSettings {
+            distributed_timeout_s: 1800.0,
+            distributed_backend: Default::default(),
+            fsdp: Default::default(),
+            fsdp_config: Default::default(),
+            overlap_grad_reduce: true,
+        }
+    }
+}
+
+impl ParallelSettings {
+    /// The timeout is a finite, positive number of seconds.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(self.distributed_timeout_s.is_finite() && self.distributed_timeout_s > 0.0) {
+            return Err(TrainError::config(
+                "distributed_timeout_s",
+                format!("is {}; must be finite and > 0", self.distributed_timeout_s),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`ParallelSettings::distributed_timeout_s`] as a duration.
+    pub fn distributed_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.distributed_timeout_s)
+    }
+}
+
+impl TrainConfig {
+    /// Checks the numbers that would make a run meaningless: the model is named, then each
+    /// group checks its own settings.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.model.trim().is_empty() {
+            return Err(TrainError::config(
+                "model",
+                "is not set: name a model folder or a hub repo id",
+            ));
+        }
+        self.data.validate()?;
+        self.optimizer.validate()?;
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
+        }
+        self.parallel.validate()?;
+        self.output.validate()
+    }
+
+    /// Takes relative paths from the config file's folder `base`: the output folders always, the
+    /// model and the dataset only when they exist there (otherwise they may be hub repo ids).
+    pub(crate) fn anchor_paths(&mut self, base: &Path) {
+        use super::config_file::{anchor, anchor_if_exists};
+        self.output.anchor_paths(base);
         // An unset (empty) model or dataset stays unset, for validation to name, rather than
         // becoming the config file's own folder.
-        if !self.dataset.as_os_str().is_empty() {
-            anchor_if_exists(base, &mut self.dataset);
+        if !self.data.dataset.as_os_str().is_empty() {
+            anchor_if_exists(base, &mut self.data.dataset);
         }
         let mut model = PathBuf::from(&self.model);
         if !self.model.is_empty() && base.join(&model).is_dir() {
@@ -272,3 +398,29 @@ impl crate::display::Rich for TrainConfig {
 }
 
 crate::display::rich_display!(TrainConfig);
+
+/// Each group of a [`TrainConfig`] renders as the settings it holds, under their file names (a
+/// notebook cell may end with `config.train.optimizer`).
+macro_rules! group_display {
+    ($($group:ident => $title:literal),* $(,)?) => {$(
+        impl crate::display::Rich for $group {
+            fn html(&self) -> String {
+                crate::display::config_html($title, self)
+            }
+
+            fn text(&self) -> String {
+                crate::display::config_text(self)
+            }
+        }
+
+        crate::display::rich_display!($group);
+    )*};
+}
+
+group_display!(
+    DataSettings => "Training data",
+    OptimizerSettings => "Optimizer settings",
+    PrecisionSettings => "Precision settings",
+    OutputSettings => "Output settings",
+    ParallelSettings => "Parallelism settings",
+);

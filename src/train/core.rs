@@ -56,7 +56,11 @@ impl TrainCore {
     /// first ([`World::from_env`]).
     pub fn load(config: &TrainConfig, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
         config.validate()?;
-        let world = World::from_env(config.distributed_timeout(), config.distributed_backend, config.device)?;
+        let world = World::from_env(
+            config.parallel.distributed_timeout(),
+            config.parallel.distributed_backend,
+            config.device,
+        )?;
         Self::load_in(config, checkpoint, world)
     }
 
@@ -64,7 +68,7 @@ impl TrainCore {
     /// the local rank (`cuda` is each rank's own GPU) and rank 0's weights are broadcast.
     pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
-        let output_lock = match config.output_dir.as_deref().filter(|_| world.is_main()) {
+        let output_lock = match config.output.output_dir.as_deref().filter(|_| world.is_main()) {
             Some(out) => Some(claim_output_dir(config, out, checkpoint)?),
             None => None,
         };
@@ -72,7 +76,7 @@ impl TrainCore {
         let model_dir = HubCache::from_env().model_dir(&config.model)?;
         let device = rank_device(config.device, &world).resolve()?;
         let load_options = LoadOptions {
-            dtype: Some(config.dtype.resolve(device).kind()),
+            dtype: Some(config.precision.dtype.resolve(device).kind()),
             device,
         };
         let model = load_policy(config, &model_dir, checkpoint, load_options)?;
@@ -136,18 +140,21 @@ impl TrainCore {
         self.optim.schedule = schedule(config, total_steps);
     }
 
-    /// The training data: `config.dataset` as a file or folder when it exists, else as a dataset
+    /// The training data: `config.data.dataset` as a file or folder when it exists, else as a dataset
     /// repo id in the Hugging Face cache; split `dataset_split` (default `train`) of a folder
     /// or repo, as `datasets.load_dataset` splits it.
     pub fn open_dataset(config: &TrainConfig) -> Result<Dataset, TrainError> {
-        if config.dataset.exists() {
-            return Ok(Dataset::open_split(&config.dataset, config.dataset_split.as_deref())?);
+        if config.data.dataset.exists() {
+            return Ok(Dataset::open_split(
+                &config.data.dataset,
+                config.data.dataset_split.as_deref(),
+            )?);
         }
-        let spec = config.dataset.to_string_lossy();
+        let spec = config.data.dataset.to_string_lossy();
         Ok(Dataset::from_hub(
             &HubCache::from_env(),
             &spec,
-            config.dataset_split.as_deref(),
+            config.data.dataset_split.as_deref(),
         )?)
     }
 
@@ -175,6 +182,7 @@ impl TrainCore {
         extra: impl FnOnce(&Path) -> Result<(), String>,
     ) -> Result<PathBuf, TrainError> {
         let out = config
+            .output
             .output_dir
             .as_deref()
             .ok_or_else(|| TrainError::config("output_dir", "is not set: nowhere to write a checkpoint"))?;
@@ -182,7 +190,7 @@ impl TrainCore {
         // The model first: under `full_shard` its writing gathers unit by unit, collectives
         // every rank makes whatever else fails.
         let mut mine = self.write_model(staged.path());
-        if mine.is_ok() && !config.save_only_model {
+        if mine.is_ok() && !config.output.save_only_model {
             let written = self.optim.write_state(staged.path());
             mine = written.map_err(|e| staged.error(e.to_string()));
         }
@@ -195,7 +203,7 @@ impl TrainCore {
         let dir = staged.commit(&self.world, mine, |tmp| {
             optim.write_manifest(tmp).map_err(|e| e.to_string())
         })?;
-        if let (Some(limit), true) = (config.save_total_limit, self.world.is_main()) {
+        if let (Some(limit), true) = (config.output.save_total_limit, self.world.is_main()) {
             let keep: Vec<&Path> = [Some(dir.as_path()), self.resumed_from.as_deref()]
                 .into_iter()
                 .flatten()
@@ -392,7 +400,7 @@ fn claim_output_dir(config: &TrainConfig, out: &Path, resuming: Option<&Path>) -
     if resuming.is_some() || earlier.is_empty() {
         return Ok(lock);
     }
-    if !config.overwrite_output_dir {
+    if !config.output.overwrite_output_dir {
         let names: Vec<String> = earlier.iter().map(|(s, _)| format!("checkpoint-{s}")).collect();
         return Err(TrainError::config(
             "output_dir",
@@ -485,17 +493,17 @@ fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
 
 /// The schedule of `config` over `total_steps`: warmup in steps, else as a ratio.
 fn schedule(config: &TrainConfig, total_steps: u64) -> LrSchedule {
-    match config.warmup_steps {
+    match config.optimizer.warmup_steps {
         Some(w) => LrSchedule {
-            lr: config.learning_rate,
-            kind: config.lr_scheduler,
+            lr: config.optimizer.learning_rate,
+            kind: config.optimizer.lr_scheduler,
             warmup_steps: w,
             total_steps,
         },
         None => LrSchedule::with_warmup_ratio(
-            config.learning_rate,
-            config.lr_scheduler,
-            config.warmup_ratio,
+            config.optimizer.learning_rate,
+            config.optimizer.lr_scheduler,
+            config.optimizer.warmup_ratio,
             total_steps,
         ),
     }

@@ -24,7 +24,9 @@ mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
 pub use checkpoint::save_atomically;
-pub use config::{NanPolicy, TrainConfig};
+pub use config::{
+    DataSettings, NanPolicy, OptimizerSettings, OutputSettings, ParallelSettings, PrecisionSettings, TrainConfig,
+};
 pub use core::TrainCore;
 pub use error::TrainError;
 pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization, StepOutcome};

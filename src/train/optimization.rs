@@ -52,8 +52,8 @@ impl Optimization {
     /// `loss`: the gradients summed over the ranks (each rank's loss already divides by the
     /// global window's count; the identity for one process; each rank its shard when
     /// sharded), clipping at
-    /// `config.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
-    /// the gradient norm is not finite, `config.on_nan` (skip: the step is dropped; stop: an
+    /// `config.optimizer.max_grad_norm`, then either the update at the scheduled rate or, when the loss or
+    /// the gradient norm is not finite, `config.optimizer.on_nan` (skip: the step is dropped; stop: an
     /// error naming `rows()`; [`MAX_CONSECUTIVE_SKIPS`] skips in a row are an error under skip
     /// too). Gradients are cleared in every case. In a multi-process run
     /// `loss` is the global one, so every rank decides alike.
@@ -64,7 +64,7 @@ impl Optimization {
         loss: f64,
         rows: impl FnOnce() -> Vec<usize>,
     ) -> Result<StepOutcome, TrainError> {
-        let reduced = (self.strategy.reduce_grads()).and_then(|()| self.strategy.clip(config.max_grad_norm));
+        let reduced = (self.strategy.reduce_grads()).and_then(|()| self.strategy.clip(config.optimizer.max_grad_norm));
         let grad_norm = match reduced {
             Ok(norm) => norm,
             Err(e) => {
@@ -96,7 +96,7 @@ impl Optimization {
         }
         self.consecutive_skips = if bad.is_some() { self.consecutive_skips + 1 } else { 0 };
         match bad {
-            Some(what) if config.on_nan == NanPolicy::Stop => Err(TrainError::NonFinite {
+            Some(what) if config.optimizer.on_nan == NanPolicy::Stop => Err(TrainError::NonFinite {
                 step: step + 1,
                 what,
                 rows: rows(),

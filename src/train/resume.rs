@@ -64,11 +64,11 @@ impl TrainConfig {
         if let Some(path) = explicit {
             return Ok(Some(path.into()));
         }
-        match &self.resume_from_checkpoint {
+        match &self.output.resume_from_checkpoint {
             None => Ok(None),
             Some(ResumeFrom::Checkpoint(path)) => Ok(Some(path.clone())),
             Some(ResumeFrom::Latest) => {
-                let out = self.output_dir.as_deref().ok_or_else(|| {
+                let out = self.output.output_dir.as_deref().ok_or_else(|| {
                     TrainError::config("resume_from_checkpoint", "is latest, but output_dir is not set")
                 })?;
                 latest_checkpoint(out)?.map(Some).ok_or_else(|| {

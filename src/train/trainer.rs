@@ -116,7 +116,7 @@ pub trait Trainer: Sized {
     /// Prints `metrics`' log line on the main rank when the step just taken is a
     /// `logging_steps` step (through `bar`, so the line and the bar do not interleave).
     fn log_step(&self, metrics: &Self::Metrics, bar: &indicatif::ProgressBar) {
-        if self.core().world.is_main() && every(self.train_config().logging_steps, self.progress().done) {
+        if self.core().world.is_main() && every(self.train_config().output.logging_steps, self.progress().done) {
             bar.suspend(|| print!("{}", self.log_line(metrics)));
         }
     }

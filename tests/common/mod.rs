@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 use treetrain::grpo::{BuiltinReward, GrpoConfig, RewardSpec};
 use treetrain::model::{AttentionLayout, Model};
 use treetrain::sft::{PackingStrategy, SftConfig, TokenizeOptions};
-use treetrain::train::TrainConfig;
+use treetrain::train::{DataSettings, OptimizerSettings, OutputSettings, TrainConfig};
 
 /// The repository root.
 #[allow(dead_code)]
@@ -21,10 +21,19 @@ pub fn shipped_sft(out: Option<PathBuf>, steps: u64) -> SftConfig {
     SftConfig {
         train: TrainConfig {
             model: treetrain::shipped::tiny_model_dir().unwrap().display().to_string(),
-            dataset: root().join("datasets/sft/train.parquet"),
-            output_dir: out,
-            learning_rate: 3e-3,
-            warmup_ratio: 0.1,
+            data: DataSettings {
+                dataset: root().join("datasets/sft/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 3e-3,
+                warmup_ratio: 0.1,
+                ..Default::default()
+            },
+            output: OutputSettings {
+                output_dir: out,
+                ..Default::default()
+            },
             ..Default::default()
         },
         tokenize: TokenizeOptions {
@@ -46,10 +55,16 @@ pub fn shipped_grpo() -> GrpoConfig {
     let mut c = GrpoConfig {
         train: TrainConfig {
             model: root().join("datasets/tiny-qwen3-sft").display().to_string(),
-            dataset: root().join("datasets/grpo/train.parquet"),
-            learning_rate: 1e-3,
-            lr_scheduler: treetrain::train::ScheduleKind::Linear,
             seed: 7,
+            data: DataSettings {
+                dataset: root().join("datasets/grpo/train.parquet"),
+                ..Default::default()
+            },
+            optimizer: OptimizerSettings {
+                learning_rate: 1e-3,
+                lr_scheduler: treetrain::train::ScheduleKind::Linear,
+                ..Default::default()
+            },
             ..Default::default()
         },
         rewards: vec![

@@ -2,14 +2,20 @@
 
 use std::path::{Path, PathBuf};
 
+mod correction;
+mod entropy;
+mod kl_reference;
 mod loss;
 
-pub use loss::{ImportanceSampling, Loss, LossType, SamplingCorrectionMode};
+pub use correction::{ImportanceCorrection, SamplingCorrectionMode};
+pub use entropy::{EntropyBonus, EntropyControl};
+pub use kl_reference::KlReference;
+pub use loss::{ImportanceSampling, Loss, LossType};
 
 use super::BuiltinReward;
 use crate::pack::Packing;
 use crate::train::config_file::{Alias, same};
-use crate::train::{TrainConfig, TrainError};
+use crate::train::{OptimizerSettings, TrainConfig, TrainError};
 
 /// Where rollouts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -58,10 +64,19 @@ pub struct GrpoConfig {
     /// How completions are sampled.
     #[serde(flatten)]
     pub sampling: Sampling,
-    /// The clipped-surrogate loss and its options.
+    /// The clipped-surrogate loss proper: clipping, normalisation, advantages.
     #[serde(flatten)]
     pub loss: Loss,
-    /// How the update packs its rollouts.
+    /// The KL penalty's reference and TR-DPO's sync of it.
+    #[serde(flatten)]
+    pub reference: KlReference,
+    /// The entropy bonus, fixed or adaptive.
+    #[serde(flatten)]
+    pub entropy_bonus: EntropyBonus,
+    /// The importance-sampling correction of lagging sampling weights.
+    #[serde(flatten)]
+    pub sampling_correction: ImportanceCorrection,
+    /// How the update packs its rollouts, and its dropout.
     #[serde(flatten)]
     pub update: Update,
     /// Conversations with an environment (a trainer built with one).
@@ -76,7 +91,10 @@ impl Default for GrpoConfig {
     fn default() -> Self {
         GrpoConfig {
             train: TrainConfig {
-                learning_rate: 1e-6,
+                optimizer: OptimizerSettings {
+                    learning_rate: 1e-6,
+                    ..OptimizerSettings::default()
+                },
                 ..TrainConfig::default()
             },
             rewards: vec![RewardSpec {
@@ -87,6 +105,9 @@ impl Default for GrpoConfig {
             rollouts: Rollouts::default(),
             sampling: Sampling::default(),
             loss: Loss::default(),
+            reference: KlReference::default(),
+            entropy_bonus: EntropyBonus::default(),
+            sampling_correction: ImportanceCorrection::default(),
             update: Update::default(),
             multi_turn: MultiTurnLimits::default(),
             eval: Eval::default(),
@@ -136,6 +157,38 @@ pub struct Rollouts {
 }
 
 impl Rollouts {
+    /// The group size, the counts that must be at least 1, and how generations are cut into
+    /// steps.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.num_generations < 2 {
+            return Err(TrainError::config(
+                "num_generations",
+                "must be at least 2 (advantages compare completions of one prompt)",
+            ));
+        }
+        let mut positive = vec![
+            ("prompts_per_step", self.prompts_per_step),
+            ("max_completion_length", self.max_completion_length),
+        ];
+        if self.mode == RolloutMode::Async {
+            positive.extend([
+                ("queue_size", self.queue_size),
+                ("weight_sync_steps", self.weight_sync_steps as usize),
+            ]);
+        }
+        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(TrainError::config(field, "must be at least 1"));
+        }
+        self.generation_steps()?;
+        if self.steps_per_generation > 1 && self.mode == RolloutMode::Async {
+            return Err(TrainError::config(
+                "steps_per_generation",
+                "applies to mode = \"sync\": async rollouts stream groups, step by step",
+            ));
+        }
+        Ok(())
+    }
+
     /// Optimizer steps per generation: `steps_per_generation`, or `generation_batch_size` in
     /// rollouts (a whole number of steps' rollouts; both set, they must agree).
     pub fn generation_steps(&self) -> Result<usize, TrainError> {
@@ -219,7 +272,7 @@ impl Default for Sampling {
     }
 }
 
-/// How the update packs a step's rollouts ([`GrpoConfig::update`]).
+/// How the update packs a step's rollouts, and whether it drops out ([`GrpoConfig::update`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Update {
@@ -227,6 +280,10 @@ pub struct Update {
     pub packing: Packing,
     /// Most tokens per packed row of the update (unique tokens for trees).
     pub token_budget: usize,
+    /// Turn dropout off for the run (TRL's `disable_dropout`): the decoder applies none, so this
+    /// sets LoRA's `lora_dropout` to 0, and the log-probs of a rollout no longer depend on the
+    /// dropout draws.
+    pub disable_dropout: bool,
 }
 
 impl Default for Update {
@@ -234,7 +291,18 @@ impl Default for Update {
         Update {
             packing: Packing::Tree,
             token_budget: 4096,
+            disable_dropout: false,
         }
+    }
+}
+
+impl Update {
+    /// The token budget is at least 1.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.token_budget == 0 {
+            return Err(TrainError::config("token_budget", "must be at least 1"));
+        }
+        Ok(())
     }
 }
 
@@ -257,6 +325,27 @@ pub struct MultiTurnLimits {
     /// held tokens than this is realigned as context; an earlier or larger one forks a new
     /// training row (TRL's async `fork_threshold_tokens`; `grpo::talk`).
     pub fork_threshold_tokens: usize,
+}
+
+impl MultiTurnLimits {
+    /// The turn counts are at least 1, and a conversation holds more than one completion of
+    /// `max_completion_length` tokens.
+    pub fn validate(&self, max_completion_length: usize) -> Result<(), TrainError> {
+        let positive = [
+            ("max_turns", self.max_turns),
+            ("turn_generations", self.turn_generations),
+        ];
+        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(TrainError::config(field, "must be at least 1"));
+        }
+        if self.max_conversation_length <= max_completion_length {
+            return Err(TrainError::config(
+                "max_conversation_length",
+                "must exceed max_completion_length (a prompt and one whole turn)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for MultiTurnLimits {
@@ -388,82 +477,30 @@ impl GrpoConfig {
         }
     }
 
-    /// Checks the numbers that would make a run meaningless or hang.
+    /// Checks the numbers that would make a run meaningless or hang: each group its own, then
+    /// the settings that only make sense together.
     pub fn validate(&self) -> Result<(), TrainError> {
         self.train.validate()?;
-        if self.train.eval_steps.is_some() && self.eval.eval_dataset.is_none() {
+        if self.train.output.eval_steps.is_some() && self.eval.eval_dataset.is_none() {
             return Err(TrainError::config(
                 "eval_steps",
                 "is set, but eval_dataset is not: there is nothing to evaluate on",
             ));
         }
-        if self.rollouts.num_generations < 2 {
-            return Err(TrainError::config(
-                "num_generations",
-                "must be at least 2 (advantages compare completions of one prompt)",
-            ));
-        }
-        let mut positive = vec![
-            ("prompts_per_step", self.rollouts.prompts_per_step),
-            ("max_completion_length", self.rollouts.max_completion_length),
-            ("token_budget", self.update.token_budget),
-            ("num_iterations", self.loss.num_iterations),
-            ("per_device_train_batch_size", self.loss.per_device_train_batch_size),
-            ("max_turns", self.multi_turn.max_turns),
-            ("turn_generations", self.multi_turn.turn_generations),
-        ];
-        if self.rollouts.mode == RolloutMode::Async {
-            positive.extend([
-                ("queue_size", self.rollouts.queue_size),
-                ("weight_sync_steps", self.rollouts.weight_sync_steps as usize),
-            ]);
-        }
-        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(TrainError::config(field, "must be at least 1"));
-        }
-        self.rollouts.generation_steps()?;
-        if self.rollouts.steps_per_generation > 1 && self.rollouts.mode == RolloutMode::Async {
-            return Err(TrainError::config(
-                "steps_per_generation",
-                "applies to mode = \"sync\": async rollouts stream groups, step by step",
-            ));
-        }
+        self.rollouts.validate()?;
+        self.update.validate()?;
+        self.loss.validate()?;
+        self.multi_turn.validate(self.rollouts.max_completion_length)?;
         self.sampling_config()
             .check()
             .map_err(|(field, message)| TrainError::config(field, message))?;
-        self.loss.validate()?;
-        if self.loss.sync_ref_model && self.train.lora.is_some() {
+        self.reference.validate()?;
+        self.entropy_bonus.validate()?;
+        self.sampling_correction.validate(self.loss.loss_type)?;
+        if self.reference.sync_ref_model && self.train.lora.is_some() {
             return Err(TrainError::config(
                 "sync_ref_model",
                 "does not apply with lora: the reference is the base weights themselves (no copy), and moving them would move the policy's base too (TRL refuses it with PEFT)",
-            ));
-        }
-        let (lo, hi) = (
-            self.loss.importance_sampling_clip_min,
-            self.loss.importance_sampling_clip_max,
-        );
-        if lo.is_some_and(|l| !(l.is_finite() && l >= 0.0))
-            || hi.is_some_and(|h| !(h.is_finite() && h > lo.unwrap_or(0.0)))
-        {
-            return Err(TrainError::config(
-                "importance_sampling_clip_max",
-                "and importance_sampling_clip_min must be finite, >= 0, with min below max",
-            ));
-        }
-        if self.multi_turn.max_conversation_length <= self.rollouts.max_completion_length {
-            return Err(TrainError::config(
-                "max_conversation_length",
-                "must exceed max_completion_length (a prompt and one whole turn)",
-            ));
-        }
-        if let Some(d) = self
-            .loss
-            .delta
-            .filter(|d| !(d.is_finite() && *d > 1.0 + self.loss.epsilon_high))
-        {
-            return Err(TrainError::config(
-                "delta",
-                format!("is {d}: it caps the unclipped ratio, so it must be finite and above 1 + epsilon_high"),
             ));
         }
         Ok(())

@@ -18,10 +18,10 @@ impl GrpoState {
 
     /// Reward curves: the weighted total and each function.
     pub fn reward_chart(&self) -> LineChart {
-        let mut chart =
-            LineChart::new("Reward", "step", "mean reward").with_series("total", self.curve(|m| m.reward_mean));
+        let mut chart = LineChart::new("Reward", "step", "mean reward")
+            .with_series("total", self.curve(|m| m.rollouts.reward_mean));
         for (i, name) in self.reward_names.iter().enumerate() {
-            chart = chart.with_series(name, self.curve(|m| m.rewards.get(i).map_or(0.0, |r| r.mean)));
+            chart = chart.with_series(name, self.curve(|m| m.rollouts.rewards.get(i).map_or(0.0, |r| r.mean)));
         }
         chart
     }
@@ -29,11 +29,11 @@ impl GrpoState {
     /// The run's charts: reward, the policy's entropy, and KL on its own axis (it is often
     /// 1e-4 of the entropy, invisible on a shared one).
     pub fn charts(&self) -> [LineChart; 3] {
-        let entropy =
-            LineChart::new("Entropy", "step", "nats per token").with_series("entropy", self.curve(|m| m.entropy));
+        let entropy = LineChart::new("Entropy", "step", "nats per token")
+            .with_series("entropy", self.curve(|m| m.update.entropy));
         let kl = LineChart::new("KL", "step", "nats per token")
-            .with_series("approx KL (old policy)", self.curve(|m| m.approx_kl))
-            .with_series("KL to reference", self.curve(|m| m.kl));
+            .with_series("approx KL (old policy)", self.curve(|m| m.update.approx_kl))
+            .with_series("KL to reference", self.curve(|m| m.update.kl));
         // Three to a row in a notebook's output area (about 1,120 px at a 1,300 px window).
         [self.reward_chart(), entropy, kl].map(|c| c.with_size(356, 250))
     }
@@ -42,7 +42,8 @@ impl GrpoState {
         let Some(m) = self.history.last() else {
             return vec![("step", format!("0 / {}", self.total_steps))];
         };
-        let per_fn: Vec<String> = m
+        let (r, u, t) = (&m.rollouts, &m.update, &m.times);
+        let per_fn: Vec<String> = r
             .rewards
             .iter()
             .map(|r| format!("{} {:.3}±{:.3}", r.name, r.mean, r.std))
@@ -51,57 +52,57 @@ impl GrpoState {
             ("step", format!("{} / {}", self.global_step, self.total_steps)),
             (
                 "reward",
-                format!("{:.3} ± {:.3} ({})", m.reward_mean, m.reward_std, per_fn.join(", ")),
+                format!("{:.3} ± {:.3} ({})", r.reward_mean, r.reward_std, per_fn.join(", ")),
             ),
             (
                 "groups with equal rewards",
-                format!("{:.0}% (no gradient from them)", 100.0 * m.frac_reward_zero_std),
+                format!("{:.0}% (no gradient from them)", 100.0 * r.frac_reward_zero_std),
             ),
             (
                 "completion length",
                 format!(
                     "{:.1} mean, {} min, {} max, {:.0}% truncated",
-                    m.completion_length,
-                    m.completion_length_min,
-                    m.completion_length_max,
-                    100.0 * m.truncated_ratio
+                    r.completion_length,
+                    r.completion_length_min,
+                    r.completion_length_max,
+                    100.0 * r.truncated_ratio
                 ),
             ),
-            ("loss / grad norm", format!("{:.4} / {:.3}", m.loss, m.grad_norm)),
+            ("loss / grad norm", format!("{:.4} / {:.3}", u.loss, u.grad_norm)),
             (
                 "clip ratio (low, high) / approx KL / entropy",
                 format!(
                     "{:.3} ({:.3}, {:.3}) / {:.2e} / {:.3}",
-                    m.clip_ratio, m.clip_ratio_low, m.clip_ratio_high, m.approx_kl, m.entropy
+                    u.clip_ratio, u.clip_ratio_low, u.clip_ratio_high, u.approx_kl, u.entropy
                 ),
             ),
-            ("KL to reference", format!("{:.2e}", m.kl)),
+            ("KL to reference", format!("{:.2e}", u.kl)),
             (
                 "update packing",
                 format!(
                     "{} rows, {} tokens forwarded of {} ({:.2}x)",
-                    m.rows, m.forwarded_tokens, m.raw_tokens, m.packing_ratio
+                    u.rows, u.forwarded_tokens, u.raw_tokens, u.packing_ratio
                 ),
             ),
             (
                 "time split",
                 format!(
                     "generate {:.2}s (waited {:.2}s), rewards {:.3}s, pack {:.3}s, forward+backward {:.2}s, optimizer {:.3}s",
-                    m.generation_s, m.wait_s, m.reward_s, m.pack_s, m.forward_backward_s, m.optimizer_s
+                    t.generation_s, t.wait_s, t.reward_s, t.pack_s, t.forward_backward_s, t.optimizer_s
                 ),
             ),
             (
                 "tokens/s",
                 format!(
                     "{:.0} generated, {:.0} trained",
-                    m.generation_tokens_per_s, m.training_tokens_per_s
+                    t.generation_tokens_per_s, t.training_tokens_per_s
                 ),
             ),
             (
                 "staleness",
                 format!(
                     "{} (batch of v{}); {} dropped, {} forced syncs",
-                    m.staleness, m.generated_by, self.dropped_stale, self.forced_syncs
+                    m.origin.staleness, m.origin.generated_by, self.dropped_stale, self.forced_syncs
                 ),
             ),
             (
@@ -415,7 +416,10 @@ config_group_display!(
     Rollouts => "GRPO rollouts",
     Sampling => "GRPO sampling",
     Loss => "GRPO loss",
-    Update => "GRPO update packing",
+    KlReference => "GRPO KL reference",
+    EntropyBonus => "GRPO entropy bonus",
+    ImportanceCorrection => "GRPO sampling correction",
+    Update => "GRPO update",
     MultiTurnLimits => "GRPO multi-turn limits",
     Eval => "GRPO evaluation",
 );
@@ -517,14 +521,15 @@ mod settings_tests {
     #[test]
     fn config_groups_and_the_builder_render_their_settings() {
         let mut config = super::super::GrpoConfig::default();
-        config.loss.beta = 0.04;
-        let loss = &config.loss;
+        config.reference.beta = 0.04;
+        let reference = &config.reference;
         assert!(
-            loss.html().contains("GRPO loss") && loss.html().contains("<th>beta</th>"),
+            reference.html().contains("GRPO KL reference") && reference.html().contains("<th>beta</th>"),
             "{}",
-            loss.html()
+            reference.html()
         );
-        assert!(loss.text().contains("beta = 0.04\n") && !loss.text().contains("num_generations"));
+        assert!(reference.text().contains("beta = 0.04\n") && !reference.text().contains("num_generations"));
+        assert!(config.loss.text().contains("epsilon_low = 0.2\n") && !config.loss.text().contains("beta"));
         assert!(config.rollouts.text().contains("num_generations = 8\n"));
         let builder = super::super::GrpoTrainer::builder(config)
             .rewards(vec![super::super::RewardFn::exact_answer()])

@@ -1,5 +1,5 @@
 //! Displays of what a GRPO step and an evaluation produce: evaluation results, update
-//! statistics, step metrics, prompt sets and reward functions.
+//! statistics, step metrics and their groups, prompt sets and reward functions.
 
 use super::super::GrpoStepMetrics;
 use crate::display::{self, Rich, escape, prompt_tail};
@@ -154,21 +154,47 @@ impl Rich for GrpoStepMetrics {
         format!(
             "step {}: reward {:.3} ± {:.3}, completion {:.1} tokens, loss {:+.4}, clip {:.3}, approx KL {:.1e}, entropy {:.2}, packing {:.2}x, staleness {}, {:.2} s\n",
             self.step,
-            self.reward_mean,
-            self.reward_std,
-            self.completion_length,
-            self.loss,
-            self.clip_ratio,
-            self.approx_kl,
-            self.entropy,
-            self.packing_ratio,
-            self.staleness,
-            self.step_s
+            self.rollouts.reward_mean,
+            self.rollouts.reward_std,
+            self.rollouts.completion_length,
+            self.update.loss,
+            self.update.clip_ratio,
+            self.update.approx_kl,
+            self.update.entropy,
+            self.update.packing_ratio,
+            self.origin.staleness,
+            self.times.step_s
         )
     }
 }
 
 crate::display::rich_display!(GrpoStepMetrics);
+
+/// Each group of a [`GrpoStepMetrics`] renders as the metrics it holds, under their
+/// `log.jsonl` names (a notebook cell may end with `m.update`).
+macro_rules! metrics_group_display {
+    ($($group:ident => $title:literal),* $(,)?) => {$(
+        impl Rich for super::super::$group {
+            fn html(&self) -> String {
+                display::config_html($title, self)
+            }
+
+            fn text(&self) -> String {
+                display::config_text(self)
+            }
+        }
+
+        crate::display::rich_display!(super::super::$group);
+    )*};
+}
+
+metrics_group_display!(
+    BatchOrigin => "Batch origin",
+    RolloutMetrics => "Rollout metrics",
+    UpdateMetrics => "Update metrics",
+    StepTimes => "Step times",
+    TurnDrift => "Multi-turn drift",
+);
 
 impl Rich for super::super::PromptSet {
     fn html(&self) -> String {

@@ -103,12 +103,12 @@ pub(crate) fn choose(
         .filter(|(_, t)| t.requires_grad())
         .collect();
     let fsdp = match world.is_distributed() {
-        true => config.fsdp,
+        true => config.parallel.fsdp,
         false => {
-            if config.fsdp != Fsdp::NoShard {
+            if config.parallel.fsdp != Fsdp::NoShard {
                 eprintln!(
                     "treetrain: fsdp = \"{}\" with one process: nothing to shard",
-                    config.fsdp.name()
+                    config.parallel.fsdp.name()
                 );
             }
             Fsdp::NoShard
@@ -117,8 +117,12 @@ pub(crate) fn choose(
     let world = world.clone();
     Ok(match fsdp {
         Fsdp::NoShard => {
-            let adamw = AdamW::with_master_weights(model.trainable(), config.adamw, config.mixed_precision);
-            let reduction = match world.is_distributed() && config.overlap_grad_reduce {
+            let adamw = AdamW::with_master_weights(
+                model.trainable(),
+                config.optimizer.adamw,
+                config.precision.mixed_precision,
+            );
+            let reduction = match world.is_distributed() && config.parallel.overlap_grad_reduce {
                 true => {
                     let reducer = Arc::new(overlap::OverlappedReduce::new(&units::units_of(&params), world.clone()));
                     model.lm.set_hooks(PassHooks {
@@ -131,9 +135,9 @@ pub(crate) fn choose(
             };
             Box::new(replicated::Replicated::new(adamw, world, reduction))
         }
-        Fsdp::ShardGradOp => Box::new(grad_op::ShardGradOp::new(&params, world, config.adamw)?),
+        Fsdp::ShardGradOp => Box::new(grad_op::ShardGradOp::new(&params, world, config.optimizer.adamw)?),
         Fsdp::FullShard => {
-            let full = full::FullShard::new(&params, world, (config.adamw, config.fsdp_config))?;
+            let full = full::FullShard::new(&params, world, (config.optimizer.adamw, config.parallel.fsdp_config))?;
             model.lm.set_hooks(PassHooks {
                 residency: Some(full.clone()),
                 reduction: Some(full.clone()),

@@ -90,11 +90,12 @@ impl RunLogs {
         if !main {
             return Ok(RunLogs::default());
         }
-        let wants = |r| config.report_to.contains(&r);
-        let out = config.output_dir.as_deref();
+        let wants = |r| config.output.report_to.contains(&r);
+        let out = config.output.output_dir.as_deref();
         let logging_dir = match wants(ReportTo::Tensorboard) {
             true => Some(
                 config
+                    .output
                     .logging_dir
                     .clone()
                     .or_else(|| out.map(default_logging_dir))
@@ -109,14 +110,14 @@ impl RunLogs {
         };
         // The default folder is made at the first write, once a resume may have named the
         // checkpoint's own; `output_dir` is probed already.
-        if let Some(dir) = config.logging_dir.as_deref().filter(|_| logging_dir.is_some()) {
+        if let Some(dir) = config.output.logging_dir.as_deref().filter(|_| logging_dir.is_some()) {
             super::output_lock::check_writable("logging_dir", dir)?;
         }
         Ok(RunLogs {
             jsonl: out.filter(|_| wants(ReportTo::Jsonl)).map(|o| o.join("log.jsonl")),
             csv_path: out.filter(|_| wants(ReportTo::Csv)).map(|o| o.join("metrics.csv")),
             logging_dir,
-            explicit_dir: config.logging_dir.is_some(),
+            explicit_dir: config.output.logging_dir.is_some(),
             ..RunLogs::default()
         })
     }
