@@ -107,6 +107,7 @@
 //! [LoRA](guide::lora), [data parallelism](guide::data_parallelism),
 //! [watching runs](guide::watching_runs) and [notebooks](guide::notebooks).
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 #[doc(hidden)]
 pub mod bench_support;

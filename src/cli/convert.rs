@@ -7,7 +7,7 @@ use treetrain::model::Dtype;
 
 /// Arguments of `convert`.
 #[derive(clap::Args)]
-pub struct ConvertArgs {
+pub(crate) struct ConvertArgs {
     /// A model folder or repo id.
     #[arg(long)]
     model: String,
@@ -27,7 +27,7 @@ pub struct ConvertArgs {
 }
 
 /// Runs `convert`.
-pub fn run(args: &ConvertArgs) -> Result<()> {
+pub(crate) fn run(args: &ConvertArgs) -> Result<()> {
     // Merged in the output's dtype, as PEFT merges in the base model's.
     let (dir, mut m) = super::load_model(&super::ModelSpec {
         model: &args.model,

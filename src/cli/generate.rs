@@ -9,7 +9,7 @@ use treetrain::tokenizer::{ChatOptions, Tokenizer};
 
 /// Arguments of `generate`.
 #[derive(clap::Args)]
-pub struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
     #[arg(long)]
     model: String,
@@ -73,7 +73,7 @@ pub struct GenerateArgs {
 }
 
 /// Runs `generate`.
-pub fn run(args: &GenerateArgs) -> Result<()> {
+pub(crate) fn run(args: &GenerateArgs) -> Result<()> {
     anyhow::ensure!(args.num_generations >= 1, "--num-generations 0: must be at least 1");
     let (dir, model) = super::load_model(&super::ModelSpec {
         model: &args.model,

@@ -7,15 +7,15 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 /// One non-empty line of a JSONL file, parsed, with where it came from.
-pub struct Line {
+pub(crate) struct Line {
     /// `file:line` for error messages.
-    pub at: String,
+    pub(crate) at: String,
     /// The parsed value.
-    pub value: serde_json::Value,
+    pub(crate) value: serde_json::Value,
 }
 
 /// Every non-empty line of `path` (`-`: standard input) as JSON.
-pub fn read(path: &Path) -> Result<Vec<Line>> {
+pub(crate) fn read(path: &Path) -> Result<Vec<Line>> {
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -59,7 +59,7 @@ fn non_json_hint(line: &str) -> String {
 }
 
 /// Writes each value as one line on standard output.
-pub fn write(values: impl IntoIterator<Item = serde_json::Value>) -> Result<()> {
+pub(crate) fn write(values: impl IntoIterator<Item = serde_json::Value>) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     for v in values {
         writeln!(stdout, "{v}")?;

@@ -6,7 +6,7 @@ use treetrain::distributed::{LaunchPlan, Nodes, launch};
 
 /// Arguments of `launch`.
 #[derive(clap::Args)]
-pub struct LaunchArgs {
+pub(crate) struct LaunchArgs {
     /// Worker processes (ranks) on this host.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     nproc_per_node: u64,
@@ -37,7 +37,7 @@ pub struct LaunchArgs {
 const DISTRIBUTED: [&str; 2] = ["sft", "grpo"];
 
 /// Runs `launch`.
-pub fn run(args: &LaunchArgs) -> Result<()> {
+pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let sub = args.command.first().map(String::as_str).unwrap_or_default();
     anyhow::ensure!(
         DISTRIBUTED.contains(&sub),

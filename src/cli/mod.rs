@@ -1,14 +1,14 @@
 //! The subcommands, one file each, and what they share: reading models, JSON lines, and
 //! typed option values.
 
-pub mod convert;
-pub mod generate;
-pub mod jsonl;
-pub mod launch;
-pub mod pack;
-pub mod score;
-pub mod shapes;
-pub mod train;
+pub(crate) mod convert;
+pub(crate) mod generate;
+pub(crate) mod jsonl;
+pub(crate) mod launch;
+pub(crate) mod pack;
+pub(crate) mod score;
+pub(crate) mod shapes;
+pub(crate) mod train;
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ use anyhow::Result;
 use treetrain::display::Rich;
 
 /// `treetrain env`.
-pub fn env(json: bool) -> Result<()> {
+pub(crate) fn env(json: bool) -> Result<()> {
     let report = treetrain::EnvReport::collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
@@ -27,14 +27,14 @@ pub fn env(json: bool) -> Result<()> {
 }
 
 /// `treetrain env --check-device DEVICE`: the device self-check alone.
-pub fn check_device(device: treetrain::device::DeviceSpec) -> Result<()> {
+pub(crate) fn check_device(device: treetrain::device::DeviceSpec) -> Result<()> {
     let report = treetrain::model::check_device(device.resolve()?)?;
     print!("{}", report.text());
     Ok(())
 }
 
 /// `treetrain demo`: the library's demo, its summary printed and written to `summary.json`.
-pub fn demo(out: &Path) -> Result<()> {
+pub(crate) fn demo(out: &Path) -> Result<()> {
     let summary = treetrain::demo::run(out, &mut std::io::stdout())?;
     let path = out.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
@@ -43,7 +43,7 @@ pub fn demo(out: &Path) -> Result<()> {
 }
 
 /// `treetrain make-shipped-data`.
-pub fn make_shipped_data(out: &Path) -> Result<()> {
+pub(crate) fn make_shipped_data(out: &Path) -> Result<()> {
     treetrain::shipped::datasets::write_all(out).map_err(anyhow::Error::msg)?;
     treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
     println!("wrote {}", out.display());
@@ -52,7 +52,7 @@ pub fn make_shipped_data(out: &Path) -> Result<()> {
 
 /// How a subcommand wants a `--adapter` applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdapterUse {
+pub(crate) enum AdapterUse {
     /// Kept separate: PEFT's forward exactly (`score`).
     Attached,
     /// Folded into the weights: no adapter work per step (`generate`).
@@ -61,21 +61,21 @@ pub enum AdapterUse {
 
 /// How a subcommand loads its model: the folder or cached repo id, the dtype (default: the
 /// checkpoint's), the device, and a PEFT adapter folder to apply.
-pub struct ModelSpec<'a> {
+pub(crate) struct ModelSpec<'a> {
     /// A model folder or cached repo id.
-    pub model: &'a str,
+    pub(crate) model: &'a str,
     /// Parameter dtype (`None`: the checkpoint's).
-    pub dtype: Option<treetrain::model::Dtype>,
+    pub(crate) dtype: Option<treetrain::model::Dtype>,
     /// Where the model runs.
-    pub device: treetrain::device::DeviceSpec,
+    pub(crate) device: treetrain::device::DeviceSpec,
     /// A PEFT LoRA adapter folder.
-    pub adapter: Option<&'a Path>,
+    pub(crate) adapter: Option<&'a Path>,
     /// How the adapter is applied.
-    pub adapter_use: AdapterUse,
+    pub(crate) adapter_use: AdapterUse,
 }
 
 /// Loads what `spec` names.
-pub fn load_model(spec: &ModelSpec) -> Result<(PathBuf, treetrain::model::Model)> {
+pub(crate) fn load_model(spec: &ModelSpec) -> Result<(PathBuf, treetrain::model::Model)> {
     let dir = treetrain::hub::HubCache::from_env().model_dir(spec.model)?;
     let opts = treetrain::model::LoadOptions {
         dtype: spec.dtype.map(treetrain::model::Dtype::kind),
@@ -93,7 +93,7 @@ pub fn load_model(spec: &ModelSpec) -> Result<(PathBuf, treetrain::model::Model)
 }
 
 /// The model folder's tokenizer, when it has one.
-pub fn tokenizer_of(dir: &Path) -> Result<Option<treetrain::tokenizer::Tokenizer>> {
+pub(crate) fn tokenizer_of(dir: &Path) -> Result<Option<treetrain::tokenizer::Tokenizer>> {
     Ok(dir
         .join("tokenizer.json")
         .exists()
@@ -102,7 +102,7 @@ pub fn tokenizer_of(dir: &Path) -> Result<Option<treetrain::tokenizer::Tokenizer
 }
 
 /// A value parser for an option with a fixed set of values: `--flag value` errors list them.
-pub fn choice<T: clap::ValueEnum + Clone + Send + Sync + 'static>(
+pub(crate) fn choice<T: clap::ValueEnum + Clone + Send + Sync + 'static>(
     flag: &'static str,
 ) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
     move |s: &str| {

@@ -7,7 +7,7 @@ use treetrain::pack::{Packing, Rollout, pack_flat};
 
 /// Arguments of `pack`.
 #[derive(clap::Args)]
-pub struct PackArgs {
+pub(crate) struct PackArgs {
     /// JSONL: `{"input_ids", "completion_mask", "old_log_probs", "advantage", "group_id"}` per line.
     #[arg(long)]
     input: PathBuf,
@@ -21,7 +21,7 @@ pub struct PackArgs {
 }
 
 /// Runs `pack`.
-pub fn run(args: &PackArgs) -> Result<()> {
+pub(crate) fn run(args: &PackArgs) -> Result<()> {
     let mut rollouts = Vec::new();
     for line in super::jsonl::read(&args.input)? {
         let r: Rollout = serde_json::from_value(line.value).with_context(|| {

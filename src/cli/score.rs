@@ -8,7 +8,7 @@ use treetrain::pack::{FlatRow, PrefixTree, Rollout, RowBuilder, plan_rows, row_l
 
 /// How rows are forwarded (all give the same numbers).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ScorePacking {
+pub(crate) enum ScorePacking {
     /// One forward per row.
     None,
     /// Rows laid end to end in shared forwards.
@@ -19,7 +19,7 @@ pub enum ScorePacking {
 
 /// Arguments of `score`.
 #[derive(clap::Args)]
-pub struct ScoreArgs {
+pub(crate) struct ScoreArgs {
     /// A model folder or a Hugging Face repo id (org/name[@revision]) in the local cache.
     #[arg(long)]
     model: String,
@@ -47,7 +47,7 @@ pub struct ScoreArgs {
 }
 
 /// Runs `score`.
-pub fn run(args: &ScoreArgs) -> Result<()> {
+pub(crate) fn run(args: &ScoreArgs) -> Result<()> {
     let (dir, model) = super::load_model(&super::ModelSpec {
         model: &args.model,
         dtype: args.dtype,

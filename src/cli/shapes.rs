@@ -9,7 +9,7 @@ use treetrain::shapes::{PaddingComparison, synthetic_lengths};
 
 /// Arguments of `shapes`.
 #[derive(clap::Args)]
-pub struct ShapesArgs {
+pub(crate) struct ShapesArgs {
     /// A file of sequence lengths (one integer per line, or JSON lines with "length" or
     /// "input_ids"). Without it, a seeded synthetic chat-length distribution is used.
     #[arg(long)]
@@ -32,7 +32,7 @@ pub struct ShapesArgs {
 }
 
 /// Runs `shapes`.
-pub fn run(args: &ShapesArgs) -> Result<()> {
+pub(crate) fn run(args: &ShapesArgs) -> Result<()> {
     let lengths = match &args.lengths {
         Some(path) => read_lengths(path)?,
         None => synthetic_lengths(args.synthetic, 350.0, 0.7, 8, 4096, 0),

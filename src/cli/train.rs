@@ -13,7 +13,7 @@ use treetrain::train::{ResumeFrom, Trainer, every};
 
 /// Arguments of `sft`.
 #[derive(clap::Args)]
-pub struct SftArgs {
+pub(crate) struct SftArgs {
     /// The config file.
     #[arg(long)]
     config: PathBuf,
@@ -28,7 +28,7 @@ pub struct SftArgs {
 
 /// Arguments of `grpo`.
 #[derive(clap::Args)]
-pub struct GrpoArgs {
+pub(crate) struct GrpoArgs {
     /// The config file.
     #[arg(long)]
     config: PathBuf,
@@ -54,7 +54,7 @@ pub struct GrpoArgs {
 }
 
 /// Runs `sft`.
-pub fn sft(args: &SftArgs) -> Result<()> {
+pub(crate) fn sft(args: &SftArgs) -> Result<()> {
     let mut cfg = SftConfig::from_toml_file(&args.config)?;
     cfg.train.device = args.device.unwrap_or(cfg.train.device);
     if let Some(r) = &args.resume_from {
@@ -64,7 +64,7 @@ pub fn sft(args: &SftArgs) -> Result<()> {
 }
 
 /// Runs `grpo`.
-pub fn grpo(args: &GrpoArgs) -> Result<()> {
+pub(crate) fn grpo(args: &GrpoArgs) -> Result<()> {
     let mut cfg = GrpoConfig::from_toml_file(&args.config)?;
     cfg.train.device = args.device.unwrap_or(cfg.train.device);
     cfg.max_steps = args.max_steps.unwrap_or(cfg.max_steps);

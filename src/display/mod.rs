@@ -11,8 +11,7 @@ pub mod style;
 
 pub(crate) use html::{escape, kv_table, prompt_tail};
 pub use html::{section, table, tail};
-pub use plot::LineChart;
-pub use plot::Series;
+pub use plot::{LineChart, Series};
 
 /// A value with an HTML and a plain-text rendering.
 pub trait Rich {

@@ -33,12 +33,9 @@ pub use backend::{BackendChoice, CommBackend};
 pub(crate) use buckets::GradBuckets;
 pub use error::DistError;
 pub(crate) use group::built_with_gloo;
-pub use group::{Flat, ProcessGroup, Store};
-pub use group::{GlooDevice, Pending, Reduce};
-pub use launch::LaunchError;
-pub use launch::{LaunchPlan, Nodes, launch};
+pub use group::{Flat, GlooDevice, Pending, ProcessGroup, Reduce, Store};
+pub use launch::{LaunchError, LaunchPlan, Nodes, launch};
 pub use launch_env::LaunchEnv;
 #[cfg(test)]
 pub(crate) use world::BUCKET_BYTES;
-pub use world::{CommTotals, HeldState};
-pub use world::{World, bind, share};
+pub use world::{CommTotals, HeldState, World, bind, share};

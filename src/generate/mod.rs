@@ -49,7 +49,6 @@ pub use config::{GenerateError, GenerationConfig};
 pub use conversation::Conversations;
 pub(crate) use conversation::common_prefix;
 pub use generator::Generator;
-pub use sampling::Choice;
-pub use sampling::{SamplingConfig, choose};
+pub use sampling::{Choice, SamplingConfig, choose};
 pub use stop::StopStrings;
 pub use view::Completions;

@@ -10,7 +10,7 @@ pub enum ScaleRewards {
     Group,
     /// `(r - group mean) / (std of the whole step's rewards + 1e-4)` (TRL's `"batch"`: one
     /// scale for the step, so groups with a small spread are not blown up). Centred here, scaled
-    /// once the step's batch is complete ([`super::RolloutBatch::scale_advantages`]).
+    /// once the step's batch is complete (`super::RolloutBatch::scale_advantages`).
     Batch,
     /// `r - mean` (Dr. GRPO: no division by the group's spread).
     None,
@@ -33,7 +33,7 @@ pub enum MultiObjective {
 /// GDPO's first stage for one group: each function's scores `per_function[f][i]` normalised
 /// over the group's scored completions, then summed under `weights`; `None` where any function
 /// failed (a failed completion gets advantage 0 in either aggregation).
-pub fn decoupled_group_rewards(per_function: &[Vec<Option<f32>>], weights: &[f32]) -> Vec<Option<f32>> {
+pub(crate) fn decoupled_group_rewards(per_function: &[Vec<Option<f32>>], weights: &[f32]) -> Vec<Option<f32>> {
     let n = per_function.first().map_or(0, Vec::len);
     let mut total = vec![Some(0.0f64); n];
     for (scores, &w) in per_function.iter().zip(weights) {
@@ -54,7 +54,7 @@ pub fn decoupled_group_rewards(per_function: &[Vec<Option<f32>>], weights: &[f32
 /// Mean and standard deviation (Bessel-corrected, as `torch.std`) are taken over the rollouts
 /// that were scored; a failed rollout gets advantage 0, so it adds no gradient. A group whose
 /// scored rewards are all equal gets 0 everywhere.
-pub fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32> {
+pub(crate) fn group_advantages(rewards: &[Option<f32>], scale: ScaleRewards) -> Vec<f32> {
     let scored: Vec<f64> = rewards.iter().flatten().map(|&r| f64::from(r)).collect();
     if scored.is_empty() {
         return vec![0.0; rewards.len()];

@@ -4,13 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::config::{GrpoConfig, RolloutMode};
+use super::environment::Environment;
+use super::multiturn::MultiTurn;
+use super::producer::{BatchShape, RolloutProducer, Shard};
 use super::reference::Reference;
+use super::reward::RewardFn;
+use super::rollouts::PromptSet;
+use super::trainer::GrpoTrainer;
 use super::trainer::{GrpoState, Source};
 use super::worker::AsyncRollouts;
-use super::{
-    BatchShape, Environment, GrpoConfig, GrpoTrainer, MultiTurn, PromptSet, RewardFn, RolloutMode, RolloutProducer,
-    Shard,
-};
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::SpecialTokens;

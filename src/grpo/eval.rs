@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use super::advantage::mean_std;
 use super::builder::load_prompt_set;
+use super::metrics::RewardStat;
 use super::metrics::reward_stats;
-use super::{
-    BatchShape, GrpoTrainer, MultiTurn, PromptSet, RewardFn, RewardStat, RolloutBatch, RolloutProducer, Shard,
-};
+use super::multiturn::MultiTurn;
+use super::producer::{BatchShape, RolloutProducer, Shard};
+use super::reward::RewardFn;
+use super::rollouts::{PromptSet, RolloutBatch};
+use super::trainer::GrpoTrainer;
 use crate::data::Dataset;
 use crate::train::TrainError;
 

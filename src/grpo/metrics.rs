@@ -7,7 +7,9 @@
 //! order. Every field is written once; none starts as a placeholder.
 
 use super::advantage::mean_std;
-use super::{DriftTally, RewardFn, RolloutBatch, UpdateStats};
+use super::reward::RewardFn;
+use super::rollouts::{DriftTally, RolloutBatch};
+use super::update::UpdateStats;
 use crate::generate::FinishReason;
 use crate::train::StepOutcome;
 
@@ -24,7 +26,7 @@ pub struct RewardStat {
 
 impl RewardStat {
     /// The mean of the function called `name` among `stats` (a step's or an evaluation's).
-    pub fn mean_in(stats: &[RewardStat], name: &str) -> Option<f64> {
+    pub(crate) fn mean_in(stats: &[RewardStat], name: &str) -> Option<f64> {
         stats.iter().find(|r| r.name == name).map(|r| r.mean)
     }
 }

@@ -133,7 +133,7 @@ mod view;
 pub use view::GrpoSettings;
 mod worker;
 
-pub use advantage::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
+pub use advantage::{MultiObjective, ScaleRewards};
 pub use answer::extract_answer;
 pub use builder::GrpoTrainerBuilder;
 pub use config::{
@@ -149,14 +149,14 @@ pub use multiturn::MultiTurn;
 pub use objective::{GrpoObjective, LmHead, SamplingCorrection};
 pub use producer::{BatchShape, RolloutProducer, Shard};
 pub use reference::REFERENCE_FILE;
-pub use reward::{BuiltinReward, GroupRewards, RewardClosure, RewardFailure, RewardFn, RewardInput};
+pub use reward::{BuiltinReward, GroupRewards, RewardFailure, RewardFn, RewardInput};
 pub use rollouts::{
     DriftTally, ForkedRow, PromptRow, PromptSampler, PromptSet, QueuedGroup, RolloutBatch, ScoredGroup,
 };
 pub use row_loss::{grpo_loss, grpo_loss_backward};
 pub use row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
 pub use trainer::{GrpoState, GrpoTrainer};
-pub(crate) use update::{StepTotals, accumulate_share, idle_rows, idle_share, plan_rank_update, with_entropy_floor};
+pub(crate) use update::StepTotals;
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};
 pub use worker::AsyncRollouts;
 

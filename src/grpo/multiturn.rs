@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::RolloutProducer;
 use super::environment::{Conversation, EnvReply, Environment};
+use super::producer::RolloutProducer;
 use super::reward::{RewardInput, score_group};
 use super::rollouts::{DriftTally, ForkedRow, RolloutBatch, ScoredGroup};
 use super::talk::{Reconcile, Talk};

@@ -2,7 +2,7 @@
 //! that normalises loss terms over a whole step (TRL's `loss_type`), the sampling correction and
 //! how the LM head is back-propagated. What they compute over a packed row is in `row_terms`.
 
-use super::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
+use super::config::{GrpoConfig, ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::model::Truncation;
 use crate::model::{Activations, LogprobChunks};
 

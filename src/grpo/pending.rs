@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
-use super::RolloutBatch;
+use super::rollouts::RolloutBatch;
 use crate::train::TrainError;
 
 /// Where a checkpoint keeps the batches generated for later steps.

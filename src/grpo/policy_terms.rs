@@ -5,8 +5,8 @@
 
 use tch::{Kind, Tensor};
 
+use super::config::{ImportanceSampling, LossType, SamplingCorrectionMode};
 use super::objective::{GrpoObjective, SamplingCorrection};
-use super::{ImportanceSampling, LossType, SamplingCorrectionMode};
 use crate::device::Device;
 use crate::model::ModelError;
 use crate::pack::PackedRow;

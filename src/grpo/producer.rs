@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::advantage::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
 use super::reward::{GroupRewards, RewardFn, RewardInput, score_group};
 use super::rollouts::{PromptSampler, PromptSet, RolloutBatch, ScoredGroup};
-use super::{MultiObjective, ScaleRewards, decoupled_group_rewards, group_advantages};
 use crate::distributed::{World, share};
 use crate::generate::{Completion, FinishReason, GenerationConfig, Generator};
 use crate::model::CausalLm;
@@ -117,13 +117,13 @@ impl RolloutProducer {
 
     /// The same producer rolling out conversations with an environment (`None`: one
     /// completion per rollout).
-    pub fn with_multi_turn(self, multi_turn: Option<super::MultiTurn>) -> Self {
+    pub(crate) fn with_multi_turn(self, multi_turn: Option<super::MultiTurn>) -> Self {
         RolloutProducer { multi_turn, ..self }
     }
 
     /// Skips the prompts of the first `batches` batches, as a resumed run that consumed them
     /// must: the prompt order and the sampling seeds pick up after them.
-    pub fn skip_batches(&mut self, batches: u64) {
+    pub(crate) fn skip_batches(&mut self, batches: u64) {
         for _ in 0..batches {
             self.sampler.take(self.per_batch);
         }
@@ -134,7 +134,7 @@ impl RolloutProducer {
     /// prompts with `model` (weights of `version`) and scores them. Every completion draws from
     /// the random stream of its place in the whole batch, so the shards together make what one
     /// process would have made.
-    pub fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, TrainError> {
+    pub(crate) fn produce(&mut self, model: &CausalLm, version: u64) -> Result<RolloutBatch, TrainError> {
         let all = self.sampler.take(self.per_batch);
         let mine = share(all.len(), self.shard.rank, self.shard.size);
         let first_row = (mine.start * self.group) as u64;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tch::nn;
 
-use super::KlReference;
+use super::config::KlReference;
 use crate::model::{CausalLm, Model, write_safetensors};
 use crate::train::{TrainCore, TrainError};
 
@@ -26,7 +26,7 @@ pub(crate) struct Reference {
 
 impl Reference {
     /// The starting weights: with LoRA the policy's base, sharing its tensors; else loaded again.
-    pub fn of(core: &TrainCore) -> Result<Self, TrainError> {
+    pub(super) fn of(core: &TrainCore) -> Result<Self, TrainError> {
         Ok(match core.model.adapter {
             Some(_) => Reference {
                 lm: core.model.base_view()?,
@@ -42,7 +42,7 @@ impl Reference {
     /// After optimizer step `step` (1-based): every `ref_model_sync_steps` steps the reference
     /// moves toward `policy` by `ref_model_mixup_alpha` (in place: the layers' tensors see it).
     /// Nothing without `sync_ref_model`.
-    pub fn sync(&self, policy: &nn::VarStore, step: u64, reference: &KlReference) -> Result<(), TrainError> {
+    pub(super) fn sync(&self, policy: &nn::VarStore, step: u64, reference: &KlReference) -> Result<(), TrainError> {
         let Some(vars) = self.vars.as_ref().filter(|_| self.due(step, reference)) else {
             return Ok(());
         };
@@ -63,7 +63,7 @@ impl Reference {
     }
 
     /// Whether [`Reference::sync`] moves the reference after step `step`.
-    pub fn due(&self, step: u64, reference: &KlReference) -> bool {
+    pub(crate) fn due(&self, step: u64, reference: &KlReference) -> bool {
         self.vars.is_some()
             && reference.sync_ref_model
             && step != 0
@@ -72,7 +72,7 @@ impl Reference {
 
     /// Writes the reference's weights into checkpoint folder `dir` (a synced reference only:
     /// a frozen one is the starting weights, loaded again on resume).
-    pub fn write(&self, dir: &Path, reference: &KlReference) -> Result<(), String> {
+    pub(super) fn write(&self, dir: &Path, reference: &KlReference) -> Result<(), String> {
         match self.vars.as_ref().filter(|_| reference.sync_ref_model) {
             Some(vars) => write_safetensors(&dir.join(REFERENCE_FILE), &vars.variables(), self.lm.kind())
                 .map_err(|e| e.to_string()),
@@ -83,7 +83,7 @@ impl Reference {
     /// Restores a synced reference from `checkpoint` of a run at step `step`; before its first
     /// sync the reference is still the starting weights, and a checkpoint without the file is
     /// then fine.
-    pub fn restore(&self, checkpoint: &Path, step: u64, reference: &KlReference) -> Result<(), TrainError> {
+    pub(crate) fn restore(&self, checkpoint: &Path, step: u64, reference: &KlReference) -> Result<(), TrainError> {
         let Some(vars) = self.vars.as_ref().filter(|_| reference.sync_ref_model) else {
             return Ok(());
         };

@@ -26,7 +26,7 @@ pub struct RewardInput<'a> {
 }
 
 /// A reward closure: `None` means "cannot score this rollout" (reported; advantage 0).
-pub type RewardClosure = dyn Fn(&RewardInput) -> Option<f32> + Send + Sync;
+pub(crate) type RewardClosure = dyn Fn(&RewardInput) -> Option<f32> + Send + Sync;
 
 /// A named, weighted reward function.
 #[derive(Clone)]
@@ -72,13 +72,13 @@ impl RewardFn {
 
     /// The same function, declaring the dataset column it reads: a prompt set whose rows lack
     /// it is a config error at start, not a run at reward 0.
-    pub fn needing_column(mut self, column: &'static str) -> Self {
+    pub(crate) fn needing_column(mut self, column: &'static str) -> Self {
         self.needs_column = Some(column);
         self
     }
 
     /// The column declared by [`RewardFn::needing_column`].
-    pub fn needs_column(&self) -> Option<&'static str> {
+    pub(crate) fn needs_column(&self) -> Option<&'static str> {
         self.needs_column
     }
 
@@ -123,7 +123,7 @@ impl RewardFn {
     }
 
     /// A built-in reward function.
-    pub fn builtin(which: BuiltinReward) -> Self {
+    pub(crate) fn builtin(which: BuiltinReward) -> Self {
         match which {
             BuiltinReward::ExactAnswer => Self::exact_answer(),
             BuiltinReward::AnswerFormat => Self::answer_format(),
@@ -192,7 +192,7 @@ impl GroupRewards {
     /// Marks completion `completion` as unscorable: every function's score and the total become
     /// `None` (advantage 0), and one failure under `function` says why (replacing that
     /// function's own entry for it, so each (function, completion) fails once).
-    pub fn fail_completion(&mut self, completion: usize, dataset_row: usize, function: &str, reason: String) {
+    pub(crate) fn fail_completion(&mut self, completion: usize, dataset_row: usize, function: &str, reason: String) {
         self.failures
             .retain(|f| !(f.completion == completion && f.function == function));
         for scores in &mut self.per_function {

@@ -3,8 +3,8 @@
 use serde_json::{Map, Value};
 
 use super::advantage::mean_std;
+use super::advantage::{MultiObjective, ScaleRewards};
 use super::reward::GroupRewards;
-use super::{MultiObjective, ScaleRewards};
 use crate::data::Dataset;
 use crate::distributed::{DistError, World};
 use crate::generate::{Completion, FinishReason};
@@ -50,7 +50,7 @@ impl PromptSet {
     }
 
     /// [`PromptSet::load`], chat prompts rendered with `tools` (transformers' `tools=`).
-    pub fn load_with_tools(
+    pub(crate) fn load_with_tools(
         ds: &Dataset,
         tokenizer: &Tokenizer,
         field: &str,
@@ -67,7 +67,7 @@ impl PromptSet {
 
     /// [`PromptSet::load`], chat prompts rendered with `chat`'s tools and template variables
     /// (always with the generation prompt).
-    pub fn load_with_chat(
+    pub(crate) fn load_with_chat(
         ds: &Dataset,
         tokenizer: &Tokenizer,
         field: &str,
@@ -262,7 +262,7 @@ pub struct ForkedRow {
 impl ScoredGroup {
     /// Tokens the model generated for completion `i` (multi-turn: its turns, not the
     /// environment's messages).
-    pub fn generated_tokens(&self, i: usize) -> usize {
+    pub(crate) fn generated_tokens(&self, i: usize) -> usize {
         let trained = |mask: &[u8]| mask.iter().filter(|&&m| m == 1).count();
         let forked = self.forked_rows.iter().filter(|f| f.conversation == i);
         match self.trained_masks.get(i) {
@@ -337,7 +337,7 @@ impl RolloutBatch {
 
     /// The batch cut into single groups, each carrying its share of the batch's time and tokens
     /// (what the async generation thread queues).
-    pub fn into_groups(self) -> Vec<QueuedGroup> {
+    pub(crate) fn into_groups(self) -> Vec<QueuedGroup> {
         let n = self.groups.len().max(1) as f64;
         let (generation_s, reward_s) = (self.generation_s / n, self.reward_s / n);
         self.groups
@@ -412,7 +412,7 @@ impl RolloutBatch {
     /// the standard deviation of all the step's scored rewards (+1e-4, as TRL); GDPO
     /// (`normalize_then_sum`) centres and scales the groups' decoupled sums over the step's
     /// scored rollouts (failed ones stay 0).
-    pub fn scale_advantages(&mut self, scale: ScaleRewards, aggregation: MultiObjective) {
+    pub(crate) fn scale_advantages(&mut self, scale: ScaleRewards, aggregation: MultiObjective) {
         if aggregation == MultiObjective::NormalizeThenSum {
             let scored: Vec<(usize, usize)> = (self.groups.iter().enumerate())
                 .flat_map(|(g, group)| (0..group.advantages.len()).map(move |i| (g, i)))
@@ -465,7 +465,7 @@ impl RolloutBatch {
     }
 
     /// A batch assembled from queued groups (async mode).
-    pub fn from_groups(index: u64, groups: Vec<QueuedGroup>, reward_names: Vec<String>) -> Self {
+    pub(crate) fn from_groups(index: u64, groups: Vec<QueuedGroup>, reward_names: Vec<String>) -> Self {
         RolloutBatch {
             version: groups.iter().map(|g| g.group.version).min().unwrap_or(0),
             index,

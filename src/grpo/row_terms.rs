@@ -6,7 +6,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::LossType;
+use super::config::LossType;
 use super::objective::GrpoObjective;
 use super::policy_terms::{importance_ratio, off_policy_mask, policy_terms, sampling_weights};
 use crate::device::Device;

@@ -79,7 +79,7 @@ pub(super) struct Reconcile<'a> {
 
 impl Talk {
     /// A conversation that starts from its prompt's messages and rendering.
-    pub fn new(prompt: usize, messages: Vec<Value>, rendered: String) -> Self {
+    pub(super) fn new(prompt: usize, messages: Vec<Value>, rendered: String) -> Self {
         Talk {
             prompt,
             messages,
@@ -97,7 +97,7 @@ impl Talk {
 
     /// Appends an assistant turn the generator made; its text (special tokens removed) becomes
     /// the assistant message.
-    pub fn absorb(&mut self, turn: &Completion, tokenizer: &Tokenizer) -> Result<(), String> {
+    pub(crate) fn absorb(&mut self, turn: &Completion, tokenizer: &Tokenizer) -> Result<(), String> {
         let ids: Vec<u32> = turn.output_ids.iter().map(|&t| t as u32).collect();
         let content = tokenizer
             .decode(&ids, true)
@@ -118,7 +118,7 @@ impl Talk {
     /// template renders the conversation as an extension of what the model saw, the text from
     /// the end of the assistant's content on is tokenized (the end-of-turn token the model
     /// generated is not repeated); otherwise the rendering is reconciled (module docs).
-    pub fn add_message(
+    pub(crate) fn add_message(
         &mut self,
         role: EnvRole,
         content: &str,
@@ -223,7 +223,7 @@ impl Talk {
 
     /// The conversation's current row after its prompt as one completion (all turns and
     /// messages since the last fork).
-    pub fn completion(&self, prompt_index: usize) -> Completion {
+    pub(super) fn completion(&self, prompt_index: usize) -> Completion {
         Completion {
             prompt_index,
             output_ids: self.ids.clone(),
@@ -234,7 +234,7 @@ impl Talk {
     }
 
     /// Tokens the model generated in all of the conversation's rows.
-    pub fn generated_tokens(&self) -> usize {
+    pub(crate) fn generated_tokens(&self) -> usize {
         let closed = self.closed.iter().flat_map(|c| &c.trained);
         closed.chain(&self.trained).filter(|&&m| m == 1).count()
     }

@@ -4,14 +4,21 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::config::{EntropyControl, GrpoConfig};
+use super::eval::EvalResult;
+use super::metrics::{GrpoStepMetrics, SampleCompletion};
 use super::metrics::{StepClock, UpdateMetrics, UpdatePart};
+use super::multiturn::MultiTurn;
+use super::objective::GrpoObjective;
+use super::producer::RolloutProducer;
 use super::reward::RewardFailure;
-use super::worker::AsyncRollouts;
-use super::{
-    EntropyControl, EvalResult, GrpoConfig, GrpoObjective, GrpoStepMetrics, MultiTurn, PromptSet, RewardFn,
-    RolloutBatch, RolloutProducer, SampleCompletion, UpdateStats, accumulate_gradients, accumulate_share, idle_rows,
-    idle_share, pack_rollouts, plan_rank_update, with_entropy_floor,
+use super::reward::RewardFn;
+use super::rollouts::{PromptSet, RolloutBatch};
+use super::update::{
+    UpdateStats, accumulate_gradients, accumulate_share, idle_rows, idle_share, pack_rollouts, plan_rank_update,
+    with_entropy_floor,
 };
+use super::worker::AsyncRollouts;
 use crate::generate::GenerationConfig;
 use crate::model::{CausalLm, Model};
 use crate::pack::{PackedRow, Packing};

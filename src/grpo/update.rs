@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use super::{GrpoObjective, TermLogprobs, grpo_loss_backward};
+use super::objective::GrpoObjective;
+use super::row_loss::grpo_loss_backward;
+use super::row_terms::TermLogprobs;
 use crate::device::Device;
 use crate::distributed::World;
 use crate::model::{CausalLm, Pass};
@@ -43,7 +45,7 @@ pub(crate) struct StepTotals {
 
 impl StepTotals {
     /// The totals of `rows`.
-    pub fn of<'a>(rows: impl IntoIterator<Item = &'a PackedRow>) -> Self {
+    pub(crate) fn of<'a>(rows: impl IntoIterator<Item = &'a PackedRow>) -> Self {
         let mut totals = StepTotals::default();
         for r in rows {
             totals.terms += r.token_index.len();

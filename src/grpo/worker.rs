@@ -9,7 +9,9 @@ use std::thread::JoinHandle;
 
 use tch::{Tensor, nn::VarStore};
 
-use super::{QueuedGroup, RolloutProducer, panic_message};
+use super::panic_message;
+use super::producer::RolloutProducer;
+use super::rollouts::QueuedGroup;
 use crate::model::Model;
 use crate::train::TrainError;
 use crate::train::snapshot::{load_snapshot, snapshot};

@@ -179,7 +179,7 @@ pub(crate) struct DynamicCache {
 
 impl DynamicCache {
     /// An empty cache for `layers` layers.
-    pub fn new(layers: usize) -> Self {
+    pub(crate) fn new(layers: usize) -> Self {
         DynamicCache {
             k: (0..layers).map(|_| None).collect(),
             v: (0..layers).map(|_| None).collect(),

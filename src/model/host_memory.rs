@@ -77,7 +77,7 @@ pub fn huge_page_empty(numel: i64, like: &Tensor) -> Result<(Tensor, Placement),
 /// Moves `tensors` (one dtype, one device, each contiguous) into one new 1-D buffer, end to
 /// end in order, and points each at its part of it (same shape, same values). Returns the
 /// buffer; `None` for no tensors.
-pub fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<Tensor>, tch::TchError> {
+pub(crate) fn gather(tensors: &mut [&mut Tensor]) -> Result<Option<Tensor>, tch::TchError> {
     let Some(first) = tensors.first() else {
         return Ok(None);
     };

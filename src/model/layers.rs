@@ -27,7 +27,7 @@ pub(crate) const SKINNY_ROWS: i64 = 64;
 /// `x W^T + b` for `x` `[..., in]`, `weight` `[out, in]` with libtorch's ops: on the CPU for
 /// a few rows in the orientation that reads the weight fastest ([`SKINNY_ROWS`]);
 /// differentiable either way.
-pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+pub(super) fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
     linear_with(x, weight, bias, CpuOps::Libtorch)
 }
 

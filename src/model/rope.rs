@@ -6,7 +6,7 @@ use super::config::{ModelConfig, RopeScaling};
 
 /// Inverse frequencies `[head_dim / 2]` (f32), scaled as the config says; computed with the
 /// same f32 operations transformers uses so angles match bit for bit.
-pub fn inv_freq(cfg: &ModelConfig, device: tch::Device) -> Tensor {
+pub(super) fn inv_freq(cfg: &ModelConfig, device: tch::Device) -> Tensor {
     let dim = cfg.head_dim;
     let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
     let base = Tensor::pow_scalar(cfg.rope_theta, &exponents);
@@ -45,7 +45,7 @@ pub(crate) fn cos_sin(inv_freq: &Tensor, position_ids: &Tensor, kind: Kind) -> (
 
 /// Rotates `x` `[batch, heads, seq, head_dim]` by `cos`/`sin` `[batch, seq, head_dim]`
 /// (the rotate-half convention of the Hugging Face checkpoints).
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+pub(super) fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let half = x.size()[3] / 2;
     let x1 = x.narrow(3, 0, half);
     let x2 = x.narrow(3, half, half);

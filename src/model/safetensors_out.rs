@@ -36,7 +36,7 @@ fn dtype_name(kind: Kind) -> Result<&'static str, String> {
 impl SafetensorsOut {
     /// Creates `path` and writes the header of `entries` (name, shape), stored in that order
     /// as `kind`, with `{"format": "pt"}` (which transformers checks) and `metadata`.
-    pub fn create(
+    pub(crate) fn create(
         path: &Path,
         entries: Vec<(String, Vec<i64>)>,
         kind: Kind,
@@ -86,7 +86,7 @@ impl SafetensorsOut {
     }
 
     /// Writes the next tensor's bytes (in the file's dtype; it must have the header's shape).
-    pub fn write(&mut self, t: &Tensor) -> Result<(), ModelError> {
+    pub(crate) fn write(&mut self, t: &Tensor) -> Result<(), ModelError> {
         let Some((name, shape)) = self.entries.get(self.next) else {
             return Err(self.fail("more tensors written than its header names".into()));
         };
@@ -114,7 +114,7 @@ impl SafetensorsOut {
     }
 
     /// Flushes the file to disk; every tensor of the header must have been written.
-    pub fn finish(mut self) -> Result<(), ModelError> {
+    pub(crate) fn finish(mut self) -> Result<(), ModelError> {
         if let Some(name) = self.next_name() {
             let message = format!("closed before `{name}` was written");
             return Err(self.fail(message));

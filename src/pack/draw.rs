@@ -25,7 +25,7 @@ const CHAR_PX: f64 = 6.4;
 
 /// One line of the tree picture.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Line {
+pub(super) enum Line {
     /// A drawn segment.
     Segment(usize),
     /// `segments` hidden segments (with their subtrees) under `parent`.
@@ -105,7 +105,7 @@ pub(crate) fn trained_per_segment(row: &PackedRow) -> Vec<usize> {
 }
 
 /// `text` cut to `max_chars` with an ellipsis, newlines shown as ⏎.
-pub fn fit(text: &str, max_chars: usize) -> String {
+pub(super) fn fit(text: &str, max_chars: usize) -> String {
     let flat = text.replace('\n', "⏎");
     if flat.chars().count() <= max_chars {
         return flat;

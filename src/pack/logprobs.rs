@@ -81,7 +81,7 @@ impl TermPairs {
 impl DistinctTerms {
     /// Log-prob of every loss term `[M]` under the distribution the sampler drew from:
     /// `softmax(logits / T)` with `truncation` replayed ([`Truncation::logprobs`]).
-    pub fn logprobs(
+    pub(crate) fn logprobs(
         &self,
         lm_head: &Tensor,
         chunks: LogprobChunks,

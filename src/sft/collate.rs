@@ -2,7 +2,8 @@
 
 use tch::Tensor;
 
-use super::{PackingStrategy, TrainExample, pack};
+use super::packing::{PackingStrategy, pack};
+use super::tokenize::TrainExample;
 use crate::train::TrainError;
 use crate::util::SplitMix64;
 
@@ -48,7 +49,7 @@ impl Collator {
     /// every epoch would train its longest conversations first and its shortest last, and a
     /// model would end each epoch (and its training) on one kind of data, unlearning what the
     /// other kind taught (`datasets/README.md` has a case).
-    pub fn epoch(&self, rows: &[TrainExample], seed: u64, epoch: u64) -> Result<Vec<MicroBatch>, TrainError> {
+    pub(super) fn epoch(&self, rows: &[TrainExample], seed: u64, epoch: u64) -> Result<Vec<MicroBatch>, TrainError> {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         let mut rng = SplitMix64::new(seed.wrapping_add(epoch));
         rng.shuffle(&mut order);
@@ -73,7 +74,7 @@ impl Collator {
     }
 
     /// Rows in order, one sequence per batch row (evaluation).
-    pub fn in_order(&self, rows: &[TrainExample]) -> Vec<MicroBatch> {
+    pub(crate) fn in_order(&self, rows: &[TrainExample]) -> Vec<MicroBatch> {
         self.batches(
             rows.iter()
                 .enumerate()
@@ -90,7 +91,7 @@ impl Collator {
 
     /// Trained tokens of a micro-batch (what [`Collator::tensors`] emits as targets: masked
     /// positions after each piece's first token).
-    pub fn trained_tokens(rows: &[TrainExample], mb: &MicroBatch) -> usize {
+    pub(super) fn trained_tokens(rows: &[TrainExample], mb: &MicroBatch) -> usize {
         mb.iter()
             .flatten()
             .map(|&(i, start, len)| {
@@ -106,7 +107,7 @@ impl Collator {
     /// The tensors of a micro-batch: pieces concatenated per batch row (positions restart at 0
     /// for each piece, which attends only to itself), right-padded to a common length rounded
     /// up to the pad multiple.
-    pub fn tensors(&self, rows: &[TrainExample], mb: &MicroBatch) -> BatchTensors {
+    pub(super) fn tensors(&self, rows: &[TrainExample], mb: &MicroBatch) -> BatchTensors {
         let parts: Vec<RowParts> = mb.iter().map(|pieces| RowParts::of(rows, pieces)).collect();
         let longest = parts.iter().map(|r| r.ids.len()).max().unwrap_or(1);
         let t = crate::device::round_up(longest, self.pad_multiple);

@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use super::{PackingStrategy, TokenizeOptions};
+use super::packing::PackingStrategy;
+use super::tokenize::TokenizeOptions;
 use crate::device::{PadTo, Platform};
 use crate::train::{TrainConfig, TrainError};
 
@@ -73,7 +74,7 @@ impl SftConfig {
     }
 
     /// The platform `pad_to_multiple_of = auto` resolves for on `device` (see `platform`).
-    pub fn platform_for(&self, device: crate::device::Device) -> Platform {
+    pub(crate) fn platform_for(&self, device: crate::device::Device) -> Platform {
         match device.platform() {
             Platform::Neuron => Platform::Neuron,
             _ => self.platform,

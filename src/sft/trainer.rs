@@ -8,7 +8,9 @@ use std::time::Instant;
 use tch::{Kind, Tensor};
 
 use super::collate::{BatchTensors, Collator, MicroBatch};
-use super::{SftConfig, TrainExample, tokenize};
+use super::config::SftConfig;
+use super::tokenize;
+use super::tokenize::TrainExample;
 use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;

@@ -1,6 +1,7 @@
 //! How SFT values show themselves in a notebook (HTML) and a terminal (text).
 
-use super::{SftConfig, SftEval, SftTrainer, StepMetrics, TrainerState};
+use super::config::SftConfig;
+use super::trainer::{SftEval, SftTrainer, StepMetrics, TrainerState};
 use crate::display::{self, LineChart, Rich, escape};
 
 impl Rich for TrainerState {

@@ -9,8 +9,6 @@ mod ledger;
 mod lengths;
 
 pub use comparison::LedgerComparison;
-pub use forecast::PaddingComparison;
-pub use forecast::{ShapeError, ShapeForecast};
-pub use ledger::GraphShapes;
-pub use ledger::ShapeLedger;
+pub use forecast::{PaddingComparison, ShapeError, ShapeForecast};
+pub use ledger::{GraphShapes, ShapeLedger};
 pub use lengths::synthetic_lengths;

@@ -9,11 +9,9 @@ mod hf_tokenizer;
 mod mask_view;
 mod pyjson;
 
-pub use chat_template::RenderedChat;
-pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES};
+pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES, RenderedChat};
 pub use error::TokenizerError;
 pub(crate) use files::copy_tokenizer_files;
-pub use hf_tokenizer::TokenizedChat;
-pub use hf_tokenizer::{ChatOptions, Tokenizer};
+pub use hf_tokenizer::{ChatOptions, TokenizedChat, Tokenizer};
 pub use mask_view::MaskView;
 pub use pyjson::dumps as python_json;

@@ -106,7 +106,7 @@ impl AdamWConfig {
 }
 
 /// Whether a parameter of this name gets weight decay.
-pub fn decays(name: &str) -> bool {
+pub(crate) fn decays(name: &str) -> bool {
     !(name.ends_with(".bias") || name.contains("norm"))
 }
 
@@ -134,7 +134,7 @@ impl AdamW {
 
     /// [`AdamW::new`]; with `fp32_master`, half-precision variables get fp32 master copies that
     /// the updates go to (mixed precision: half compute, fp32 master weights and moments).
-    pub fn with_master_weights(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool) -> Self {
+    pub(crate) fn with_master_weights(vs: &nn::VarStore, config: AdamWConfig, fp32_master: bool) -> Self {
         let params: BTreeMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let zeros = |t: &Tensor| Tensor::zeros_like(t).to_kind(Kind::Float);
         let master = params
@@ -244,7 +244,7 @@ impl AdamW {
     }
 
     /// The first parameter (by name) holding NaN or infinite values, if any.
-    pub fn first_non_finite(&self) -> Result<Option<&str>, ModelError> {
+    pub(crate) fn first_non_finite(&self) -> Result<Option<&str>, ModelError> {
         first_non_finite(self.params.iter())
     }
 

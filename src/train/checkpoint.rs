@@ -3,22 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::distributed::World;
-
-/// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
-/// place, so a crash never leaves a half-written checkpoint under the real name. The temporary
-/// name is this process's own: another process saving into `out` never shares it.
-pub fn save_atomically(
-    out: &Path,
-    step: u64,
-    write: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<PathBuf, TrainError> {
-    let world = World::single();
-    let staged = Staged::new(out, step, &world)?;
-    let written = write(staged.path()).map_err(|message| staged.error(message));
-    staged.commit(&world, written, |_| Ok(()))
-}
 
 /// A checkpoint folder every rank of a run writes its part into: `out/.checkpoint-<step>.<pid
 /// of rank 0>.tmp`, renamed to `out/checkpoint-<step>` by rank 0 once every rank has said its
@@ -133,6 +119,20 @@ pub(crate) fn is_staged_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Writes `out/checkpoint-<step>/` through `write` into a temporary folder that is renamed into
+    /// place, so a crash never leaves a half-written checkpoint under the real name. The temporary
+    /// name is this process's own: another process saving into `out` never shares it.
+    fn save_atomically(
+        out: &Path,
+        step: u64,
+        write: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<PathBuf, TrainError> {
+        let world = World::single();
+        let staged = Staged::new(out, step, &world)?;
+        let written = write(staged.path()).map_err(|message| staged.error(message));
+        staged.commit(&world, written, |_| Ok(()))
+    }
 
     #[test]
     fn a_failed_write_leaves_no_checkpoint_and_a_good_one_replaces_the_old() {

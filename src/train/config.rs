@@ -7,7 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AdamWConfig, ReportTo, ResumeFrom, ScheduleKind, TrainError};
+use super::adamw::AdamWConfig;
+use super::error::TrainError;
+use super::report::ReportTo;
+use super::resume::ResumeFrom;
+use super::schedule::ScheduleKind;
 use crate::device::DeviceSpec;
 use crate::model::DtypeSetting;
 use crate::model::lora::LoraConfig;
@@ -346,7 +350,7 @@ impl ParallelSettings {
     }
 
     /// [`ParallelSettings::distributed_timeout_s`] as a duration.
-    pub fn distributed_timeout(&self) -> std::time::Duration {
+    pub(crate) fn distributed_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.distributed_timeout_s)
     }
 }

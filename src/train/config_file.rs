@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::TrainError;
+use super::error::TrainError;
 
 /// Reads a TOML config of `T`: every key the file sets replaces `T::default()`'s value (nested
 /// tables merge key by key), so a field flattened in from a shared section still gets the

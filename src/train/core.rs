@@ -7,9 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::optimization::Optimization;
 use super::output_lock::{OutputLock, check_writable};
 use super::report::{RunLogs, Scalars};
-use super::{LrSchedule, Optimization, TrainConfig, TrainError, checkpoint, parallel, resume};
+use super::schedule::LrSchedule;
+use super::{checkpoint, parallel, resume};
 use crate::data::Dataset;
 use crate::device::DeviceSpec;
 use crate::distributed::World;
@@ -49,7 +53,7 @@ pub struct TrainCore {
 
 impl TrainCore {
     /// Loads the model of `config` (its weights from `checkpoint` when resuming), the tokenizer
-    /// and a fresh optimizer; the schedule is set by [`TrainCore::set_schedule`] once the run's
+    /// and a fresh optimizer; the schedule is set by `TrainCore::set_schedule` once the run's
     /// length is known.
     ///
     /// Under torchrun (or `treetrain launch`) this process joins the run's other processes
@@ -66,7 +70,7 @@ impl TrainCore {
 
     /// [`TrainCore::load`] as one of the processes of `world`: the device index is offset by
     /// the local rank (`cuda` is each rank's own GPU) and rank 0's weights are broadcast.
-    pub fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
+    pub(crate) fn load_in(config: &TrainConfig, checkpoint: Option<&Path>, world: World) -> Result<Self, TrainError> {
         config.validate()?;
         let output_lock = match config.output.output_dir.as_deref().filter(|_| world.is_main()) {
             Some(out) => Some(claim_output_dir(config, out, checkpoint)?),
@@ -114,7 +118,7 @@ impl TrainCore {
     /// copy): the base loaded again and the trained variables copied (with LoRA, the adapter
     /// alone, attached to a fresh base).
     /// Under `full_shard` the weights are gathered for the copy (a collective every rank calls).
-    pub fn copy_of_policy(&self) -> Result<Model, TrainError> {
+    pub(crate) fn copy_of_policy(&self) -> Result<Model, TrainError> {
         let mut copy = Model::load(&self.model_dir, self.load_options)?;
         self.model.lm.with_whole_weights(|| self.copy_into(&mut copy))?;
         Ok(copy)
@@ -136,14 +140,14 @@ impl TrainCore {
     }
 
     /// Sets the learning-rate schedule for a run of `total_steps`.
-    pub fn set_schedule(&mut self, config: &TrainConfig, total_steps: u64) {
+    pub(crate) fn set_schedule(&mut self, config: &TrainConfig, total_steps: u64) {
         self.optim.schedule = schedule(config, total_steps);
     }
 
     /// The training data: `config.data.dataset` as a file or folder when it exists, else as a dataset
     /// repo id in the Hugging Face cache; split `dataset_split` (default `train`) of a folder
     /// or repo, as `datasets.load_dataset` splits it.
-    pub fn open_dataset(config: &TrainConfig) -> Result<Dataset, TrainError> {
+    pub(crate) fn open_dataset(config: &TrainConfig) -> Result<Dataset, TrainError> {
         if config.data.dataset.exists() {
             return Ok(Dataset::open_split(
                 &config.data.dataset,
@@ -174,7 +178,7 @@ impl TrainCore {
 
     /// [`TrainCore::save_checkpoint`] with `extra` writing a trainer's own files into the
     /// checkpoint folder before it is renamed into place.
-    pub fn save_checkpoint_with(
+    pub(crate) fn save_checkpoint_with(
         &self,
         config: &TrainConfig,
         step: u64,
@@ -288,7 +292,7 @@ impl TrainCore {
     /// Restores the optimizer from a checkpoint folder and returns the trainer state saved there.
     /// A checkpoint of a run with another world size is an error: its step counts and data
     /// position mean other global batches.
-    pub fn restore<S: serde::de::DeserializeOwned>(&mut self, checkpoint: &Path) -> Result<S, TrainError> {
+    pub(crate) fn restore<S: serde::de::DeserializeOwned>(&mut self, checkpoint: &Path) -> Result<S, TrainError> {
         let fail = |message: String| TrainError::Checkpoint {
             path: checkpoint.into(),
             message,
@@ -334,12 +338,12 @@ impl TrainCore {
     }
 
     /// Logs an evaluation's metrics (TensorBoard and CSV; main rank only).
-    pub fn log_eval(&mut self, metrics: &impl Scalars) {
+    pub(crate) fn log_eval(&mut self, metrics: &impl Scalars) {
         self.logs.eval(metrics);
     }
 
     /// Logs markdown text under `tag` (TensorBoard's text tab; main rank only).
-    pub fn log_text(&mut self, tag: &str, step: u64, markdown: &str) {
+    pub(crate) fn log_text(&mut self, tag: &str, step: u64, markdown: &str) {
         self.logs.text(tag, step, markdown);
     }
 

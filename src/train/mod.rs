@@ -22,14 +22,14 @@ mod schedule;
 pub(crate) mod snapshot;
 mod trainer;
 
-pub use adamw::{AdamW, AdamWConfig, decays, zero_grads};
-pub use checkpoint::save_atomically;
+pub use adamw::{AdamW, AdamWConfig, zero_grads};
 pub use config::{
     DataSettings, NanPolicy, OptimizerSettings, OutputSettings, ParallelSettings, PrecisionSettings, TrainConfig,
 };
 pub use core::TrainCore;
 pub use error::TrainError;
-pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization, StepOutcome};
+pub(crate) use optimization::StepOutcome;
+pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization};
 pub use parallel::{BackwardPrefetch, Fsdp, FsdpConfig};
 pub use report::{EventScalars, ReportTo, Scalars};
 pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};

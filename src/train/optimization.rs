@@ -6,8 +6,10 @@ use std::path::Path;
 
 use tch::Tensor;
 
+use super::config::{NanPolicy, TrainConfig};
+use super::error::TrainError;
 use super::parallel::Strategy;
-use super::{LrSchedule, NanPolicy, TrainConfig, TrainError};
+use super::schedule::LrSchedule;
 use crate::distributed::HeldState;
 use crate::model::ModelError;
 
@@ -29,7 +31,7 @@ pub const MAX_CONSECUTIVE_SKIPS: u64 = 8;
 
 /// What the end of a step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepOutcome {
+pub(crate) struct StepOutcome {
     /// Gradient norm before clipping (NaN or inf when a gradient was not finite).
     pub grad_norm: f64,
     /// Learning rate of the step.
@@ -57,7 +59,7 @@ impl Optimization {
     /// error naming `rows()`; [`MAX_CONSECUTIVE_SKIPS`] skips in a row are an error under skip
     /// too). Gradients are cleared in every case. In a multi-process run
     /// `loss` is the global one, so every rank decides alike.
-    pub fn finish_step(
+    pub(crate) fn finish_step(
         &mut self,
         config: &TrainConfig,
         step: u64,
@@ -116,7 +118,7 @@ impl Optimization {
     }
 
     /// Clears gradients a failed forward or backward left behind, so the next step starts clean.
-    pub fn discard_gradients(&mut self) {
+    pub(crate) fn discard_gradients(&mut self) {
         self.strategy.discard_grads();
     }
 

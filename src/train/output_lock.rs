@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::TrainError;
+use super::error::TrainError;
 
 /// Creates `out` and checks a file can be written there, before any training time is spent.
 pub(crate) fn check_writable(field: &'static str, out: &Path) -> Result<(), TrainError> {

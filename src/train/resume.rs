@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{TrainConfig, TrainError};
+use super::config::TrainConfig;
+use super::error::TrainError;
 
 /// Where a run continues from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +33,7 @@ pub(crate) mod setting {
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// `true`, a path, or nothing.
-    pub fn serialize<S: Serializer>(value: &Option<ResumeFrom>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(value: &Option<ResumeFrom>, s: S) -> Result<S::Ok, S::Error> {
         match value {
             Some(ResumeFrom::Latest) => s.serialize_bool(true),
             Some(ResumeFrom::Checkpoint(p)) => s.serialize_str(&p.to_string_lossy()),
@@ -41,7 +42,7 @@ pub(crate) mod setting {
     }
 
     /// A boolean or a string.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ResumeFrom>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ResumeFrom>, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Raw {
@@ -60,7 +61,7 @@ impl TrainConfig {
     /// The checkpoint this run continues from: `explicit` (a caller's argument) first, then
     /// `resume_from_checkpoint`. `Latest` with no resumable checkpoint in `output_dir` is an
     /// error, as in transformers.
-    pub fn checkpoint_to_resume(&self, explicit: Option<&Path>) -> Result<Option<PathBuf>, TrainError> {
+    pub(crate) fn checkpoint_to_resume(&self, explicit: Option<&Path>) -> Result<Option<PathBuf>, TrainError> {
         if let Some(path) = explicit {
             return Ok(Some(path.into()));
         }

@@ -3,7 +3,7 @@
 
 use tch::{Tensor, nn::VarStore};
 
-use super::TrainError;
+use super::error::TrainError;
 
 /// Deep copies of every parameter, by `state_dict` name.
 pub(crate) fn snapshot(vs: &VarStore) -> Vec<(String, Tensor)> {

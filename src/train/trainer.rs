@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{TrainConfig, TrainCore, TrainError};
+use super::config::TrainConfig;
+use super::core::TrainCore;
+use super::error::TrainError;
 use crate::display::Rich;
 
 /// Steps done and steps of the whole run.
@@ -150,7 +152,7 @@ pub trait Trainer: Sized {
 }
 
 /// What `train_for(n)` says when the run ended before `n` steps.
-pub fn stopped_early(ran: u64, asked: u64, p: Progress) -> String {
+pub(crate) fn stopped_early(ran: u64, asked: u64, p: Progress) -> String {
     format!(
         "stopped after {ran} of the {asked} steps asked: the run reached its last step ({} of max_steps {})",
         p.done, p.total

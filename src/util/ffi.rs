@@ -10,7 +10,7 @@ impl ErrBuf {
     pub(crate) const LEN: usize = 1024;
 
     /// An empty buffer.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ErrBuf([0; Self::LEN])
     }
 
@@ -20,7 +20,7 @@ impl ErrBuf {
     }
 
     /// The NUL-terminated text written, lossily decoded.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         let end = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
         String::from_utf8_lossy(&self.0[..end]).into_owned()
     }

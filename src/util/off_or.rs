@@ -14,7 +14,7 @@ pub(crate) fn serialize<S: Serializer, T: Serialize>(value: &Option<T>, s: S) ->
 }
 
 /// A value, or `"off"` / `"none"` for `None`.
-pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw<T> {

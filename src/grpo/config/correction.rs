@@ -2,7 +2,7 @@
 //! TRL's `vllm_importance_sampling_*` settings, for rollouts whose sampling weights lag the
 //! policy.
 
-use super::LossType;
+use super::loss::LossType;
 use crate::train::TrainError;
 
 /// How the mismatch between the weights that sampled a rollout and the policy at update start

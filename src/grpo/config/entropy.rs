@@ -69,7 +69,7 @@ impl EntropyBonus {
 
     /// The coefficient a run starts with: `entropy_coef`, or 0 for the adaptive controller,
     /// which has no measured entropy yet.
-    pub fn initial_coef(&self) -> f64 {
+    pub(crate) fn initial_coef(&self) -> f64 {
         if self.use_adaptive_entropy {
             0.0
         } else {

@@ -17,7 +17,7 @@ impl GrpoState {
     }
 
     /// Reward curves: the weighted total and each function.
-    pub fn reward_chart(&self) -> LineChart {
+    pub(crate) fn reward_chart(&self) -> LineChart {
         let mut chart = LineChart::new("Reward", "step", "mean reward")
             .with_series("total", self.curve(|m| m.rollouts.reward_mean));
         for (i, name) in self.reward_names.iter().enumerate() {
@@ -116,7 +116,7 @@ impl GrpoState {
     }
 
     /// The latest step's sample completions as an HTML table.
-    pub fn samples_html(&self) -> String {
+    pub(crate) fn samples_html(&self) -> String {
         let mut headers = vec!["row", "prompt", "completion"];
         headers.extend(self.reward_names.iter().map(String::as_str));
         headers.extend(["total", "advantage"]);

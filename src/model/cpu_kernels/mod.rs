@@ -119,7 +119,7 @@ pub fn kernel_isa() -> KernelIsa {
 /// `[out]`; `None` when the kernel does not apply (see the module doc), the caller then uses
 /// libtorch. `x` is made contiguous here; the weight must already be (a row block of a fused
 /// buffer is).
-pub fn product(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
+pub(crate) fn product(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
     product_up_to(x, weight, bias, KERNEL_ROWS)
 }
 

@@ -19,7 +19,7 @@ pub(crate) struct DropoutStream {
 
 impl DropoutStream {
     /// Dropout with probability `p`, masks keyed by `seed` and the draw count.
-    pub fn new(p: f64, seed: u64) -> Self {
+    pub(crate) fn new(p: f64, seed: u64) -> Self {
         DropoutStream {
             p,
             seed,
@@ -29,12 +29,12 @@ impl DropoutStream {
     }
 
     /// Dropout applies only while training (evaluation and generation see the whole input).
-    pub fn set_training(&self, training: bool) {
+    pub(crate) fn set_training(&self, training: bool) {
         self.training.store(training, Ordering::Relaxed);
     }
 
     /// Masks drawn so far.
-    pub fn draws(&self) -> u64 {
+    pub(crate) fn draws(&self) -> u64 {
         self.draws.load(Ordering::Relaxed)
     }
 
@@ -45,7 +45,7 @@ impl DropoutStream {
 
     /// `x` with each element zeroed with probability `p` and the rest scaled by `1 / (1 - p)`
     /// (`nn.Dropout`); `x` itself when not training or `p = 0`.
-    pub fn apply(&self, x: &Tensor) -> Tensor {
+    pub(crate) fn apply(&self, x: &Tensor) -> Tensor {
         if self.p == 0.0 || !self.training.load(Ordering::Relaxed) {
             return x.shallow_clone();
         }

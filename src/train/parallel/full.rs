@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Kind, Tensor};
 
+use super::settings::{Fsdp, FsdpConfig};
 use super::shards::{Reducing, Shards};
 use super::storage::{copy_unversioned, own_storages, resize_storage, storage_nbytes};
 use super::units::{UnitKey, units_of};
-use super::{Fsdp, FsdpConfig, HeldState, Strategy};
+use super::{HeldState, Strategy};
 use crate::distributed::{DistError, Flat, Pending};
 use crate::model::{GradReduction, ModelError, ParamUnit, Phase, Residency};
 use crate::train::adamw::AdamWConfig;

@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
+use super::settings::Fsdp;
 use super::shards::Shards;
 use super::units::units_of;
-use super::{Fsdp, HeldState, Strategy};
+use super::{HeldState, Strategy};
 use crate::distributed::{DistError, World};
 use crate::model::ModelError;
 use crate::train::adamw::{AdamWConfig, first_non_finite};

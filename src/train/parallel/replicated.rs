@@ -10,7 +10,8 @@ use tch::Tensor;
 
 use super::files::{MANIFEST_FILE, Manifest};
 use super::overlap::OverlappedReduce;
-use super::{Fsdp, HeldState, Strategy};
+use super::settings::Fsdp;
+use super::{HeldState, Strategy};
 use crate::distributed::{DistError, World};
 use crate::model::ModelError;
 use crate::train::AdamW;

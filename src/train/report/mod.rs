@@ -40,12 +40,12 @@ pub(crate) mod one_or_many {
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Always a list.
-    pub fn serialize<S: Serializer>(value: &[ReportTo], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(value: &[ReportTo], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(value)
     }
 
     /// A name or a list of names.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ReportTo>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ReportTo>, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Raw {
