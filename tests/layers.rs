@@ -2,8 +2,12 @@
 //! lower layers only. Reads every `crate::` path in the code of `src/` (comments and doc text
 //! left out; the CLI binary, `main.rs` and `cli/`, sits above everything and is not read).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use common::rust_files;
 
 /// Lowest first. Modules of one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
@@ -24,17 +28,6 @@ const ROOT_NAMES: &[(&str, &str)] = &[("EnvReport", "env_report"), ("TCH_VERSION
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The top-level module a file of `src/` belongs to (`src/grpo/update.rs` -> `grpo`).

@@ -4,18 +4,11 @@
 //! shows up in review as a line added there; what only the library itself uses is
 //! `pub(crate)`. Regenerate the list with `TREETRAIN_BLESS=1 cargo test --test public_names`.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use std::path::Path;
+
+use common::rust_files;
 
 /// The `pub` items of one file's text outside its test module: `kind name` (a `pub use` as
 /// the names it lists).

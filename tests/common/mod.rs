@@ -14,6 +14,20 @@ pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Every `.rs` file under `dir`, into `out` (the readers of `src/` in `tests/layers.rs` and
+/// `tests/public_names.rs`).
+#[allow(dead_code)]
+pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
 /// SFT of the shipped tiny model on the shipped conversations at test size: bfd rows of 128
 /// tokens, 4 a step, lr 3e-3 with 10% warmup, `steps` steps, writing to `out` when given.
 #[allow(dead_code)]
