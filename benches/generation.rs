@@ -482,8 +482,11 @@ fn step_weights(lm: &CausalLm) -> Vec<tch::Tensor> {
     for layer in &lm.layers {
         weights.extend(projection(&layer.self_attn.qkv));
         weights.push(layer.self_attn.o_proj.weight.shallow_clone());
-        weights.extend(projection(&layer.mlp.gate_up));
-        weights.push(layer.mlp.down_proj.weight.shallow_clone());
+        // The decode bench's models are dense (a mixture's experts are not weights it streams).
+        if let Some(mlp) = layer.mlp.dense() {
+            weights.extend(projection(&mlp.gate_up));
+            weights.push(mlp.down_proj.weight.shallow_clone());
+        }
     }
     weights.push(lm.lm_head_weight().shallow_clone());
     weights

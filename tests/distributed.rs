@@ -31,12 +31,17 @@ fn scratch(name: &str) -> PathBuf {
 
 /// An SFT config of `batch` rows per process writing to `out`.
 fn sft_toml(dir: &Path, name: &str, batch: usize, out: &Path, steps: u64, extra: &str) -> PathBuf {
+    sft_toml_of(&datasets().join("tiny-qwen3"), dir, name, (batch, out, steps), extra)
+}
+
+/// [`sft_toml`] training `model`.
+fn sft_toml_of(model: &Path, dir: &Path, name: &str, (batch, out, steps): (usize, &Path, u64), extra: &str) -> PathBuf {
     let d = datasets();
     let text = format!(
         "model = {:?}\ndataset = {:?}\noutput_dir = {:?}\npacking = \"bfd\"\nbatch_size = {batch}\n\
          learning_rate = 0.002\nmax_steps = {steps}\neval_fraction = 0.0\nseed = 42\n\
          distributed_timeout_s = 60\n{extra}\n[tokenize]\nmax_length = 128\n",
-        d.join("tiny-qwen3"),
+        model,
         d.join("sft/train.parquet"),
         out,
     );
@@ -191,10 +196,14 @@ fn sft_matches_one_rank(name: &str, two_ranks: impl FnOnce(&Path) -> Command) {
 /// [`sft_matches_one_rank`] with `extra` settings in both configs (`fsdp` means nothing to one
 /// process).
 fn sft_matches_one_rank_with(name: &str, extra: &str, two_ranks: impl FnOnce(&Path) -> Command) {
-    let dir = scratch(name);
+    sft_of_matches_one_rank(&datasets().join("tiny-qwen3"), &scratch(name), extra, two_ranks);
+}
+
+/// [`sft_matches_one_rank_with`] training `model`, in the scratch folder `dir`.
+fn sft_of_matches_one_rank(model: &Path, dir: &Path, extra: &str, two_ranks: impl FnOnce(&Path) -> Command) {
     let (out1, out2) = (dir.join("one"), dir.join("two"));
-    let one = sft_toml(&dir, "one", 8, &out1, 4, extra);
-    let two = sft_toml(&dir, "two", 4, &out2, 4, extra);
+    let one = sft_toml_of(model, dir, "one", (8, &out1, 4), extra);
+    let two = sft_toml_of(model, dir, "two", (4, &out2, 4), extra);
     ok(&run_bounded(
         treetrain(&["sft", "--config", one.to_str().unwrap()]),
         LIMIT,
@@ -212,12 +221,52 @@ fn sft_matches_one_rank_with(name: &str, extra: &str, two_ranks: impl FnOnce(&Pa
         "grad norm",
     );
     let gap = relative_gap(
-        &datasets().join("tiny-qwen3/model.safetensors"),
+        &model.join("model.safetensors"),
         &out1.join("checkpoint-4/model.safetensors"),
         &out2.join("checkpoint-4/model.safetensors"),
     );
     assert!(gap < 1e-3, "weights differ by {gap:e} of the update");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tiny seeded Qwen3-MoE with the shipped tokenizer: 8 experts (top 2) in layers 1 to 3,
+/// layer 0 dense.
+fn tiny_mixture(dir: &Path) -> PathBuf {
+    let tiny = datasets().join("tiny-qwen3");
+    let model = dir.join("tiny-qwen3-moe");
+    std::fs::create_dir_all(&model).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json", "treetrain_init.json"] {
+        std::fs::copy(tiny.join(file), model.join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny.join("config.json")).unwrap()).unwrap();
+    let mixture = serde_json::json!({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": true,
+        "mlp_only_layers": [0], "decoder_sparse_step": 1});
+    for (key, value) in mixture.as_object().unwrap() {
+        config[key] = value.clone();
+    }
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    // Materialised once here, before the runs that read it.
+    treetrain::model::Model::load(&model, Default::default()).unwrap();
+    model
+}
+
+/// A mixture model's experts are part of their layer's unit: 2 ranks in every `fsdp` mode
+/// equal 1 process on a tiny Qwen3-MoE.
+#[test]
+fn a_mixture_model_on_two_ranks_equals_one_rank_in_every_mode() {
+    for (name, extra) in [
+        ("moe-no-shard", ""),
+        ("moe-zero2", "fsdp = \"shard_grad_op\""),
+        ("moe-zero3", "fsdp = \"full_shard\"\ngradient_checkpointing = true"),
+    ] {
+        let dir = scratch(name);
+        let model = tiny_mixture(&dir);
+        sft_of_matches_one_rank(&model, &dir, extra, |cfg| {
+            launch(2, &["sft", "--config", cfg.to_str().unwrap()])
+        });
+    }
 }
 
 /// Replicated (`no_shard`), with the gradient buckets all-reduced during the last backward

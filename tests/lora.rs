@@ -129,8 +129,8 @@ fn the_base_view_shares_every_base_tensor() {
             &model.lm.layers[1].self_attn.q_proj().weight,
         ),
         (
-            &view.layers[0].mlp.down_proj.weight,
-            &model.lm.layers[0].mlp.down_proj.weight,
+            &view.layers[0].mlp.dense().unwrap().down_proj.weight,
+            &model.lm.layers[0].mlp.dense().unwrap().down_proj.weight,
         ),
     ];
     for (a, b) in pairs {

@@ -173,10 +173,13 @@ fn grpo_with_lora_uses_the_base_as_reference_and_syncs_the_adapter_alone() {
     let policy = &t.model().lm;
     assert_eq!(reference.embed_tokens.data_ptr(), policy.embed_tokens.data_ptr());
     assert_eq!(
-        reference.layers[0].mlp.up_proj().weight.data_ptr(),
-        policy.layers[0].mlp.up_proj().weight.data_ptr()
+        reference.layers[0].mlp.dense().unwrap().up_proj().weight.data_ptr(),
+        policy.layers[0].mlp.dense().unwrap().up_proj().weight.data_ptr()
     );
-    assert!(reference.layers[0].mlp.up_proj().adapter.is_none() && policy.layers[0].mlp.up_proj().adapter.is_some());
+    assert!(
+        reference.layers[0].mlp.dense().unwrap().up_proj().adapter.is_none()
+            && policy.layers[0].mlp.dense().unwrap().up_proj().adapter.is_some()
+    );
     // The generator received the adapter's tensors, nothing of the base.
     let adapter = t.model().adapter.as_ref().unwrap();
     let synced = t.async_rollouts().unwrap().published_bytes();

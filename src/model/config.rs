@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ModelError;
+use super::moe::MixtureConfig;
 
 /// An int-or-list field (`eos_token_id` is written both ways).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,11 +29,12 @@ impl OneOrMany {
     }
 }
 
-/// `config.json` of a Qwen3, Qwen2/2.5 or Llama checkpoint, field for field. Fields treetrain
+/// `config.json` of a Qwen3, Qwen2/2.5, Llama or Qwen3-MoE checkpoint, field for field (a mixture's
+/// fields are read from `extra`, see [`super::moe::MixtureConfig`]). Fields treetrain
 /// does not interpret are kept in `extra`, so saving writes them back unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HfConfig {
-    /// `qwen3`, `qwen2` or `llama`.
+    /// `qwen3`, `qwen2`, `llama` or `qwen3_moe`.
     pub model_type: String,
     /// e.g. `["Qwen3ForCausalLM"]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +108,9 @@ pub struct HfConfig {
     pub extra: BTreeMap<String, Value>,
 }
 
+/// What an unknown `model_type` is told.
+const IMPLEMENTED: &str = "treetrain implements qwen3, qwen2, llama and qwen3_moe";
+
 /// The decoder families treetrain implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
@@ -115,6 +120,8 @@ pub enum Architecture {
     Qwen2,
     /// Llama 2/3/3.x and look-alikes.
     Llama,
+    /// Qwen3-MoE: Qwen3's attention, routed experts in the sparse layers.
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -124,6 +131,7 @@ impl Architecture {
             Architecture::Qwen3 => "Qwen3",
             Architecture::Qwen2 => "Qwen2",
             Architecture::Llama => "Llama",
+            Architecture::Qwen3Moe => "Qwen3-MoE",
         }
     }
 }
@@ -213,16 +221,30 @@ pub struct ModelConfig {
     /// Longest sequence the model was made for (`max_position_embeddings`), when the config
     /// says.
     pub max_positions: Option<i64>,
+    /// The experts of a mixture model (None for a dense one).
+    pub mixture: Option<MixtureConfig>,
 }
 
 impl HfConfig {
     /// Reads and parses a `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        let json = |e: serde_json::Error| ModelError::Json {
             path: path.into(),
             message: e.to_string(),
-        })
+        };
+        let value: Value = serde_json::from_str(&text).map_err(json)?;
+        // A multimodal checkpoint keeps its decoder's settings under `text_config`: name what it
+        // is rather than a top-level field it never had.
+        if value.get("text_config").is_some_and(Value::is_object) && value.get("vocab_size").is_none() {
+            let kind = value.get("model_type").and_then(Value::as_str).unwrap_or("absent");
+            return Err(ModelError::unsupported(
+                "model_type",
+                format!("{kind:?}"),
+                &format!("a multimodal checkpoint whose text decoder is configured in `text_config`; {IMPLEMENTED}"),
+            ));
+        }
+        serde_json::from_value(value).map_err(json)
     }
 
     /// The checkpoint's dtype as written (`dtype` or `torch_dtype`).
@@ -257,7 +279,7 @@ impl HfConfig {
             rms_norm_eps,
             rope_theta,
             rope_scaling,
-            qk_norm: arch == Architecture::Qwen3,
+            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Qwen3Moe),
             qkv_bias: arch == Architecture::Qwen2 || attention_bias,
             o_bias: arch != Architecture::Qwen2 && attention_bias,
             mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
@@ -266,6 +288,10 @@ impl HfConfig {
             bos_token_id: self.bos_token_id,
             pad_token_id: self.pad_token_id,
             max_positions: self.max_position_embeddings,
+            mixture: match arch {
+                Architecture::Qwen3Moe => Some(MixtureConfig::qwen3_moe(&self.extra, self.num_hidden_layers)?),
+                _ => None,
+            },
         })
     }
 
@@ -275,11 +301,8 @@ impl HfConfig {
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen2" => Ok(Architecture::Qwen2),
             "llama" => Ok(Architecture::Llama),
-            other => Err(ModelError::unsupported(
-                "model_type",
-                format!("{other:?}"),
-                "treetrain implements qwen3, qwen2 and llama",
-            )),
+            "qwen3_moe" => Ok(Architecture::Qwen3Moe),
+            other => Err(ModelError::unsupported("model_type", format!("{other:?}"), IMPLEMENTED)),
         }
     }
 
@@ -457,9 +480,48 @@ impl ModelConfig {
         if self.qk_norm {
             attn += 2 * w(self.head_dim);
         }
-        let mlp = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
-        let layer = attn + mlp + 2 * h;
+        let dense = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
+        let (sparse_layers, experts) = match &self.mixture {
+            Some(m) => (
+                w(m.num_sparse_layers()),
+                w(m.num_experts) * (3 * h * w(m.expert_size) + h),
+            ),
+            None => (0, 0),
+        };
+        let layers = w(self.num_layers) * (attn + 2 * h)
+            + (w(self.num_layers) - sparse_layers) * dense
+            + sparse_layers * experts;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
-        i64::try_from(v * h + w(self.num_layers) * layer + h + head).unwrap_or(i64::MAX)
+        i64::try_from(v * h + layers + h + head).unwrap_or(i64::MAX)
+    }
+
+    /// Parameters a token runs through: [`ModelConfig::num_parameters`] with only the
+    /// `num_experts_per_tok` chosen experts of each sparse layer (routers counted whole). Equal
+    /// to it for a dense model.
+    pub fn active_parameters(&self) -> i64 {
+        let Some(m) = &self.mixture else {
+            return self.num_parameters();
+        };
+        let idle = i128::from(m.num_experts - m.experts_per_token)
+            * 3
+            * i128::from(self.hidden_size)
+            * i128::from(m.expert_size)
+            * i128::from(m.num_sparse_layers());
+        i64::try_from(i128::from(self.num_parameters()) - idle).unwrap_or(i64::MAX)
+    }
+
+    /// Feed-forward weights a token multiplies by, averaged over the layers (the dense MLP's,
+    /// or the router's and `num_experts_per_tok` experts'): what a forward's work counts.
+    pub(crate) fn feed_forward_weights_per_token(&self) -> f64 {
+        let (h, layers) = (self.hidden_size as f64, self.num_layers.max(1) as f64);
+        let dense = 3.0 * h * self.intermediate_size as f64;
+        match &self.mixture {
+            None => dense,
+            Some(m) => {
+                let sparse = m.num_sparse_layers() as f64;
+                let routed = h * m.num_experts as f64 + 3.0 * h * (m.experts_per_token * m.expert_size) as f64;
+                ((layers - sparse) * dense + sparse * routed) / layers
+            }
+        }
     }
 }

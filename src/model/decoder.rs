@@ -9,10 +9,11 @@ use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::CpuOps;
 use super::error::ModelError;
+use super::feed_forward::FeedForward;
 use super::hooks::ParamUnit;
 use super::layers::{Linear, RmsNorm};
 use super::layout::AttentionLayout;
-use super::mlp::Mlp;
+use super::moe::Routing;
 use super::rope;
 
 /// `model.layers.{i}`: pre-norm attention and MLP with residuals.
@@ -20,8 +21,8 @@ use super::rope;
 pub struct DecoderLayer {
     /// `self_attn`.
     pub self_attn: Attention,
-    /// `mlp`.
-    pub mlp: Mlp,
+    /// `mlp`: dense or a mixture of experts.
+    pub mlp: FeedForward,
     /// Norm before attention.
     pub input_layernorm: RmsNorm,
     /// Norm before the MLP.
@@ -29,11 +30,11 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// Declares the layer's parameters under `path`.
-    pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
+    /// Declares the parameters of layer `index` under `path`.
+    pub fn new(path: nn::Path, cfg: &ModelConfig, index: usize) -> Self {
         DecoderLayer {
             self_attn: Attention::new(&path / "self_attn", cfg),
-            mlp: Mlp::new(&path / "mlp", cfg),
+            mlp: FeedForward::new(&path / "mlp", cfg, index),
             input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
             post_attention_layernorm: RmsNorm::new(
                 &path / "post_attention_layernorm",
@@ -63,14 +64,28 @@ impl DecoderLayer {
         index: usize,
         kv: &mut KeyValues<'_>,
     ) -> Result<Tensor, ModelError> {
+        Ok(self.forward_routed(x, cos, sin, index, kv)?.0)
+    }
+
+    /// [`DecoderLayer::forward`], with the routing of a sparse layer.
+    pub fn forward_routed(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        index: usize,
+        kv: &mut KeyValues<'_>,
+    ) -> Result<(Tensor, Option<Routing>), ModelError> {
         let ops = kv.cpu_ops();
+        // 1. Pre-norm attention with its residual.
         let h = x + self
             .self_attn
             .forward(&self.input_layernorm.forward_with(x, ops), cos, sin, index, kv)?;
-        let out = self
+        // 2. Pre-norm feed-forward (dense or routed) with its residual.
+        let (out, routing) = self
             .mlp
-            .forward_with(&self.post_attention_layernorm.forward_with(&h, ops), ops);
-        Ok(h + out)
+            .forward_with(&self.post_attention_layernorm.forward_with(&h, ops), ops)?;
+        Ok((h + out, routing))
     }
 }
 
@@ -102,7 +117,7 @@ impl CausalLm {
         let embed_tokens =
             (&model / "embed_tokens").var("weight", &[config.vocab_size, config.hidden_size], nn::Init::Const(0.0));
         let layers = (0..config.num_layers)
-            .map(|i| DecoderLayer::new(&model / "layers" / i, &config))
+            .map(|i| DecoderLayer::new(&model / "layers" / i, &config, i as usize))
             .collect();
         let norm = RmsNorm::new(&model / "norm", config.hidden_size, config.rms_norm_eps);
         let lm_head = (!config.tie_word_embeddings)
@@ -137,7 +152,7 @@ impl CausalLm {
     pub(crate) fn tie_fused(&mut self) -> Result<(), ModelError> {
         for layer in &mut self.layers {
             layer.self_attn.qkv.tie()?;
-            layer.mlp.gate_up.tie()?;
+            layer.mlp.tie()?;
         }
         Ok(())
     }
@@ -158,7 +173,7 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             let fused = [
                 ("self_attn.qkv", layer.self_attn.qkv.buffers()),
-                ("mlp.gate_up", layer.mlp.gate_up.buffers()),
+                ("mlp.gate_up", layer.mlp.buffers()),
             ];
             for (name, (weight, bias)) in fused.into_iter().filter_map(|(n, f)| Some((n, f?))) {
                 out.push((format!("model.layers.{i}.{name} (fused)"), weight));
@@ -231,7 +246,28 @@ impl CausalLm {
                 layout,
                 mask: mask.as_ref(),
             },
+            None,
         )
+    }
+
+    /// [`CausalLm::forward_hidden`] with every sparse layer's routing, in layer order (empty
+    /// for a dense model): what the load-balancing loss reads
+    /// ([`super::moe::load_balancing_loss`]).
+    pub fn forward_hidden_routed(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        layout: &AttentionLayout,
+    ) -> Result<(Tensor, Vec<Routing>), ModelError> {
+        let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
+        let mask = layout.sdpa_mask(batch, seq, self.device())?;
+        let mut routes = Vec::new();
+        let kv = KeyValues::Layout {
+            layout,
+            mask: mask.as_ref(),
+        };
+        let hidden = self.run_layers(&ids, position_ids, kv, Some(&mut routes))?;
+        Ok((hidden, routes))
     }
 
     /// `input_ids` `[batch, seq]` on the model's device as int64, checked against
@@ -280,15 +316,25 @@ impl CausalLm {
     }
 
     /// The stack itself: embed `ids` (already validated, on the model's device), every layer
-    /// over `kv`, the final norm.
-    fn run_layers(&self, ids: &Tensor, position_ids: &Tensor, mut kv: KeyValues<'_>) -> Result<Tensor, ModelError> {
+    /// over `kv`, the final norm; sparse layers' routing into `routes` when asked.
+    fn run_layers(
+        &self,
+        ids: &Tensor,
+        position_ids: &Tensor,
+        mut kv: KeyValues<'_>,
+        mut routes: Option<&mut Vec<Routing>>,
+    ) -> Result<Tensor, ModelError> {
         let (cos, sin) = self.rope(position_ids)?;
         self.gather(ParamUnit::Root)?;
         let mut x = self.embed(ids);
         for (i, layer) in self.layers.iter().enumerate() {
             self.gather(ParamUnit::Layer(i))?;
             self.prefetch(Some(i + 1), super::Phase::Forward)?;
-            x = layer.forward(&x, &cos, &sin, i, &mut kv)?;
+            let (y, routing) = layer.forward_routed(&x, &cos, &sin, i, &mut kv)?;
+            if let (Some(routes), Some(r)) = (routes.as_deref_mut(), routing) {
+                routes.push(r);
+            }
+            x = y;
             self.release(ParamUnit::Layer(i))?;
         }
         Ok(self.norm.forward_with(&x, kv.cpu_ops()))
@@ -324,6 +370,7 @@ impl CausalLm {
                 cache: &mut *cache,
                 mask,
             },
+            None,
         )?;
         cache.advance(t);
         Ok(hidden)

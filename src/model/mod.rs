@@ -1,5 +1,5 @@
-//! Decoder-only language models (Qwen3, Qwen2/2.5, Llama) in tch, loaded from Hugging Face
-//! checkpoints.
+//! Decoder-only language models (Qwen3, Qwen2/2.5, Llama, Qwen3-MoE) in tch, loaded from Hugging
+//! Face checkpoints.
 //!
 //! - [`HfConfig`] mirrors `config.json`; [`HfConfig::validate`] turns it into a [`ModelConfig`]
 //!   or an error naming the unsupported field.
@@ -11,10 +11,13 @@
 //! - [`target_logprobs`] scores tokens through a chunked LM head.
 //! - [`lora`]: LoRA adapters in PEFT's format, attached with [`Model::add_lora`] or
 //!   [`Model::load_adapter`].
+//! - [`FeedForward`]: a layer's feed-forward block, dense or a [`moe`] mixture of experts,
+//!   chosen per layer from the config.
 //!
 //! # What is supported, and how it is checked
 //!
-//! Qwen3 (q/k RMSNorm), Qwen2/2.5 (q/k/v bias) and Llama (RoPE scaling `llama3` and `linear`),
+//! Qwen3 (q/k RMSNorm), Qwen2/2.5 (q/k/v bias), Llama (RoPE scaling `llama3` and `linear`) and
+//! Qwen3-MoE (Qwen3's attention, routed experts in the sparse layers),
 //! grouped-query attention, tied or untied embeddings. [`HfConfig`] reads transformers 4 and 5
 //! spellings (`rope_theta` / `rope_scaling` or `rope_parameters`, `torch_dtype` or `dtype`,
 //! `eos_token_id` int or list); anything unsupported (sliding windows, other RoPE types, other
@@ -24,7 +27,9 @@
 //! Checked against transformers 5.23 on tiny random checkpoints it saved itself
 //! (`tests/fixtures/models`, made by `scripts/fixtures/make_model_fixtures.py`): logits within 1e-4
 //! in fp32 for Qwen3, Qwen3 tied with GQA (a bf16 file), Qwen2 (sharded), Llama 3 scaling (a v4
-//! config) and Llama linear scaling with biases. A checkpoint saved by treetrain loads in
+//! config) and Llama linear scaling with biases; Qwen3-MoE's logits, greedy generation,
+//! load-balancing loss and gradients in both checkpoint layouts (`tests/moe.rs`, fixtures made
+//! by `scripts/fixtures/make_moe_fixtures.py`). A checkpoint saved by treetrain loads in
 //! transformers with no missing or unexpected weights and the same log-probs
 //! (`tests/model_save.rs`).
 
@@ -35,6 +40,7 @@ pub(crate) mod cpu_kernels;
 mod decoder;
 mod device_check;
 mod error;
+mod feed_forward;
 mod hooks;
 pub(crate) mod host_memory;
 mod layers;
@@ -43,6 +49,7 @@ mod loaded;
 mod logprobs;
 pub mod lora;
 mod mlp;
+pub mod moe;
 mod projection;
 mod recompute;
 mod rope;
@@ -66,6 +73,7 @@ pub use decoder::{CausalLm, DecoderLayer};
 pub(crate) use device_check::device_check_enabled;
 pub use device_check::{DEVICE_CHECK_ENV, DeviceCheck, check_device};
 pub use error::ModelError;
+pub use feed_forward::FeedForward;
 pub(crate) use hooks::{GradReduction, ParamUnit, Pass, PassHooks, Phase, Residency};
 pub use layers::{Linear, LinearAdapter, RmsNorm};
 pub use layout::{AttentionLayout, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch, SegmentLayout};

@@ -226,11 +226,16 @@ impl Stack {
 
 /// Elements a training step keeps at least for `seq` tokens until its backward: per token
 /// and layer the norms', attention's and residual's outputs (6 x hidden) and the MLP's gate, up
-/// and product (3 x intermediate), leaving out the attention weights (their size depends on the
+/// and product (3 x intermediate, or a mixture's `k` experts' and its routing), leaving out the attention weights (their size depends on the
 /// layout's blocks); recomputed, each layer's input plus one layer's worth. A floor, not an
 /// estimate: the peaks `benches/memory.rs` measures lie above it, so a step it refuses cannot fit.
 fn activation_floor(config: &super::ModelConfig, seq: i64, activations: Activations) -> u128 {
-    let layer = (6 * config.hidden_size + 3 * config.intermediate_size).max(0) as u128;
+    let feed_forward = match &config.mixture {
+        // The smaller of the two kinds: a floor holds whichever kind a layer is.
+        Some(m) => (3 * m.experts_per_token * m.expert_size + m.num_experts).min(3 * config.intermediate_size),
+        None => 3 * config.intermediate_size,
+    };
+    let layer = (6 * config.hidden_size + feed_forward).max(0) as u128;
     let per_token = match activations {
         Activations::Kept => layer * config.num_layers.max(0) as u128,
         Activations::Recomputed => layer + (config.hidden_size * config.num_layers).max(0) as u128,

@@ -34,7 +34,11 @@ impl Rich for Model {
                 "architecture",
                 format!("{} ({})", c.arch.name(), escape(&self.hf_config.model_type)),
             ),
-            ("parameters", format!("{:.2} M", c.num_parameters() as f64 / 1e6)),
+            ("parameters", parameters(c)),
+            (
+                "experts",
+                c.mixture.as_ref().map_or("none (dense)".into(), |m| m.describe()),
+            ),
             ("dtype", kind_name(self.kind()).to_string()),
             (
                 "layers / hidden / intermediate",
@@ -61,10 +65,19 @@ impl Rich for Model {
                 ),
             ),
         ];
+        // Layer 0 and, in a mixture, the first layer of the other kind stand for the rest.
+        let other_kind = c
+            .mixture
+            .as_ref()
+            .and_then(|m| (1..c.num_layers as usize).find(|&j| m.is_sparse(j) != m.is_sparse(0)));
+        let shown: Vec<String> = std::iter::once(0)
+            .chain(other_kind)
+            .map(|i| format!("model.layers.{i}."))
+            .collect();
         let rows: Vec<Vec<String>> = self
             .parameter_rows()
             .into_iter()
-            .filter(|(n, _, _)| !n.starts_with("model.layers.") || n.starts_with("model.layers.0."))
+            .filter(|(n, _, _)| !n.starts_with("model.layers.") || shown.iter().any(|p| n.starts_with(p)))
             .map(|(n, s, k)| {
                 vec![
                     format!("<code>{}</code>", escape(&n)),
@@ -73,13 +86,15 @@ impl Rich for Model {
                 ]
             })
             .collect();
-        let note = if c.num_layers > 1 {
-            format!(
+        let note = match (c.num_layers > 1, other_kind) {
+            (false, _) => String::new(),
+            (true, None) => format!(
                 "<p class=\"muted\">model.layers.1 to model.layers.{} have the same parameters as layer 0.</p>",
                 c.num_layers - 1
-            )
-        } else {
-            String::new()
+            ),
+            (true, Some(j)) => format!(
+                "<p class=\"muted\">Every other layer has the parameters of layer 0 or of layer {j}, by its kind (dense or sparse).</p>"
+            ),
         };
         display::style::container(&format!(
             "{}{}",
@@ -98,9 +113,12 @@ impl Rich for Model {
             .as_ref()
             .map_or(String::new(), |a| format!("LoRA adapter: {}\n", a.summary()));
         format!(
-            "{} model: {:.2} M parameters, {}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
+            "{} model: {} parameters{}, {}, {} layers, hidden {}, heads {}/{} x {}, vocab {}\n{adapter}",
             c.arch.name(),
-            c.num_parameters() as f64 / 1e6,
+            parameters(c),
+            c.mixture
+                .as_ref()
+                .map_or(String::new(), |m| format!(", {}", m.describe())),
             kind_name(self.kind()),
             c.num_layers,
             c.hidden_size,
@@ -109,6 +127,15 @@ impl Rich for Model {
             c.head_dim,
             c.vocab_size
         )
+    }
+}
+
+/// `3.41 M`, or for a mixture `1.20 M active of 3.41 M`.
+fn parameters(c: &super::ModelConfig) -> String {
+    let total = c.num_parameters() as f64 / 1e6;
+    match c.mixture {
+        Some(_) => format!("{:.2} M active of {total:.2} M", c.active_parameters() as f64 / 1e6),
+        None => format!("{total:.2} M"),
     }
 }
 

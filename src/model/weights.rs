@@ -7,6 +7,7 @@ use safetensors::{Dtype, SafeTensors};
 use tch::{Kind, Tensor, nn};
 
 use super::error::ModelError;
+use super::moe::checkpoint::ExpertSlice;
 use super::safetensors_out::SafetensorsOut;
 use crate::util::SplitMix64;
 
@@ -69,12 +70,14 @@ fn kind_of(dtype: Dtype, file: &Path) -> Result<Kind, ModelError> {
     })
 }
 
-/// Copies every variable of `vs` from the checkpoint files, converting dtype as needed.
+/// Copies every variable of `vs` from the checkpoint files, converting dtype as needed; a
+/// mixture's experts come fused or a tensor per expert (`super::moe::checkpoint`).
 /// `ignorable` names may be absent from `vs` without complaint (e.g. `lm_head.weight` of a tied
 /// model); every variable of `vs` must be found.
 pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(), ModelError> {
     let vars = vs.variables();
     let mut loaded = std::collections::HashSet::new();
+    let mut pieces: HashMap<String, usize> = HashMap::new();
     for file in files {
         let bytes = std::fs::read(file).map_err(|e| ModelError::io(file, e))?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
@@ -85,14 +88,18 @@ pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Res
         let mut tensors: Vec<(&str, safetensors::tensor::TensorView<'_>)> = st.iter().collect();
         tensors.sort_by(|a, b| a.0.cmp(b.0));
         for (name, view) in tensors {
-            let Some(var) = vars.get(name) else {
-                if ignorable(name, &vars) {
-                    continue;
+            // A tensor of the hub's per-expert layout fills its rows of a fused parameter.
+            let slice = ExpertSlice::of(name, &vars);
+            let var = match (vars.get(name), &slice) {
+                (Some(var), _) => var.shallow_clone(),
+                (None, Some(slice)) => slice.view(&vars[&slice.fused]),
+                (None, None) if ignorable(name, &vars) => continue,
+                (None, None) => {
+                    return Err(ModelError::UnexpectedTensor {
+                        name: name.into(),
+                        file: file.clone(),
+                    });
                 }
-                return Err(ModelError::UnexpectedTensor {
-                    name: name.into(),
-                    file: file.clone(),
-                });
             };
             let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
             if shape != var.size() {
@@ -111,7 +118,18 @@ pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Res
                 });
             }
             tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
-            loaded.insert(name.to_string());
+            match slice.filter(|_| !vars.contains_key(name)) {
+                Some(slice) => *pieces.entry(slice.fused).or_insert(0) += 1,
+                None => {
+                    loaded.insert(name.to_string());
+                }
+            }
+        }
+    }
+    // A fused parameter is loaded when every per-expert piece of it was.
+    for (name, count) in pieces {
+        if ExpertSlice::pieces_of(&name, &vars[&name]) == Some(count) {
+            loaded.insert(name);
         }
     }
     let mut missing: Vec<&String> = vars.keys().filter(|k| !loaded.contains(*k)).collect();

@@ -122,7 +122,8 @@ impl PackedRow {
     }
 
     /// Forward FLOPs of the row under `cfg` (backward scales every part alike, so ratios hold
-    /// for forward + backward): `2 x` the linear weights per forwarded token, `4 x layers x
+    /// for forward + backward): `2 x` the linear weights per forwarded token (a mixture's router
+    /// and chosen experts), `4 x layers x
     /// heads x head_dim` per causal attention pair ([`PackedRow::attention_pairs`]), the LM
     /// head per distinct term pair (`PackedRow::distinct_terms`). Norms, RoPE and the
     /// loss's elementwise work are left out (a few percent at these sizes).
@@ -130,7 +131,7 @@ impl PackedRow {
         let (h, layers) = (cfg.hidden_size as f64, cfg.num_layers as f64);
         let q = (cfg.num_heads * cfg.head_dim) as f64;
         let kv = (cfg.num_kv_heads * cfg.head_dim) as f64;
-        let per_token = 2.0 * layers * (2.0 * h * q + 2.0 * h * kv + 3.0 * h * cfg.intermediate_size as f64);
+        let per_token = 2.0 * layers * (2.0 * h * q + 2.0 * h * kv + cfg.feed_forward_weights_per_token());
         let per_pair = 4.0 * layers * q;
         let head = 2.0 * h * cfg.vocab_size as f64;
         self.len() as f64 * per_token + self.attention_pairs() as f64 * per_pair + self.distinct_terms() as f64 * head

@@ -93,6 +93,18 @@ fn select(lm: &mut CausalLm, config: &LoraConfig) -> Result<(Vec<String>, Vec<St
             "wraps `lm_head`: treetrain computes the LM head in chunks from its weight alone, so LoRA on it is not implemented (train it whole with modules_to_save = [\"lm_head\"])".into(),
         ));
     }
+    // PEFT moves a mixture model's MLP targets onto its experts (`target_parameters`), which
+    // treetrain does not implement: wrapping the dense layers' MLPs instead would differ.
+    if lm.config.mixture.is_some()
+        && let Some(mlp) = lora.iter().chain(&saved).find(|n| n.contains(".mlp."))
+    {
+        return Err(refuse(
+            "target_modules",
+            format!(
+                "wraps `{mlp}` of a mixture-of-experts model: LoRA on its feed-forward layers (PEFT's target_parameters on the experts) is not implemented; target q_proj, k_proj, v_proj and o_proj"
+            ),
+        ));
+    }
     if let Some(both) = lora.iter().find(|n| saved.contains(n)) {
         return Err(refuse(
             "modules_to_save",

@@ -1,0 +1,370 @@
+//! Qwen3-MoE against transformers 5.23 on tiny random checkpoints it saved itself
+//! (tests/fixtures/models/qwen3_moe*, made by scripts/fixtures/make_moe_fixtures.py): one in
+//! the hub's per-expert layout, one fused in bf16.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::row_logits;
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
+use treetrain::generate::{GenerationConfig, Generator};
+use treetrain::model::moe::load_balancing_loss;
+use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
+use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
+
+const CASES: [&str; 2] = ["qwen3_moe", "qwen3_moe_fused_bf16"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn expected(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
+}
+
+fn load_f32(dir: &Path) -> Model {
+    let opts = LoadOptions {
+        dtype: Some(Kind::Float),
+        device: Device::Cpu,
+    };
+    Model::load(dir, opts).unwrap()
+}
+
+fn rows(exp: &serde_json::Value) -> Vec<Vec<i64>> {
+    serde_json::from_value(exp["rows"].clone()).unwrap()
+}
+
+fn tensor(v: &serde_json::Value) -> Tensor {
+    let flat: Vec<f32> = flatten(v);
+    let mut shape = Vec::new();
+    let mut at = v;
+    while let Some(a) = at.as_array() {
+        shape.push(a.len() as i64);
+        at = &a[0];
+    }
+    Tensor::from_slice(&flat).view(shape.as_slice())
+}
+
+fn flatten(v: &serde_json::Value) -> Vec<f32> {
+    match v.as_array() {
+        Some(a) => a.iter().flat_map(flatten).collect(),
+        None => vec![v.as_f64().unwrap() as f32],
+    }
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn logits_and_logprobs_match_transformers() {
+    for case in CASES {
+        let model = load_f32(&fixture(case));
+        let exp = expected(case);
+        for (row, want) in rows(&exp).iter().zip(exp["logits"].as_array().unwrap()) {
+            let (got, want) = (row_logits(&model, row), tensor(want));
+            let d = max_diff(&got, &want);
+            assert!(d <= 1e-4, "{case}, row of {}: logits max |diff| = {d:e}", row.len());
+            let lp = max_diff(&got.log_softmax(-1, Kind::Float), &want.log_softmax(-1, Kind::Float));
+            assert!(
+                lp <= 1e-5,
+                "{case}, row of {}: log-probs max |diff| = {lp:e}",
+                row.len()
+            );
+        }
+    }
+}
+
+fn rollout(ids: Vec<i64>, prompt: usize) -> Rollout {
+    let n = ids.len();
+    let mut completion_mask = vec![0u8; prompt];
+    completion_mask.resize(n, 1);
+    Rollout {
+        input_ids: ids,
+        completion_mask,
+        old_log_probs: vec![0.0; n],
+        advantage: 1.0,
+        group_id: "g".into(),
+    }
+}
+
+/// The log-prob of every trained token, each rollout forwarded alone.
+fn separate_logprobs(m: &Model, rs: &[Rollout]) -> Tensor {
+    let mut out = Vec::new();
+    for r in rs {
+        let lsm = row_logits(m, &r.input_ids).log_softmax(-1, Kind::Float);
+        for p in 1..r.input_ids.len() {
+            if r.completion_mask[p] == 1 {
+                out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
+            }
+        }
+    }
+    Tensor::stack(&out, 0)
+}
+
+#[test]
+fn tree_and_flat_packing_equal_separate_rows() {
+    let prompt: Vec<i64> = vec![5, 17, 99, 3, 250, 42];
+    let tail = |t: &[i64]| [&prompt[..], t].concat();
+    let rs = vec![
+        rollout(tail(&[7, 9, 31, 64]), prompt.len()),
+        rollout(tail(&[7, 9, 40]), prompt.len()),
+        rollout(tail(&[8, 1, 2, 3, 4, 5]), prompt.len()),
+        rollout(tail(&[7, 9, 31, 64]), prompt.len()),
+        rollout(vec![77, 78, 79, 80], 2),
+    ];
+    let mut tree = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        tree.add(r.clone(), i).unwrap();
+    }
+    let tree: PackedRow = tree.pack();
+    assert!(tree.packing_ratio() > 1.3, "{}", tree.packing_ratio());
+    let chunks = LogprobChunks { tokens: 7, vocab: 100 };
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let want = tch::no_grad(|| separate_logprobs(&m, &rs));
+        for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
+            let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
+            let d = max_diff(&got, &want);
+            assert!(d <= 1e-5, "{case} {what}: max |diff| = {d:e}");
+        }
+    }
+}
+
+/// Mean next-token cross-entropy of `row` plus `coef` x the load-balancing loss, as
+/// transformers' `Qwen3MoeForCausalLM` computes it with `labels = row`.
+fn training_loss(m: &Model, row: &[i64]) -> (Tensor, Tensor) {
+    let n = row.len() as i64;
+    let ids = Tensor::from_slice(row).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+    let (hidden, routes) =
+        m.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal)
+            .unwrap();
+    let logits = m.lm.logits(&hidden).squeeze_dim(0);
+    let ce = logits
+        .narrow(0, 0, n - 1)
+        .log_softmax(-1, Kind::Float)
+        .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
+        .mean(Kind::Float)
+        .neg();
+    let mixture = m.lm.config.mixture.as_ref().unwrap();
+    let router_logits: Vec<Tensor> = routes.iter().map(|r| r.logits.shallow_clone()).collect();
+    let aux = load_balancing_loss(&router_logits, mixture.experts_per_token, None).unwrap();
+    (ce + &aux * mixture.router_aux_loss_coef, aux)
+}
+
+#[test]
+fn the_load_balancing_loss_and_gradients_match_transformers() {
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let exp = expected(case);
+        for (row, want) in rows(&exp).iter().zip(exp["aux_loss"].as_array().unwrap()) {
+            let (_, aux) = tch::no_grad(|| training_loss(&m, row));
+            let d = (aux.double_value(&[]) - want.as_f64().unwrap()).abs();
+            assert!(d <= 1e-5, "{case}, row of {}: aux loss off by {d:e}", row.len());
+        }
+        let (loss, _) = training_loss(&m, &rows(&exp)[0]);
+        let d = (loss.double_value(&[]) - exp["loss"].as_f64().unwrap()).abs();
+        assert!(d <= 1e-5, "{case}: loss off by {d:e}");
+        loss.backward();
+        let vars = m.vs.variables();
+        for (name, want) in exp["grads"].as_object().unwrap() {
+            let grad = vars[name].grad();
+            // Of the experts, the fixture keeps the first two.
+            let grad = if name.contains("experts") {
+                grad.narrow(0, 0, 2)
+            } else {
+                grad
+            };
+            let want = tensor(want);
+            let scale = want.abs().max().double_value(&[]).max(1e-3);
+            let d = max_diff(&grad, &want) / scale;
+            assert!(d <= 1e-5, "{case} {name}: gradient off by {d:e} of its largest entry");
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_matches_transformers() {
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let exp = expected(case);
+        let prompts: Vec<Vec<i64>> = serde_json::from_value(exp["prompts"].clone()).unwrap();
+        let want: Vec<Vec<i64>> = serde_json::from_value(exp["greedy"].clone()).unwrap();
+        let cfg = GenerationConfig {
+            max_new_tokens: 12,
+            eos_token_ids: vec![2],
+            prefill_chunk_size: 4,
+            ..Default::default()
+        };
+        let out = Generator::new().generate(&m.lm, &prompts, &cfg).unwrap();
+        for (i, (c, w)) in out.iter().zip(&want).enumerate() {
+            assert_eq!(&c.output_ids, w, "{case} prompt {i}");
+        }
+    }
+}
+
+#[test]
+fn both_layouts_load_and_a_save_reloads_to_the_same_logits() {
+    let dir = std::env::temp_dir().join(format!("treetrain-moe-save-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = load_f32(&fixture("qwen3_moe"));
+    let card = treetrain::display::Rich::text(&m);
+    assert!(card.contains("8 experts (top 2, width 32) in 2 of 3 layers"), "{card}");
+    let c = &m.lm.config;
+    assert!(c.active_parameters() < c.num_parameters());
+    assert_eq!(
+        m.vs.variables().values().map(Tensor::numel).sum::<usize>() as i64,
+        c.num_parameters()
+    );
+    m.save(&dir, None).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<String> = file.names().into_iter().map(str::to_string).collect();
+    assert!(
+        names.iter().any(|n| n == "model.layers.0.mlp.experts.gate_up_proj"),
+        "{names:?}"
+    );
+    let again = load_f32(&dir);
+    let row = [5i64, 17, 99, 3, 250, 42, 7];
+    assert_eq!(max_diff(&row_logits(&m, &row), &row_logits(&again, &row)), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mixture_configs_refuse_what_is_not_implemented() {
+    let scratch = std::env::temp_dir().join(format!("treetrain-moe-bad-{}", std::process::id()));
+    let cases: [(&str, serde_json::Value); 4] = [
+        (
+            "shared_expert_intermediate_size",
+            serde_json::json!({"shared_expert_intermediate_size": 64}),
+        ),
+        ("n_group", serde_json::json!({"n_group": 4, "topk_group": 2})),
+        ("model_type", serde_json::json!({"model_type": "mixtral"})),
+        ("num_experts_per_tok", serde_json::json!({"num_experts_per_tok": 99})),
+    ];
+    for (field, edit) in cases {
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_moe").join("config.json")).unwrap()).unwrap();
+        for (k, v) in edit.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(scratch.join("config.json"), cfg.to_string()).unwrap();
+        std::fs::copy(
+            fixture("qwen3_moe").join("model.safetensors"),
+            scratch.join("model.safetensors"),
+        )
+        .unwrap();
+        let e = Model::load(&scratch, LoadOptions::default()).unwrap_err().to_string();
+        assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+    }
+    // A multimodal config (its decoder under `text_config`) is named as what it is.
+    std::fs::write(
+        scratch.join("config.json"),
+        r#"{"model_type": "muse_spark", "text_config": {"vocab_size": 202048}}"#,
+    )
+    .unwrap();
+    let e = Model::load(&scratch, LoadOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("text_config") && !e.contains("missing field"), "{e}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[test]
+fn recomputed_activations_give_the_experts_the_same_gradients() {
+    use treetrain::model::{Activations, target_logprobs};
+    let m = load_f32(&fixture("qwen3_moe"));
+    let ids = Tensor::from_slice(&[5i64, 17, 99, 3, 250, 42, 7, 1, 2, 3, 200, 201, 9, 8, 7, 6]).view([2, 8]);
+    let pos = Tensor::arange(8, (Kind::Int64, tch::Device::Cpu))
+        .view([1, 8])
+        .repeat([2, 1]);
+    let run = |activations| {
+        m.lm.forward_backward(&ids, &pos, &AttentionLayout::Causal, activations, |hidden| {
+            let flat = hidden.view([16, -1]).narrow(0, 0, 15);
+            let targets = ids.view([-1]).narrow(0, 1, 15);
+            let lp = target_logprobs(&flat, m.lm.lm_head_weight(), &targets, LogprobChunks::default())?;
+            Ok((Some(-lp.mean(Kind::Float)), ()))
+        })
+        .unwrap();
+        common::take_grads(&m)
+    };
+    let (kept, recomputed) = (run(Activations::Kept), run(Activations::Recomputed));
+    for ((name, a), (_, b)) in kept.iter().zip(&recomputed) {
+        let scale = a.abs().max().double_value(&[]);
+        assert!(scale > 0.0, "`{name}` got no gradient");
+        let d = max_diff(a, b) / scale;
+        assert!(d <= 1e-6, "`{name}` differs by {d:e} (relative)");
+    }
+    assert!(kept.iter().any(|(n, _)| n.ends_with("experts.gate_up_proj")));
+}
+
+/// transformers loads treetrain's save of a mixture model unchanged (experts fused, written
+/// from the in-memory parameters after an edit) and computes the same logits.
+#[test]
+#[ignore = "slow: runs transformers (test.sh sets TREETRAIN_PEFT_PYTHON)"]
+fn transformers_loads_a_saved_mixture_model() {
+    let python = std::env::var("TREETRAIN_PEFT_PYTHON")
+        .expect("set TREETRAIN_PEFT_PYTHON to a python with transformers (scripts/setup-peft.sh prints it)");
+    let dir = std::env::temp_dir().join(format!("treetrain-moe-hf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = load_f32(&fixture("qwen3_moe"));
+    tch::no_grad(|| {
+        let _ = m.vs.variables()["model.layers.2.mlp.experts.gate_up_proj"]
+            .shallow_clone()
+            .g_mul_scalar_(1.5);
+    });
+    m.save(&dir, None).unwrap();
+    let rows = vec![vec![5i64, 17, 99, 3, 250, 42, 7], vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/hf_logits.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(&dir)
+        .arg(serde_json::to_string(&rows).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["missing_keys"], serde_json::json!([]), "{v:?}");
+    assert_eq!(v["unexpected_keys"], serde_json::json!([]));
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(&m, row), &tensor(want));
+        assert!(d <= 1e-4, "treetrain vs transformers: {d:e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// LoRA on a mixture model's attention works (TRL's Muse recipe targets q/k/v/o); its
+/// feed-forward targets are refused: PEFT moves them onto the experts (`target_parameters`),
+/// which treetrain does not implement.
+#[test]
+fn lora_wraps_a_mixtures_attention_and_refuses_its_feed_forward() {
+    use treetrain::model::lora::{LoraConfig, TargetModules};
+    let config = |targets: &[&str]| LoraConfig {
+        r: 4,
+        lora_alpha: 8.0,
+        target_modules: TargetModules::Names(targets.iter().map(|t| t.to_string()).collect()),
+        ..LoraConfig::default()
+    };
+    let mut m = load_f32(&fixture("qwen3_moe"));
+    let row = [5i64, 17, 99, 3, 250, 42, 7];
+    let before = row_logits(&m, &row);
+    m.add_lora(config(&["q_proj", "k_proj", "v_proj", "o_proj"])).unwrap();
+    assert_eq!(
+        max_diff(&row_logits(&m, &row), &before),
+        0.0,
+        "a new adapter starts at the base"
+    );
+    for targets in [&["down_proj"][..], &["q_proj", "gate_proj"]] {
+        let mut m = load_f32(&fixture("qwen3_moe"));
+        let e = m.add_lora(config(targets)).unwrap_err().to_string();
+        assert!(
+            e.contains("target_parameters") && e.contains("mixture"),
+            "{targets:?}: {e}"
+        );
+    }
+}
