@@ -67,6 +67,7 @@ pub const RULES: &[Rule] = &[
         None,
     ),
     rule(Scope::Train, "learning_rate", "finite and > 0", Some("0.0")),
+    rule(Scope::Train, "router_aux_loss_coef", "finite and >= 0", Some("-0.1")),
     rule(Scope::Train, "warmup_ratio", "in [0, 1]", Some("2.0")),
     rule(
         Scope::Train,

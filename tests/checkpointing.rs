@@ -122,8 +122,8 @@ fn grpo_grads(model: &Model, activations: Activations) -> (f64, Vec<(String, Ten
         &model.lm,
         &row,
         &objective,
-        TermWeights::Uniform(1.0 / n),
-        Default::default(),
+        (TermWeights::Uniform(1.0 / n), Default::default()),
+        None,
     )
     .unwrap();
     (out.loss.double_value(&[]), take_grads(model))

@@ -39,6 +39,7 @@ fn every_notebook_type_renders() {
         tokens_per_s: 1000.0,
         padding_fraction: 0.25,
         skipped: true,
+        aux_loss: None,
     };
     assert_eq!(
         m.text(),

@@ -10,8 +10,8 @@ use common::row_logits;
 use tch::{Kind, Tensor};
 use treetrain::device::Device;
 use treetrain::generate::{GenerationConfig, Generator};
-use treetrain::model::moe::load_balancing_loss;
-use treetrain::model::{AttentionLayout, LoadOptions, LogprobChunks, Model};
+use treetrain::model::moe::{RouterLoss, load_balancing_loss};
+use treetrain::model::{Activations, AttentionLayout, Inputs, LoadOptions, LogprobChunks, Model};
 use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
 
 const CASES: [&str; 2] = ["qwen3_moe", "qwen3_moe_fused_bf16"];
@@ -135,26 +135,47 @@ fn tree_and_flat_packing_equal_separate_rows() {
     }
 }
 
-/// Mean next-token cross-entropy of `row` plus `coef` x the load-balancing loss, as
-/// transformers' `Qwen3MoeForCausalLM` computes it with `labels = row`.
-fn training_loss(m: &Model, row: &[i64]) -> (Tensor, Tensor) {
+/// The load-balancing loss of `row` forwarded alone, as transformers reports it.
+fn aux_of(m: &Model, row: &[i64]) -> f64 {
     let n = row.len() as i64;
     let ids = Tensor::from_slice(row).view([1, n]);
     let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
-    let (hidden, routes) =
-        m.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal)
-            .unwrap();
-    let logits = m.lm.logits(&hidden).squeeze_dim(0);
-    let ce = logits
-        .narrow(0, 0, n - 1)
-        .log_softmax(-1, Kind::Float)
-        .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
-        .mean(Kind::Float)
-        .neg();
-    let mixture = m.lm.config.mixture.as_ref().unwrap();
-    let router_logits: Vec<Tensor> = routes.iter().map(|r| r.logits.shallow_clone()).collect();
-    let aux = load_balancing_loss(&router_logits, mixture.experts_per_token, None).unwrap();
-    (ce + &aux * mixture.router_aux_loss_coef, aux)
+    let (_, routes) = tch::no_grad(|| m.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal)).unwrap();
+    let logits: Vec<Tensor> = routes.into_iter().map(|r| r.logits).collect();
+    let k = m.lm.config.mixture.as_ref().unwrap().experts_per_token;
+    load_balancing_loss(&logits, k, None).unwrap().double_value(&[])
+}
+
+/// Mean next-token cross-entropy of `row` plus `router_aux_loss_coef` x the load-balancing
+/// loss, back-propagated as a training pass does (transformers' `Qwen3MoeForCausalLM` loss with
+/// `labels = row`); returns the loss.
+fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
+    let n = row.len() as i64;
+    let ids = Tensor::from_slice(row).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+    let router = RouterLoss {
+        coef: m.lm.config.mixture.as_ref().unwrap().router_aux_loss_coef,
+        token_weights: Tensor::ones([n], (Kind::Float, tch::Device::Cpu)),
+    };
+    let inputs = Inputs {
+        input_ids: &ids,
+        position_ids: &pos,
+        layout: &AttentionLayout::Causal,
+    };
+    let (ce, aux) =
+        m.lm.forward_backward_routed(inputs, activations, Some(&router), |hidden| {
+            let logits = m.lm.logits(hidden).squeeze_dim(0);
+            let ce = logits
+                .narrow(0, 0, n - 1)
+                .log_softmax(-1, Kind::Float)
+                .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
+                .mean(Kind::Float)
+                .neg();
+            let value = ce.double_value(&[]);
+            Ok((Some(ce), value))
+        })
+        .unwrap();
+    ce + router.coef * aux.unwrap()
 }
 
 #[test]
@@ -163,27 +184,28 @@ fn the_load_balancing_loss_and_gradients_match_transformers() {
         let m = load_f32(&fixture(case));
         let exp = expected(case);
         for (row, want) in rows(&exp).iter().zip(exp["aux_loss"].as_array().unwrap()) {
-            let (_, aux) = tch::no_grad(|| training_loss(&m, row));
-            let d = (aux.double_value(&[]) - want.as_f64().unwrap()).abs();
+            let d = (aux_of(&m, row) - want.as_f64().unwrap()).abs();
             assert!(d <= 1e-5, "{case}, row of {}: aux loss off by {d:e}", row.len());
         }
-        let (loss, _) = training_loss(&m, &rows(&exp)[0]);
-        let d = (loss.double_value(&[]) - exp["loss"].as_f64().unwrap()).abs();
-        assert!(d <= 1e-5, "{case}: loss off by {d:e}");
-        loss.backward();
-        let vars = m.vs.variables();
-        for (name, want) in exp["grads"].as_object().unwrap() {
-            let grad = vars[name].grad();
-            // Of the experts, the fixture keeps the first two.
-            let grad = if name.contains("experts") {
-                grad.narrow(0, 0, 2)
-            } else {
-                grad
-            };
-            let want = tensor(want);
-            let scale = want.abs().max().double_value(&[]).max(1e-3);
-            let d = max_diff(&grad, &want) / scale;
-            assert!(d <= 1e-5, "{case} {name}: gradient off by {d:e} of its largest entry");
+        for activations in [Activations::Kept, Activations::Recomputed] {
+            let loss = training_pass(&m, &rows(&exp)[0], activations);
+            let d = (loss - exp["loss"].as_f64().unwrap()).abs();
+            assert!(d <= 1e-5, "{case} {activations:?}: loss off by {d:e}");
+            let grads: std::collections::HashMap<String, Tensor> = common::take_grads(&m).into_iter().collect();
+            for (name, want) in exp["grads"].as_object().unwrap() {
+                // Of the experts, the fixture keeps the first two.
+                let grad = match name.contains("experts") {
+                    true => grads[name].narrow(0, 0, 2),
+                    false => grads[name].shallow_clone(),
+                };
+                let want = tensor(want);
+                let scale = want.abs().max().double_value(&[]).max(1e-3);
+                let d = max_diff(&grad, &want) / scale;
+                assert!(
+                    d <= 1e-5,
+                    "{case} {activations:?} {name}: gradient off by {d:e} of its largest entry"
+                );
+            }
         }
     }
 }
@@ -277,7 +299,7 @@ fn mixture_configs_refuse_what_is_not_implemented() {
 
 #[test]
 fn recomputed_activations_give_the_experts_the_same_gradients() {
-    use treetrain::model::{Activations, target_logprobs};
+    use treetrain::model::target_logprobs;
     let m = load_f32(&fixture("qwen3_moe"));
     let ids = Tensor::from_slice(&[5i64, 17, 99, 3, 250, 42, 7, 1, 2, 3, 200, 201, 9, 8, 7, 6]).view([2, 8]);
     let pos = Tensor::arange(8, (Kind::Int64, tch::Device::Cpu))
@@ -367,4 +389,104 @@ fn lora_wraps_a_mixtures_attention_and_refuses_its_feed_forward() {
             "{targets:?}: {e}"
         );
     }
+}
+
+/// The GRPO update adds the load-balancing loss with each tree token counted once per rollout
+/// through it: tree and flat packing give the same loss value and the same gradients, and the
+/// loss value is the one of the rollouts forwarded as a padded batch, padding masked.
+#[test]
+fn the_grpo_update_adds_the_router_loss_the_same_in_both_packings() {
+    use treetrain::grpo::{GrpoObjective, accumulate_gradients};
+    let m = load_f32(&fixture("qwen3_moe"));
+    let prompt: Vec<i64> = vec![5, 17, 99, 3, 250, 42];
+    let tail = |t: &[i64]| [&prompt[..], t].concat();
+    let mut rs = vec![
+        rollout(tail(&[7, 9, 31, 64]), prompt.len()),
+        rollout(tail(&[7, 9, 40]), prompt.len()),
+        rollout(tail(&[8, 1, 2, 3, 4, 5]), prompt.len()),
+    ];
+    for (r, a) in rs.iter_mut().zip([1.0, -0.5, 0.25]) {
+        r.advantage = a;
+        r.old_log_probs = vec![-2.0; r.input_ids.len()];
+    }
+    let mut tree = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        tree.add(r.clone(), i).unwrap();
+    }
+    let objective = GrpoObjective {
+        router_aux_loss_coef: 0.05,
+        ..GrpoObjective::default()
+    };
+    let mut runs = Vec::new();
+    for row in [tree.pack(), pack_flat(&rs).unwrap()] {
+        let stats = accumulate_gradients(&m.lm, None, &[row], &objective).unwrap();
+        runs.push((stats.aux_loss, common::take_grads(&m)));
+    }
+    let ((aux_tree, g_tree), (aux_flat, g_flat)) = (&runs[0], &runs[1]);
+    assert!((aux_tree - aux_flat).abs() <= 1e-6, "tree {aux_tree} flat {aux_flat}");
+    for ((name, a), (_, b)) in g_tree.iter().zip(g_flat) {
+        let scale = a.abs().max().double_value(&[]).max(1e-8);
+        assert!(max_diff(a, b) / scale <= 1e-4, "`{name}` differs");
+    }
+    // The rollouts as one right-padded batch, padding masked out.
+    let longest = rs.iter().map(|r| r.input_ids.len()).max().unwrap();
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for r in &rs {
+        let pad = longest - r.input_ids.len();
+        ids.extend(r.input_ids.iter().copied().chain(std::iter::repeat_n(0, pad)));
+        mask.extend(std::iter::repeat_n(1.0f32, r.input_ids.len()).chain(std::iter::repeat_n(0.0, pad)));
+    }
+    let (b, n) = (rs.len() as i64, longest as i64);
+    let ids = Tensor::from_slice(&ids).view([b, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu))
+        .view([1, n])
+        .repeat([b, 1]);
+    let (_, routes) = tch::no_grad(|| m.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal)).unwrap();
+    let logits: Vec<Tensor> = routes.into_iter().map(|r| r.logits).collect();
+    let want = load_balancing_loss(&logits, 2, Some(&Tensor::from_slice(&mask)))
+        .unwrap()
+        .double_value(&[]);
+    assert!((aux_tree - want).abs() <= 1e-5, "tree {aux_tree}, padded batch {want}");
+}
+
+/// SFT and tree-packed GRPO train a tiny Qwen3-MoE (the shipped tokenizer, seeded weights) and
+/// log its load-balancing loss as `aux_loss`, none with `router_aux_loss_coef = 0`; the loss
+/// moves the weights differently than without it.
+#[test]
+fn sft_and_grpo_train_a_mixture_and_log_its_router_loss() {
+    use treetrain::grpo::GrpoTrainer;
+    use treetrain::sft::SftTrainer;
+    let dir = std::env::temp_dir().join(format!("treetrain-moe-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = common::tiny_mixture(&dir).display().to_string();
+    let weights = |t: &Model| t.vs.variables()["model.layers.1.mlp.gate.weight"].copy();
+    let mut routers = Vec::new();
+    for coef in [0.0, 0.5] {
+        let mut cfg = common::shipped_sft(Some(dir.join(format!("sft-{coef}"))), 2);
+        cfg.train.model = model.clone();
+        cfg.train.router_aux_loss_coef = coef;
+        let mut t = SftTrainer::new(cfg).unwrap();
+        for _ in 0..2 {
+            let m = t.step().unwrap();
+            match coef > 0.0 {
+                true => assert!(m.aux_loss.is_some_and(|a| a > 0.0 && a < 8.0), "{m:?}"),
+                false => assert_eq!(m.aux_loss, None),
+            }
+        }
+        routers.push(weights(t.model()));
+        let log = std::fs::read_to_string(dir.join(format!("sft-{coef}/log.jsonl"))).unwrap();
+        assert_eq!(log.contains("\"aux_loss\""), coef > 0.0, "{log}");
+    }
+    assert!(
+        max_diff(&routers[0], &routers[1]) > 0.0,
+        "the router loss reached the router"
+    );
+    let mut cfg = common::shipped_grpo();
+    cfg.train.model = model;
+    cfg.train.output.output_dir = Some(dir.join("grpo"));
+    cfg.max_steps = 1;
+    let mut t = GrpoTrainer::new(cfg).unwrap();
+    let m = t.step().unwrap();
+    assert!(m.update.aux_loss.is_some_and(|a| a > 0.0 && a < 8.0), "{m:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -298,6 +298,7 @@ fn an_undecodable_completion_is_a_reward_failure_not_empty_text() {
 /// where TRL has one).
 const GRPO_EVERY_SETTING: &str = r#"
 model = "m"
+router_aux_loss_coef = 0.01
 dataset = "d.jsonl"
 dataset_split = "test"
 output_dir = "out"
@@ -439,6 +440,7 @@ fn config_files_keep_every_setting_name() {
         "overwrite_output_dir",
         "report_to",
         "resume_from_checkpoint",
+        "router_aux_loss_coef",
         "save_only_model",
         "save_steps",
         "save_total_limit",
@@ -471,7 +473,7 @@ fn config_files_keep_every_setting_name() {
         serde_json::to_value(GrpoConfig::default()).unwrap(),
     );
     let grpo = keys(default.clone());
-    assert_eq!(grpo.len(), 97, "{grpo:?}");
+    assert_eq!(grpo.len(), 98, "{grpo:?}");
     for k in train.iter().chain(&["max_steps", "packing", "rewards"]) {
         assert!(grpo.contains(&k.to_string()), "{k}");
     }

@@ -136,6 +136,11 @@ pub struct UpdateMetrics {
     pub raw_tokens: usize,
     /// Packed rows.
     pub rows: usize,
+    /// A mixture model's load-balancing loss (`train/aux_loss`; its `router_aux_loss_coef`
+    /// multiple is in the gradient, not in `loss`). `None` for a dense model or with
+    /// `router_aux_loss_coef = 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<f64>,
 }
 
 /// Where a step's wall time went, and the throughputs ([`GrpoStepMetrics::times`]).
@@ -256,7 +261,7 @@ impl RolloutMetrics {
 impl UpdateMetrics {
     /// The update's statistics (summed over ranks) with what the optimizer step did, the
     /// entropy bonus's coefficient and the step's packed rows.
-    pub(crate) fn of(stats: &UpdateStats, outcome: &StepOutcome, entropy_coef: f64, rows: usize) -> Self {
+    pub(crate) fn of(stats: &UpdateStats, outcome: &StepOutcome, entropy_coef: f64, rows: usize, routed: bool) -> Self {
         UpdateMetrics {
             loss: stats.loss,
             grad_norm: outcome.grad_norm,
@@ -273,6 +278,7 @@ impl UpdateMetrics {
             forwarded_tokens: stats.forwarded_tokens,
             raw_tokens: stats.raw_tokens,
             rows,
+            aux_loss: routed.then_some(stats.aux_loss),
         }
     }
 }

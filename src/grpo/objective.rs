@@ -75,6 +75,9 @@ pub struct GrpoObjective {
     /// Trained terms of the whole step the bonus's mean divides by (those at or above the
     /// entropy floor); `None`: the row's own (a row scored on its own).
     pub entropy_terms: Option<usize>,
+    /// Weight of a mixture model's load-balancing loss (`router_aux_loss_coef`; 0: off). Each
+    /// packed row adds it over its tokens, weighted by the row's share of the step's rollouts.
+    pub router_aux_loss_coef: f64,
 }
 
 impl From<&GrpoConfig> for GrpoObjective {
@@ -105,6 +108,7 @@ impl From<&GrpoConfig> for GrpoObjective {
             off_policy_mask_threshold: c.loss.off_policy_mask_threshold,
             entropy_coef: c.entropy_bonus.initial_coef(),
             entropy_terms: None,
+            router_aux_loss_coef: c.train.router_aux_loss_coef,
         }
     }
 }
@@ -134,6 +138,7 @@ impl Default for GrpoObjective {
             off_policy_mask_threshold: None,
             entropy_coef: 0.0,
             entropy_terms: None,
+            router_aux_loss_coef: 0.0,
         }
     }
 }

@@ -17,7 +17,8 @@ use tch::{Kind, Tensor};
 use super::objective::{GrpoObjective, LmHead};
 use super::row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
 use crate::device::Device;
-use crate::model::{CausalLm, ModelError};
+use crate::model::moe::RouterLoss;
+use crate::model::{CausalLm, Inputs, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
 /// The clipped GRPO surrogate over a packed row:
@@ -56,17 +57,23 @@ pub(crate) fn grpo_loss_with_reference(
 
 /// `grpo_loss_with_reference`, back-propagated into the policy's gradients (accumulated;
 /// layer activations kept or recomputed as `cfg.activations` says, the LM head as
-/// `cfg.lm_head`). Under `tch::no_grad` only the loss and its statistics are computed.
+/// `cfg.lm_head`), with `router`'s load-balancing loss of a mixture model added. Under
+/// `tch::no_grad` only the loss and its statistics are computed.
 pub fn grpo_loss_backward(
     model: &CausalLm,
     row: &PackedRow,
     cfg: &GrpoObjective,
-    weights: TermWeights,
-    other: TermLogprobs<'_>,
+    (weights, other): (TermWeights, TermLogprobs<'_>),
+    router: Option<&RouterLoss>,
 ) -> Result<GrpoLoss, ModelError> {
     let pairs = TermPairs::of(row)?;
     let (ids, pos, layout) = row.layout(model.device())?;
-    model.forward_backward(&ids, &pos, &layout, cfg.activations, |hidden| {
+    let inputs = Inputs {
+        input_ids: &ids,
+        position_ids: &pos,
+        layout: &layout,
+    };
+    let (mut out, aux) = model.forward_backward_routed(inputs, cfg.activations, router, |hidden| {
         let terms = pairs.select(hidden, cfg.temperature)?;
         match cfg.lm_head {
             LmHead::Kept => {
@@ -75,6 +82,17 @@ pub fn grpo_loss_backward(
             }
             LmHead::Fused => fused_head_loss(model, row, &terms, cfg, weights, other),
         }
+    })?;
+    out.aux_loss = aux;
+    Ok(out)
+}
+
+/// The load-balancing loss a GRPO row adds: `coef` x its share of the step's rollouts, each
+/// token counted once for every rollout through it (as separate forwards would count it).
+pub(crate) fn row_router_loss(row: &PackedRow, coef: f64, step_rollouts: usize) -> Option<RouterLoss> {
+    (coef > 0.0).then(|| RouterLoss {
+        coef: coef * row.rollouts as f64 / step_rollouts.max(1) as f64,
+        token_weights: Tensor::from_slice(&row.token_rollouts()),
     })
 }
 

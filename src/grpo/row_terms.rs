@@ -130,6 +130,9 @@ pub struct GrpoLoss {
     /// Sum over the trained terms (those at or above the entropy floor) of the policy's
     /// entropy: what the entropy bonus and its adaptive controller average.
     pub kept_entropy_sum: f64,
+    /// The row's load-balancing loss (without its coefficient) when a mixture model's router
+    /// loss was added to the backward.
+    pub aux_loss: Option<f64>,
 }
 
 /// `k3 = exp(q - p) - (q - p) - 1` per term: an unbiased, non-negative estimate of
@@ -211,6 +214,7 @@ pub fn grpo_loss_of_logprobs(
         entropy_sum: 0.0,
         kept_entropy_sum,
         correction_sum,
+        aux_loss: None,
     })
 }
 

@@ -123,6 +123,12 @@ impl GrpoTrainer {
         self.reference.as_ref().map(|r| &r.lm)
     }
 
+    /// Whether the update adds a load-balancing loss: a mixture model with
+    /// `router_aux_loss_coef > 0`.
+    fn routed(&self) -> bool {
+        self.config.train.router_aux_loss_coef > 0.0 && self.core.model.lm.config.mixture.is_some()
+    }
+
     /// The loss of the run.
     pub fn objective(&self) -> GrpoObjective {
         let mut objective = GrpoObjective::from(&self.config);
@@ -319,7 +325,7 @@ impl GrpoTrainer {
                 .update(&self.config.entropy_bonus, stats.entropy_trained);
         }
         let part = UpdatePart {
-            metrics: UpdateMetrics::of(&stats, &outcome, entropy_coef, update.step_rows),
+            metrics: UpdateMetrics::of(&stats, &outcome, entropy_coef, update.step_rows, self.routed()),
             skipped: outcome.skipped,
             pack_s,
             forward_backward_s: stats.forward_backward_s,

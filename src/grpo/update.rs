@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::objective::GrpoObjective;
-use super::row_loss::grpo_loss_backward;
+use super::row_loss::{grpo_loss_backward, row_router_loss};
 use super::row_terms::TermLogprobs;
 use crate::device::Device;
 use crate::distributed::World;
@@ -122,6 +122,10 @@ pub struct UpdateStats {
     /// masked or truncated rollouts lag).
     #[serde(default)]
     pub sampling_correction: f64,
+    /// A mixture model's load-balancing loss, each row's weighted by its share of the step's
+    /// rollouts (0 for a dense model).
+    #[serde(default)]
+    pub aux_loss: f64,
     /// Seconds in forward + backward.
     pub forward_backward_s: f64,
 }
@@ -158,7 +162,7 @@ impl UpdateStats {
     }
 
     /// The statistics every rank holds a share of: means (shares of the step's) and counts.
-    fn shared_by_ranks(&mut self) -> ([&mut f64; 9], [&mut usize; 3]) {
+    fn shared_by_ranks(&mut self) -> ([&mut f64; 10], [&mut usize; 3]) {
         let UpdateStats {
             loss,
             terms: _,
@@ -173,6 +177,7 @@ impl UpdateStats {
             entropy,
             entropy_trained,
             sampling_correction,
+            aux_loss,
             forward_backward_s: _,
         } = self;
         (
@@ -186,6 +191,7 @@ impl UpdateStats {
                 entropy,
                 entropy_trained,
                 sampling_correction,
+                aux_loss,
             ],
             [forwarded_tokens, raw_tokens, rows],
         )
@@ -352,7 +358,11 @@ pub(crate) fn accumulate_share(
             before_update: before_lp.as_ref(),
         };
         // Under `tch::no_grad` (evaluation) nothing is back-propagated.
-        let out = grpo_loss_backward(policy, row, objective, weights, other)?;
+        let router = row_router_loss(row, objective.router_aux_loss_coef, totals.rollouts);
+        let out = grpo_loss_backward(policy, row, objective, (weights, other), router.as_ref())?;
+        if let Some(aux) = out.aux_loss {
+            stats.aux_loss += aux * row.rollouts as f64 / totals.rollouts.max(1) as f64;
+        }
         stats.sampling_correction += out.correction_sum;
         stats.loss += out.loss.double_value(&[]);
         let n = out.num_terms as f64;

@@ -82,7 +82,7 @@ pub(crate) use logprobs::head_logits;
 pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
 pub use mlp::Mlp;
 pub use projection::{Projected, Projections};
-pub use recompute::Activations;
+pub use recompute::{Activations, Inputs};
 pub(crate) use safetensors_out::SafetensorsOut;
 pub use save::{kind_name, refuse_overlap};
 pub use sdpa::{AttentionCall, SdpaKernel, sdpa_kernels};

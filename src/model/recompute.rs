@@ -17,6 +17,7 @@ use super::hooks::{ParamUnit, Phase};
 use super::layers::{Linear, LinearAdapter};
 use super::layout::AttentionLayout;
 use super::lora::DropoutStream;
+use super::moe::{RouterLoss, RouterTally};
 
 /// Whether to recompute layer activations in backward (`gradient_checkpointing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,15 +50,44 @@ impl CausalLm {
         activations: Activations,
         head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
     ) -> Result<T, ModelError> {
+        let pass = Inputs {
+            input_ids,
+            position_ids,
+            layout,
+        };
+        Ok(self.forward_backward_routed(pass, activations, None, head)?.0)
+    }
+
+    /// [`CausalLm::forward_backward`] adding `router`'s load-balancing loss of a mixture model
+    /// to the loss (layer by layer when activations are recomputed); returns the loss's value
+    /// (without its coefficient) too. Without a `router`, or for a dense model, nothing is added
+    /// and the value is `None`.
+    pub fn forward_backward_routed<T>(
+        &self,
+        pass: Inputs<'_>,
+        activations: Activations,
+        router: Option<&RouterLoss>,
+        head: impl FnOnce(&Tensor) -> Result<(Option<Tensor>, T), ModelError>,
+    ) -> Result<(T, Option<f64>), ModelError> {
+        let Inputs {
+            input_ids,
+            position_ids,
+            layout,
+        } = pass;
         self.check_activations_fit(input_ids, activations)?;
         self.begin_pass(super::Pass::ForwardBackward)?;
+        let mut tally = self.router_tally(router)?;
         if activations == Activations::Kept && !self.in_lockstep() {
-            let hidden = self.forward_hidden(input_ids, position_ids, layout)?;
+            let (hidden, routes) = self.forward_hidden_routed(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
-            if let Some(loss) = loss {
+            let aux = match tally.as_mut() {
+                Some(t) => Some(t.whole_term(&routes)?),
+                None => None,
+            };
+            if let Some(loss) = sum_of(loss, aux) {
                 backward(&loss)?;
             }
-            return Ok(out);
+            return Ok((out, tally.map(|t| t.value()).transpose()?));
         }
         // Layer by layer: recomputed, or (in lockstep) each layer's graph kept apart so its
         // parameters can be freed between its forward and its backward, and its gradients
@@ -72,9 +102,10 @@ impl CausalLm {
             mask: mask.as_ref(),
         };
         // 2. The stack, keeping each layer's input [batch, seq, hidden] (a leaf, with the
-        //    layer's output when kept) and where the dropout stream stood when it ran.
+        //    layer's output when kept) and where the dropout stream stood when it ran; every
+        //    sparse layer's choices counted.
         self.gather(ParamUnit::Root)?;
-        let (stack, x) = self.forward_stack(&ids, keep, (&cos, &sin), &kv)?;
+        let (stack, x) = self.forward_stack(&ids, keep, (&cos, &sin), &kv, tally.as_mut())?;
         let after = stack.draws();
         // 3. The final norm and the head from a leaf at the last layer's output.
         let leaf = x.detach().set_requires_grad(true);
@@ -83,8 +114,12 @@ impl CausalLm {
             backward(&loss)?;
         }
         // 4. Each layer, last first, back-propagated from its output's gradient (run again
-        //    with autograd unless kept). In lockstep, every layer takes part even without one.
+        //    with autograd unless kept) and its router's share of the load-balancing loss.
+        //    In lockstep, every layer takes part even without one.
         let mut grad = leaf.grad();
+        if !grad.defined() && tally.is_some() {
+            grad = leaf.zeros_like();
+        }
         for (i, layer) in self.layers.iter().enumerate().rev() {
             if !grad.defined() && !self.in_lockstep() {
                 break;
@@ -92,7 +127,7 @@ impl CausalLm {
             self.gather(ParamUnit::Layer(i))?;
             self.prefetch(i.checked_sub(1), Phase::BackwardPre)?;
             grad = match grad.defined() {
-                true => self.layer_backward(layer, i, &stack, (&cos, &sin), &kv, &grad)?,
+                true => self.layer_backward(layer, i, (&stack, tally.as_ref()), (&cos, &sin), &kv, &grad)?,
                 false => grad,
             };
             self.prefetch(i.checked_sub(1), Phase::BackwardPost)?;
@@ -106,7 +141,16 @@ impl CausalLm {
         if let Some(d) = &stack.dropout {
             d.set_draws(after);
         }
-        Ok(out)
+        Ok((out, tally.map(|t| t.value()).transpose()?))
+    }
+
+    /// The tally of `router` for this model: none for a dense one or without a coefficient.
+    fn router_tally(&self, router: Option<&RouterLoss>) -> Result<Option<RouterTally>, ModelError> {
+        let (Some(router), Some(mixture)) = (router, &self.config.mixture) else {
+            return Ok(None);
+        };
+        let device = self.embed_tokens.device();
+        RouterTally::of(router, mixture.experts_per_token, mixture.num_experts, device).map(Some)
     }
 
     /// The decoder layers from the embeddings `ids`' output, each gathered before and freed
@@ -118,11 +162,13 @@ impl CausalLm {
         keep: bool,
         (cos, sin): (&Tensor, &Tensor),
         kv: &dyn Fn() -> KeyValues<'a>,
+        mut tally: Option<&mut RouterTally>,
     ) -> Result<(Stack, Tensor), ModelError> {
         let n = self.layers.len();
         let mut stack = Stack {
             inputs: Vec::with_capacity(n),
             outputs: Vec::with_capacity(n),
+            router_logits: Vec::with_capacity(n),
             replay: Vec::with_capacity(n),
             dropout: self.dropout_stream(),
         };
@@ -131,15 +177,20 @@ impl CausalLm {
             stack.replay.push(stack.draws());
             self.gather(ParamUnit::Layer(i))?;
             self.prefetch(Some(i + 1), Phase::Forward)?;
-            let y = match keep {
+            let (y, routing) = match keep {
                 true => {
                     x = x.detach().set_requires_grad(true);
-                    let y = layer.forward(&x, cos, sin, i, &mut kv())?;
+                    let (y, routing) = layer.forward_routed(&x, cos, sin, i, &mut kv())?;
                     stack.outputs.push(y.shallow_clone());
-                    y.detach()
+                    (y.detach(), routing)
                 }
-                false => tch::no_grad(|| layer.forward(&x, cos, sin, i, &mut kv()))?,
+                false => tch::no_grad(|| layer.forward_routed(&x, cos, sin, i, &mut kv()))?,
             };
+            if let (Some(t), Some(r)) = (tally.as_deref_mut(), &routing) {
+                t.count(&r.logits)?;
+            }
+            // A kept layer's router logits keep their graph for its share of the loss.
+            stack.router_logits.push(routing.filter(|_| keep).map(|r| r.logits));
             self.release(ParamUnit::Layer(i))?;
             stack.inputs.push(std::mem::replace(&mut x, y));
         }
@@ -152,23 +203,31 @@ impl CausalLm {
         &self,
         layer: &super::DecoderLayer,
         i: usize,
-        stack: &Stack,
+        (stack, tally): (&Stack, Option<&RouterTally>),
         (cos, sin): (&Tensor, &Tensor),
         kv: &dyn Fn() -> KeyValues<'a>,
         grad: &Tensor,
     ) -> Result<Tensor, ModelError> {
-        let (input, y) = match stack.outputs.get(i) {
-            Some(y) => (stack.inputs[i].shallow_clone(), y.shallow_clone()),
+        let (input, y, logits) = match stack.outputs.get(i) {
+            Some(y) => (
+                stack.inputs[i].shallow_clone(),
+                y.shallow_clone(),
+                stack.router_logits[i].as_ref().map(Tensor::shallow_clone),
+            ),
             None => {
                 if let Some(d) = &stack.dropout {
                     d.set_draws(stack.replay[i]);
                 }
                 let input = stack.inputs[i].detach().set_requires_grad(true);
-                let y = layer.forward(&input, cos, sin, i, &mut kv())?;
-                (input, y)
+                let (y, routing) = layer.forward_routed(&input, cos, sin, i, &mut kv())?;
+                (input, y, routing.map(|r| r.logits))
             }
         };
-        backward(&(y * grad).sum(Kind::Float))?;
+        let mut loss = (y * grad).sum(Kind::Float);
+        if let (Some(t), Some(logits)) = (tally, logits) {
+            loss += t.layer_term(&logits)?;
+        }
+        backward(&loss)?;
         Ok(input.grad())
     }
 
@@ -213,6 +272,8 @@ impl CausalLm {
 struct Stack {
     inputs: Vec<Tensor>,
     outputs: Vec<Tensor>,
+    /// A kept sparse layer's router logits, with their graph.
+    router_logits: Vec<Option<Tensor>>,
     replay: Vec<u64>,
     dropout: Option<Arc<DropoutStream>>,
 }
@@ -241,6 +302,25 @@ fn activation_floor(config: &super::ModelConfig, seq: i64, activations: Activati
         Activations::Recomputed => layer + (config.hidden_size * config.num_layers).max(0) as u128,
     };
     per_token * seq.max(0) as u128
+}
+
+/// The inputs of one forward: `input_ids` and `position_ids` `[batch, seq]` under `layout`.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// `[batch, seq]` token ids.
+    pub input_ids: &'a Tensor,
+    /// `[batch, seq]` positions.
+    pub position_ids: &'a Tensor,
+    /// How the tokens attend.
+    pub layout: &'a AttentionLayout,
+}
+
+/// The head's loss plus the router's term, when there is either.
+fn sum_of(loss: Option<Tensor>, aux: Option<Tensor>) -> Option<Tensor> {
+    match (loss, aux) {
+        (Some(l), Some(a)) => Some(l + a),
+        (l, a) => l.or(a),
+    }
 }
 
 /// `loss.backward()` when the loss depends on something trainable.

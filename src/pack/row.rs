@@ -137,6 +137,17 @@ impl PackedRow {
         self.len() as f64 * per_token + self.attention_pairs() as f64 * per_pair + self.distinct_terms() as f64 * head
     }
 
+    /// Per forwarded token `[N]`, the rollouts whose sequence holds it (its segment's).
+    pub fn token_rollouts(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.len()];
+        for s in &self.segments {
+            for w in out.iter_mut().skip(s.start).take(s.len) {
+                *w = s.rollouts as f32;
+            }
+        }
+        out
+    }
+
     /// Ancestor-interval form of the mask: query `q` sees key `k` iff
     /// `enter[k] <= enter[q] < leave[k]`. `enter` is the packed position itself.
     pub fn intervals(&self) -> (Vec<i64>, Vec<i64>) {

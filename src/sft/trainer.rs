@@ -11,7 +11,10 @@ use super::collate::{BatchTensors, Collator, MicroBatch};
 use super::config::SftConfig;
 use super::tokenize;
 use super::tokenize::TrainExample;
-use crate::model::{Activations, AttentionLayout, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs};
+use crate::model::moe::RouterLoss;
+use crate::model::{
+    Activations, AttentionLayout, Inputs, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs,
+};
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
 use crate::train::{LrSchedule, NanPolicy, Scalars, TrainConfig, TrainCore, TrainError, Trainer};
@@ -35,6 +38,11 @@ pub struct StepMetrics {
     pub padding_fraction: f64,
     /// Whether the step was skipped (non-finite loss or gradient).
     pub skipped: bool,
+    /// A mixture model's load-balancing loss, the mean over the step's micro-batches (and
+    /// ranks); its `router_aux_loss_coef` multiple is in the gradient, not in `loss`. `None`
+    /// for a dense model or with `router_aux_loss_coef = 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<f64>,
 }
 
 /// Where the run is: saved with checkpoints.
@@ -246,8 +254,12 @@ impl SftTrainer {
                 .map(|mb| Collator::trained_tokens(&self.train, mb))
                 .sum::<usize>()
                 .max(1);
-            // [loss sum, real tokens, forwarded tokens] of this rank, then of the whole world.
-            let mut sums = [0.0; 3];
+            // [loss sum, real tokens, forwarded tokens, aux loss sum, forwards with an aux loss]
+            // of this rank, then of the whole world.
+            let mut sums = [0.0; 5];
+            // Each micro-batch's forward adds the router's loss over its own tokens: the mean
+            // over the window's micro-batches and the ranks is what the gradient holds.
+            let coef = self.config.train.router_aux_loss_coef / (window.len() * self.core.world.size) as f64;
             let training = self.core.model.training();
             let activations = Activations::from_checkpointing(self.config.train.precision.gradient_checkpointing);
             // Every rank makes a pass (or an idle one) per micro-batch.
@@ -260,22 +272,25 @@ impl SftTrainer {
                     continue;
                 }
                 let b = self.collator.tensors(&self.train, &mine);
-                let nll = backward_nll(
-                    &self.core.model,
-                    &mut self.ledger,
-                    &b,
-                    window_tokens as f64,
-                    self.config.lm_head_chunk_tokens,
+                let pass = MicroPass {
+                    tokens: window_tokens as f64,
+                    chunk: self.config.lm_head_chunk_tokens,
                     activations,
-                )
-                .inspect_err(|_| self.core.optim.discard_gradients())?;
+                    router_aux_loss_coef: coef,
+                };
+                let (nll, aux) = backward_nll(&self.core.model, &mut self.ledger, &b, pass)
+                    .inspect_err(|_| self.core.optim.discard_gradients())?;
                 sums[0] += nll;
                 sums[1] += b.real as f64;
                 sums[2] += b.total as f64;
+                if let Some(aux) = aux {
+                    sums[3] += aux;
+                    sums[4] += 1.0;
+                }
             }
             drop(training);
             self.core.world.sum(&mut sums)?;
-            let [loss_sum, real, total] = sums;
+            let [loss_sum, real, total, aux_sum, aux_passes] = sums;
             let step = self.state.global_step;
             let rows = || window.iter().flatten().flatten().map(|p| p.0).collect();
             let outcome = self.core.optim.finish_step(&self.config.train, step, loss_sum, rows)?;
@@ -291,6 +306,7 @@ impl SftTrainer {
                 tokens_per_s: real / start.elapsed().as_secs_f64().max(1e-9),
                 padding_fraction: 1.0 - real / total.max(1.0),
                 skipped: outcome.skipped,
+                aux_loss: (aux_passes > 0.0).then(|| aux_sum / aux_passes),
             };
             self.core.log(&m);
             self.state.history.push(m.clone());
@@ -447,30 +463,56 @@ fn forward_nll(model: &Model, ledger: &mut ShapeLedger, b: &BatchTensors) -> Res
     Ok(nll_of(model, &hidden, b)?)
 }
 
-/// [`forward_nll`] back-propagated with the loss divided by `tokens` (the window's trained
-/// tokens): the LM head in chunks of `chunk` tokens, layer activations kept or recomputed;
-/// returns the NLL sum.
+/// How one micro-batch's forward and backward run.
+struct MicroPass {
+    /// The window's trained tokens, which the NLL is divided by.
+    tokens: f64,
+    /// LM-head chunk in tokens.
+    chunk: i64,
+    activations: Activations,
+    /// The weight of this forward's load-balancing loss (0: none).
+    router_aux_loss_coef: f64,
+}
+
+/// [`forward_nll`] back-propagated with the loss divided by `pass.tokens`, plus a mixture
+/// model's load-balancing loss over the batch's real tokens: the LM head in chunks, layer
+/// activations kept or recomputed; returns the NLL sum and the load-balancing loss.
 fn backward_nll(
     model: &Model,
     ledger: &mut ShapeLedger,
     b: &BatchTensors,
-    tokens: f64,
-    chunk: i64,
-    activations: Activations,
-) -> Result<f64, TrainError> {
+    pass: MicroPass,
+) -> Result<(f64, Option<f64>), TrainError> {
     let (ids, pos, layout) = batch_inputs(model, ledger, b).map_err(crate::model::ModelError::from)?;
     // The backward graph sees the forward's shapes: a second compiled graph per shape.
     ledger.record("sft/backward", &b.ids.size());
     let chunks = LogprobChunks {
-        tokens: chunk,
+        tokens: pass.chunk,
         ..LogprobChunks::default()
     };
-    Ok(model.lm.forward_backward(&ids, &pos, &layout, activations, |hidden| {
-        let h = trained_hidden(model, hidden, b)?;
-        let targets = Tensor::from_slice(&b.tgt);
-        let (sum, rest) = nll_backward_chunked(&h, model.lm.lm_head_weight(), &targets, 1.0 / tokens, chunks)?;
-        Ok((rest, sum))
-    })?)
+    // Padding (sequence index -1) is left out, as transformers' attention mask leaves it out.
+    let router = (pass.router_aux_loss_coef > 0.0)
+        .then(|| -> Result<RouterLoss, tch::TchError> {
+            Ok(RouterLoss {
+                coef: pass.router_aux_loss_coef,
+                token_weights: b.seq.f_ge(0)?.f_to_kind(Kind::Float)?,
+            })
+        })
+        .transpose()
+        .map_err(crate::model::ModelError::from)?;
+    let inputs = Inputs {
+        input_ids: &ids,
+        position_ids: &pos,
+        layout: &layout,
+    };
+    Ok(model
+        .lm
+        .forward_backward_routed(inputs, pass.activations, router.as_ref(), |hidden| {
+            let h = trained_hidden(model, hidden, b)?;
+            let targets = Tensor::from_slice(&b.tgt);
+            let (sum, rest) = nll_backward_chunked(&h, model.lm.lm_head_weight(), &targets, 1.0 / pass.tokens, chunks)?;
+            Ok((rest, sum))
+        })?)
 }
 
 /// The batch's ids, positions and packed layout on the model's device (its shape recorded).

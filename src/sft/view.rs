@@ -91,13 +91,14 @@ impl Rich for StepMetrics {
     }
     fn text(&self) -> String {
         format!(
-            "step {}: loss {:.4}, lr {:.2e}, grad norm {:.3}, {:.0} tokens/s, padding {:.1}%{}\n",
+            "step {}: loss {:.4}, lr {:.2e}, grad norm {:.3}, {:.0} tokens/s, padding {:.1}%{}{}\n",
             self.step,
             self.loss,
             self.lr,
             self.grad_norm,
             self.tokens_per_s,
             100.0 * self.padding_fraction,
+            self.aux_loss.map_or(String::new(), |a| format!(", aux loss {a:.4}")),
             if self.skipped { " (skipped)" } else { "" }
         )
     }

@@ -3,7 +3,8 @@
 //! top level. In Rust they are grouped by concern, each group a flattened struct that checks
 //! its own settings: the data, the optimizer (with its schedule and the end of a step), the
 //! precision, what the run writes, and the multi-process settings. The model, the device, the
-//! seed and the LoRA adapter say what is trained and where, and stay on [`TrainConfig`].
+//! seed, the router's loss weight and the LoRA adapter say what is trained and where, and stay
+//! on [`TrainConfig`].
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +46,11 @@ pub struct TrainConfig {
     pub device: DeviceSpec,
     /// Seed of the data order, the held-out split and sampling.
     pub seed: u64,
+    /// Weight of a mixture-of-experts model's load-balancing loss in the training loss (TRL's
+    /// `router_aux_loss_coef`, whose default it shares; 0 turns it off). Nothing for a dense
+    /// model. Each forward of a micro-batch (a packed row in GRPO) adds it over its own tokens,
+    /// as transformers' model adds it to a labelled forward.
+    pub router_aux_loss_coef: f64,
     /// The training data.
     #[serde(flatten)]
     pub data: DataSettings,
@@ -71,6 +77,7 @@ impl Default for TrainConfig {
             model: String::new(),
             device: DeviceSpec::Cpu,
             seed: 42,
+            router_aux_loss_coef: 0.001,
             data: DataSettings::default(),
             optimizer: OptimizerSettings::default(),
             precision: PrecisionSettings::default(),
@@ -363,6 +370,12 @@ impl TrainConfig {
             return Err(TrainError::config(
                 "model",
                 "is not set: name a model folder or a hub repo id",
+            ));
+        }
+        if !(self.router_aux_loss_coef.is_finite() && self.router_aux_loss_coef >= 0.0) {
+            return Err(TrainError::config(
+                "router_aux_loss_coef",
+                format!("is {}; must be finite and >= 0", self.router_aux_loss_coef),
             ));
         }
         self.data.validate()?;

@@ -1,6 +1,12 @@
 //! The load-balancing loss transformers adds for Qwen3-MoE (Switch Transformer's): over every
 //! sparse layer's router, `E * sum_e f_e * P_e`, where `f_e` is the share of (token, slot)
 //! choices that went to expert `e` (no gradient) and `P_e` its mean router probability.
+//!
+//! A training pass adds `coef x` that loss ([`RouterLoss`]) layer by layer: with the choices of
+//! every layer counted in the forward, the loss is a sum over layers of
+//! `coef E / R^2 sum_e T_e mass_{l,e}` (`T_e` choices of expert `e`, `R` weighted tokens over
+//! all sparse layers, `mass_{l,e}` layer `l`'s probability mass on `e`), so a layer recomputed in
+//! backward adds its own term ([`RouterTally::layer_term`]).
 
 use tch::{Kind, Tensor};
 
@@ -17,26 +23,124 @@ pub fn load_balancing_loss(logits: &[Tensor], top_k: i64, mask: Option<&Tensor>)
             "the load-balancing loss needs a sparse layer's router logits".into(),
         ));
     };
-    let (n, experts) = (first.size()[0], first.size()[1]);
-    let device = first.device();
-    let mask = match mask {
-        Some(m) => m.f_to_kind(Kind::Float)?.f_to_device(device)?,
-        None => Tensor::f_ones([n], (Kind::Float, device))?,
+    let weights = match mask {
+        Some(m) => m.f_to_kind(Kind::Float)?.f_to_device(first.device())?,
+        None => Tensor::f_ones([first.size()[0]], (Kind::Float, first.device()))?,
     };
-    let mut chosen = Tensor::f_zeros([experts], (Kind::Float, device))?;
-    let mut probs = Tensor::f_zeros([experts], (Kind::Float, device))?;
+    let mut tally = RouterTally::new(1.0, top_k, weights, first.size()[1])?;
     for l in logits {
-        // 1. Probabilities and top-k in the logits' dtype.
-        let p = l.f_softmax(-1, l.kind())?;
-        let (_, top) = p.f_topk(top_k, -1, true, true)?;
-        // 2. Choices per expert (counted, no gradient) and probability mass, masked.
-        let one_hot = Tensor::f_zeros([n, experts], (Kind::Float, device))?.f_scatter_value(1, &top, 1.0)?;
-        chosen += (one_hot * mask.unsqueeze(-1)).f_sum_dim_intlist(0, false, Kind::Float)?;
-        probs += (p.to_kind(Kind::Float) * mask.unsqueeze(-1)).f_sum_dim_intlist(0, false, Kind::Float)?;
+        tally.count(l)?;
     }
-    // 3. Both as shares of the masked token count over all layers.
-    let tokens = mask.f_sum(Kind::Float)? * logits.len() as f64;
-    let f = chosen.detach() / &tokens;
-    let p = probs / &tokens;
-    Ok((f * p).f_sum(Kind::Float)? * experts as f64)
+    let mut total = Tensor::f_zeros([], (Kind::Float, first.device()))?;
+    for l in logits {
+        total += tally.layer_term(l)?;
+    }
+    Ok(total)
+}
+
+/// The load-balancing loss a training pass adds: `coef x` the loss over the pass's tokens,
+/// each token weighted by `token_weights` `[batch x seq]` (row-major, as the input ids; 0
+/// leaves a padding token out, and a token of a prefix tree counts once for every rollout
+/// through it, as separate forwards of the rollouts would count it).
+#[derive(Debug)]
+pub struct RouterLoss {
+    /// `router_aux_loss_coef`.
+    pub coef: f64,
+    /// `[batch x seq]` fp32.
+    pub token_weights: Tensor,
+}
+
+/// The loss of one pass being put together: every sparse layer's choices counted in the
+/// forward, then each layer's differentiable term.
+#[derive(Debug)]
+pub(crate) struct RouterTally {
+    coef: f64,
+    top_k: i64,
+    weights: Tensor,
+    /// Weighted choices per expert `[E]`, over the layers counted.
+    chosen: Tensor,
+    /// Weighted probability mass per expert `[E]` (no graph), over the layers counted.
+    mass: Tensor,
+    layers: usize,
+}
+
+impl RouterTally {
+    /// An empty tally of `coef x` the loss with `top_k` of `experts` experts a token.
+    pub(crate) fn new(coef: f64, top_k: i64, weights: Tensor, experts: i64) -> Result<Self, ModelError> {
+        let zeros = || Tensor::f_zeros([experts], (Kind::Float, weights.device()));
+        Ok(RouterTally {
+            coef,
+            top_k,
+            chosen: zeros()?,
+            mass: zeros()?,
+            weights,
+            layers: 0,
+        })
+    }
+
+    /// The tally of `loss` for a model with `top_k` of `experts` experts a token on `device`.
+    pub(crate) fn of(loss: &RouterLoss, top_k: i64, experts: i64, device: tch::Device) -> Result<Self, ModelError> {
+        let weights = loss
+            .token_weights
+            .f_to_kind(Kind::Float)?
+            .f_reshape([-1])?
+            .f_to_device(device)?;
+        Self::new(loss.coef, top_k, weights, experts)
+    }
+
+    /// Weighted probabilities `[n, E]` of one layer's logits (in their dtype, then fp32).
+    fn probs(&self, logits: &Tensor) -> Result<Tensor, ModelError> {
+        let p = logits.f_softmax(-1, logits.kind())?.f_to_kind(Kind::Float)?;
+        Ok(p * self.weights.unsqueeze(-1))
+    }
+
+    /// Counts one sparse layer's choices and probability mass (without a graph).
+    pub(crate) fn count(&mut self, logits: &Tensor) -> Result<(), ModelError> {
+        let logits = logits.detach();
+        let p = logits.f_softmax(-1, logits.kind())?;
+        let (_, top) = p.f_topk(self.top_k, -1, true, true)?;
+        let one_hot = p
+            .f_zeros_like()?
+            .f_to_kind(Kind::Float)?
+            .f_scatter_value(1, &top, 1.0)?;
+        let w = self.weights.unsqueeze(-1);
+        self.chosen += (one_hot * &w).f_sum_dim_intlist(0, false, Kind::Float)?;
+        self.mass += self.probs(&logits)?.f_sum_dim_intlist(0, false, Kind::Float)?;
+        self.layers += 1;
+        Ok(())
+    }
+
+    /// Weighted tokens over the layers counted (`R`).
+    fn tokens(&self) -> Result<f64, ModelError> {
+        Ok(self.weights.f_sum(Kind::Float)?.double_value(&[]) * self.layers as f64)
+    }
+
+    /// The loss itself (without `coef`) over the layers counted.
+    pub(crate) fn value(&self) -> Result<f64, ModelError> {
+        let r = self.tokens()?.max(f64::MIN_POSITIVE);
+        let experts = self.chosen.size()[0] as f64;
+        Ok(experts * (&self.chosen * &self.mass).f_sum(Kind::Float)?.double_value(&[]) / (r * r))
+    }
+
+    /// `coef x` the whole loss, differentiable through every sparse layer's router logits in
+    /// `routes` (each counted first).
+    pub(crate) fn whole_term(&mut self, routes: &[super::Routing]) -> Result<Tensor, ModelError> {
+        for r in routes {
+            self.count(&r.logits)?;
+        }
+        let mut total = Tensor::f_zeros([], (Kind::Float, self.weights.device()))?;
+        for r in routes {
+            total += self.layer_term(&r.logits)?;
+        }
+        Ok(total)
+    }
+
+    /// `coef x` the part of the loss one counted layer contributes, differentiable through its
+    /// router `logits`: `coef E / R^2 sum_e T_e mass_e`.
+    pub(crate) fn layer_term(&self, logits: &Tensor) -> Result<Tensor, ModelError> {
+        let r = self.tokens()?.max(f64::MIN_POSITIVE);
+        let scale = self.coef * self.chosen.size()[0] as f64 / (r * r);
+        let mass = self.probs(logits)?.f_sum_dim_intlist(0, false, Kind::Float)?;
+        Ok((mass * &self.chosen).f_sum(Kind::Float)? * scale)
+    }
 }

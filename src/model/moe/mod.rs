@@ -20,7 +20,8 @@ mod config;
 mod experts;
 mod router;
 
-pub use aux_loss::load_balancing_loss;
+pub(crate) use aux_loss::RouterTally;
+pub use aux_loss::{RouterLoss, load_balancing_loss};
 pub use block::SparseMoe;
 pub use config::MixtureConfig;
 pub use experts::Experts;
