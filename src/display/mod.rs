@@ -5,10 +5,12 @@
 //! that method on a cell's final value. Styling lives in [`style`] alone, in terms of the
 //! JupyterLab theme variables so the same output reads in light and dark themes.
 
+mod heatmap;
 mod html;
 mod plot;
 pub mod style;
 
+pub(crate) use heatmap::Heatmap;
 pub(crate) use html::{escape, kv_table, prompt_tail};
 pub use html::{section, table, tail};
 pub use plot::{LineChart, Series};

@@ -5,7 +5,9 @@
 //! - [`SparseMoe`]: a sparse layer's `mlp`, the [`Router`] (fp32 softmax over every expert, top
 //!   k, `norm_topk_prob`) and the [`Experts`] in transformers 5's fused layout, run grouped by
 //!   expert.
-//! - [`load_balancing_loss`]: the router's auxiliary loss as transformers computes it.
+//! - [`load_balancing_loss`]: the router's auxiliary loss as transformers computes it;
+//!   [`RouterLoss`]: what a training pass adds of it.
+//! - [`ExpertLoad`]: how scored tokens spread over the experts, drawn as a heatmap.
 //! - Checkpoints in the hub's per-expert layout load into the fused parameters
 //!   (`checkpoint`); saves write the fused layout.
 //!
@@ -18,6 +20,7 @@ mod block;
 pub(crate) mod checkpoint;
 mod config;
 mod experts;
+mod load;
 mod router;
 
 pub(crate) use aux_loss::RouterTally;
@@ -25,4 +28,5 @@ pub use aux_loss::{RouterLoss, load_balancing_loss};
 pub use block::SparseMoe;
 pub use config::MixtureConfig;
 pub use experts::Experts;
+pub use load::ExpertLoad;
 pub use router::{Router, Routing};
