@@ -243,7 +243,7 @@ fn a_mixture_model_on_two_ranks_equals_one_rank_in_every_mode() {
         ),
     ] {
         let dir = scratch(name);
-        let model = common::tiny_mixture(&dir);
+        let model = common::tiny_mixture();
         sft_of_matches_one_rank(&model, &dir, extra, |cfg| {
             launch(2, &["sft", "--config", cfg.to_str().unwrap()])
         });

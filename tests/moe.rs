@@ -458,7 +458,7 @@ fn sft_and_grpo_train_a_mixture_and_log_its_router_loss() {
     use treetrain::sft::SftTrainer;
     let dir = std::env::temp_dir().join(format!("treetrain-moe-train-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let model = common::tiny_mixture(&dir).display().to_string();
+    let model = common::tiny_mixture().display().to_string();
     let weights = |t: &Model| t.vs.variables()["model.layers.1.mlp.gate.weight"].copy();
     let mut routers = Vec::new();
     for coef in [0.0, 0.5] {

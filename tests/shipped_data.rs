@@ -11,6 +11,7 @@ fn committed_files_equal_a_fresh_generation() {
     let _ = std::fs::remove_dir_all(&out);
     treetrain::shipped::datasets::write_all(&out).unwrap();
     treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).unwrap();
+    treetrain::shipped::tiny_model::write_mixture_files(&out.join("tiny-qwen3-moe")).unwrap();
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     for f in [
         "sft/train.parquet",
@@ -23,6 +24,10 @@ fn committed_files_equal_a_fresh_generation() {
         "tiny-qwen3/tokenizer.json",
         "tiny-qwen3/tokenizer_config.json",
         "tiny-qwen3/treetrain_init.json",
+        "tiny-qwen3-moe/config.json",
+        "tiny-qwen3-moe/tokenizer.json",
+        "tiny-qwen3-moe/tokenizer_config.json",
+        "tiny-qwen3-moe/treetrain_init.json",
     ] {
         let a = std::fs::read(out.join(f)).unwrap();
         let b = std::fs::read(committed.join(f)).unwrap();

@@ -46,6 +46,7 @@ pub(crate) fn demo(out: &Path) -> Result<()> {
 pub(crate) fn make_shipped_data(out: &Path) -> Result<()> {
     treetrain::shipped::datasets::write_all(out).map_err(anyhow::Error::msg)?;
     treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
+    treetrain::shipped::tiny_model::write_mixture_files(&out.join("tiny-qwen3-moe")).map_err(anyhow::Error::msg)?;
     println!("wrote {}", out.display());
     Ok(())
 }

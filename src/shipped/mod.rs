@@ -61,3 +61,9 @@ pub fn datasets_dir() -> PathBuf {
 pub fn tiny_model_dir() -> Result<PathBuf, crate::model::ModelError> {
     tiny_model::ensure_weights(&datasets_dir().join("tiny-qwen3"))
 }
+
+/// The shipped tiny mixture-of-experts model's folder (`tiny_model::mixture_config`), with
+/// weights made on first use.
+pub fn tiny_mixture_dir() -> Result<PathBuf, crate::model::ModelError> {
+    tiny_model::ensure_weights(&datasets_dir().join("tiny-qwen3-moe"))
+}

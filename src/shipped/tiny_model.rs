@@ -163,6 +163,41 @@ pub fn write_model_files(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The settings that make the tiny model a mixture of experts (`tiny-qwen3-moe`): Qwen3-MoE
+/// with 8 experts of width 128, 2 a token, in layers 1 to 3 (layer 0 dense, from
+/// `mlp_only_layers`); attention, tokenizer and seed as the tiny model's.
+pub fn mixture_config(eos_id: i64, pad_id: i64) -> serde_json::Value {
+    let mut config = config(eos_id, pad_id);
+    let mixture = serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "norm_topk_prob": true,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [0],
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": false,
+    });
+    for (key, value) in mixture.as_object().into_iter().flatten() {
+        config[key] = value.clone();
+    }
+    config
+}
+
+/// Writes the tiny mixture's files into `dir`: the tiny model's, with [`mixture_config`].
+pub fn write_mixture_files(dir: &Path) -> Result<(), String> {
+    write_model_files(dir)?;
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    let id = |key: &str| config[key].as_i64().ok_or_else(|| format!("config.json lacks {key}"));
+    let text = serde_json::to_string_pretty(&mixture_config(id("eos_token_id")?, id("pad_token_id")?))
+        .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("config.json"), text + "\n").map_err(|e| e.to_string())
+}
+
 /// The tiny model's folder, checked loadable (its weights are made from the seed in
 /// `treetrain_init.json` on first load).
 pub(crate) fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {

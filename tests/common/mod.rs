@@ -222,26 +222,9 @@ pub fn cuda_torch_lib() -> Option<PathBuf> {
         .find(|p| p.join("libtorch_cuda.so").exists())
 }
 
-/// A tiny seeded Qwen3-MoE with the shipped tokenizer: 8 experts (top 2) in layers 1 to 3,
-/// layer 0 dense.
+/// The shipped tiny Qwen3-MoE (`datasets/tiny-qwen3-moe`: the tiny model's tokenizer and seed,
+/// 8 experts, top 2, in layers 1 to 3), its weights made once.
 #[allow(dead_code)]
-pub fn tiny_mixture(dir: &Path) -> PathBuf {
-    let tiny = root().join("datasets/tiny-qwen3");
-    let model = dir.join("tiny-qwen3-moe");
-    std::fs::create_dir_all(&model).unwrap();
-    for file in ["tokenizer.json", "tokenizer_config.json", "treetrain_init.json"] {
-        std::fs::copy(tiny.join(file), model.join(file)).unwrap();
-    }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tiny.join("config.json")).unwrap()).unwrap();
-    let mixture = serde_json::json!({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
-        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": true,
-        "mlp_only_layers": [0], "decoder_sparse_step": 1});
-    for (key, value) in mixture.as_object().unwrap() {
-        config[key] = value.clone();
-    }
-    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    // Materialised once here, before the runs that read it.
-    treetrain::model::Model::load(&model, Default::default()).unwrap();
-    model
+pub fn tiny_mixture() -> PathBuf {
+    treetrain::shipped::tiny_mixture_dir().unwrap()
 }
