@@ -80,10 +80,7 @@ impl CausalLm {
         if activations == Activations::Kept && !self.in_lockstep() {
             let (hidden, routes) = self.forward_hidden_routed(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
-            let aux = match tally.as_mut() {
-                Some(t) => Some(t.whole_term(&routes)?),
-                None => None,
-            };
+            let aux = tally.as_mut().map(|t| t.whole_term(&routes)).transpose()?;
             if let Some(loss) = sum_of(loss, aux) {
                 backward(&loss)?;
             }
