@@ -19,7 +19,7 @@ pub struct SparseMoe {
 
 impl SparseMoe {
     /// Declares `{path}.gate.weight` and `{path}.experts.{gate_up,down}_proj`.
-    pub(crate) fn new(path: nn::Path, hidden: i64, mixture: &MixtureConfig) -> Self {
+    pub fn new(path: nn::Path, hidden: i64, mixture: &MixtureConfig) -> Self {
         SparseMoe {
             router: Router::new(
                 &path / "gate",

@@ -1,6 +1,9 @@
 //! The routed experts of a sparse layer in transformers 5's fused layout, run grouped: the
-//! (token, slot) pairs sorted by expert, one product per expert over its rows, so no
-//! `[tokens x experts x hidden]` tensor is ever made.
+//! (token, slot) pairs sorted by expert, each expert's SwiGLU over its contiguous rows, so no
+//! `[tokens x experts x hidden]` tensor is ever made. On the CPU the products are libtorch's
+//! grouped matmul (one kernel over every expert, whose backward writes the weights' gradients
+//! once); elsewhere one product per expert ([`Products`]; the `moe` bench times both against
+//! transformers).
 
 use tch::{Kind, Tensor, nn};
 
@@ -57,22 +60,112 @@ impl Experts {
         let counts = Vec::<i64>::try_from(flat.f_bincount(None::<Tensor>, self.num_experts())?)?;
         // 2. Each pair's token, `[n k, hidden]` in expert order.
         let rows = x.f_index_select(0, &order.f_floor_divide_scalar(k)?)?;
-        // 3. One SwiGLU per expert over its contiguous rows.
-        let mut outs = Vec::with_capacity(counts.len());
-        let mut at = 0;
-        for (e, &count) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
-            let part = rows.narrow(0, at, count);
-            let gate_up = part.f_matmul(&self.gate_up_proj.get(e as i64).tr())?;
-            let [gate, up] = <[Tensor; 2]>::try_from(gate_up.chunk(2, -1)).expect("two halves");
-            outs.push((gate.silu() * up).f_matmul(&self.down_proj.get(e as i64).tr())?);
-            at += count;
-        }
+        // 3. Each expert's SwiGLU over its contiguous rows, `[n k, hidden]`.
+        let out = match Products::for_device(x.device()) {
+            Products::Grouped => self.grouped(&rows, &counts)?,
+            Products::PerExpert => self.per_expert(&rows, &counts)?,
+        };
         // 4. Back to (token, slot) order; weighted and summed over the slots.
         let inverse = order.f_argsort_stable(true, 0, false)?;
-        let out = Tensor::f_cat(&outs, 0)?
-            .f_index_select(0, &inverse)?
-            .f_view([n, k, hidden])?;
+        let out = out.f_index_select(0, &inverse)?.f_view([n, k, hidden])?;
         let weighted = out * weights.unsqueeze(-1);
         Ok(weighted.f_sum_dim_intlist(1, false, None::<Kind>)?)
+    }
+
+    /// The experts' SwiGLU over `rows` sorted by expert (`counts` rows each) by libtorch's
+    /// grouped matmul.
+    fn grouped(&self, rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
+        let ends: Vec<i32> = counts
+            .iter()
+            .scan(0i64, |at, c| {
+                *at += c;
+                Some(i32::try_from(*at).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let offs = Tensor::from_slice(&ends).f_to_device(rows.device())?;
+        let gate_up = rows.f_internal_grouped_mm(&self.gate_up_proj.f_transpose(-2, -1)?, Some(&offs), None, None)?;
+        let [gate, up] = <[Tensor; 2]>::try_from(gate_up.chunk(2, -1)).expect("two halves");
+        let down = self.down_proj.f_transpose(-2, -1)?;
+        Ok((gate.silu() * up).f_internal_grouped_mm(&down, Some(&offs), None, None)?)
+    }
+
+    /// The same, one product per expert. Rows and weights are split into per-expert views by
+    /// one op each, whose backward joins the pieces' gradients once; a view taken per expert
+    /// (`narrow`, `get`) would build a whole-size gradient for every expert.
+    fn per_expert(&self, rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
+        let parts = rows.f_split_with_sizes(counts, 0)?;
+        let (gate_up_w, down_w) = (self.gate_up_proj.unbind(0), self.down_proj.unbind(0));
+        let mut outs = Vec::with_capacity(counts.len());
+        for (e, part) in parts.iter().enumerate().filter(|(e, _)| counts[*e] > 0) {
+            let gate_up = part.f_matmul(&gate_up_w[e].tr())?;
+            let [gate, up] = <[Tensor; 2]>::try_from(gate_up.chunk(2, -1)).expect("two halves");
+            outs.push((gate.silu() * up).f_matmul(&down_w[e].tr())?);
+        }
+        Ok(Tensor::f_cat(&outs, 0)?)
+    }
+}
+
+/// How the experts' products run: libtorch's grouped matmul has a kernel on the CPU (checked
+/// against transformers here); on other devices its dtype and architecture limits differ, so
+/// they take one product per expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Products {
+    Grouped,
+    PerExpert,
+}
+
+impl Products {
+    pub(crate) fn for_device(device: tch::Device) -> Self {
+        match device {
+            tch::Device::Cpu => Products::Grouped,
+            _ => Products::PerExpert,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The grouped matmul and the per-expert products give the same outputs and gradients,
+    /// an expert left without rows included.
+    #[test]
+    fn grouped_and_per_expert_products_agree() {
+        tch::manual_seed(3);
+        let (e, h, i, n) = (4, 16, 8, 10);
+        let opts = (Kind::Float, tch::Device::Cpu);
+        let experts = Experts {
+            gate_up_proj: Tensor::randn([e, 2 * i, h], opts).set_requires_grad(true),
+            down_proj: Tensor::randn([e, h, i], opts).set_requires_grad(true),
+        };
+        let rows = Tensor::randn([n, h], opts).set_requires_grad(true);
+        let counts = [3, 0, 5, 2];
+        let run = |products: Products| {
+            for t in [&experts.gate_up_proj, &experts.down_proj, &rows] {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let out = match products {
+                Products::Grouped => experts.grouped(&rows, &counts),
+                Products::PerExpert => experts.per_expert(&rows, &counts),
+            }
+            .expect("products");
+            (&out * &out).sum(Kind::Float).backward();
+            let grads = [&experts.gate_up_proj, &experts.down_proj, &rows].map(|t| t.grad().copy());
+            (out.detach(), grads)
+        };
+        let (a, ga) = run(Products::Grouped);
+        let (b, gb) = run(Products::PerExpert);
+        let close = |x: &Tensor, y: &Tensor| {
+            (x - y).abs().max().double_value(&[]) <= 1e-5 * (1.0 + y.abs().max().double_value(&[]))
+        };
+        assert!(close(&a, &b), "outputs differ");
+        for (x, y) in ga.iter().zip(&gb) {
+            assert!(close(x, y), "gradients differ");
+        }
+        // The expert without rows gets a zero gradient.
+        assert_eq!(ga[0].get(1).abs().sum(Kind::Float).double_value(&[]), 0.0);
     }
 }
