@@ -57,6 +57,10 @@ pub struct Common {
     /// Steps of a full run.
     #[arg(long)]
     steps: Option<u64>,
+    /// Keep the first N decoder layers of `--config` (a model at the published width that fits
+    /// the host); the derived config is written under `target/bench/configs/`.
+    #[arg(long)]
+    layers: Option<u64>,
     /// A Python with the packages the comparison needs (else `$TREETRAIN_BENCH_PYTHON`, else
     /// the fixture venv).
     #[arg(long)]
@@ -115,7 +119,7 @@ impl Common {
     pub fn model_dir(&self, default: std::path::PathBuf) -> std::path::PathBuf {
         match (self.full, &self.model, &self.config) {
             (true, Some(dir), _) => dir.clone(),
-            (true, None, Some(config)) => random_model_dir(config, self.device()),
+            (true, None, Some(_)) => random_model_dir(&self.config_file(default.join("config.json")), self.device()),
             _ => default,
         }
     }
@@ -124,7 +128,10 @@ impl Common {
     /// `config.json` of `--model DIR`; else `default` (always in a smoke run).
     pub fn config_file(&self, default: std::path::PathBuf) -> std::path::PathBuf {
         match (self.full, &self.config, &self.model) {
-            (true, Some(config), _) => config.clone(),
+            (true, Some(config), _) => match self.layers {
+                Some(n) => with_layers(config, n),
+                None => config.clone(),
+            },
             (true, None, Some(dir)) => dir.join("config.json"),
             _ => default,
         }
@@ -144,6 +151,21 @@ impl Common {
     pub fn steps(&self, full: u64, smoke: u64) -> u64 {
         if self.full { self.steps.unwrap_or(full) } else { smoke }
     }
+}
+
+/// `config` with its first `n` decoder layers only, written as
+/// `target/bench/configs/<stem>-<n>-layers.json`.
+fn with_layers(config: &Path, n: u64) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(config).expect("read config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("config.json");
+    v["num_hidden_layers"] = n.into();
+    let stem = config.file_stem().and_then(|s| s.to_str()).unwrap_or("config");
+    let path = root()
+        .join("target/bench/configs")
+        .join(format!("{stem}-{n}-layers.json"));
+    let _ = std::fs::create_dir_all(path.parent().expect("parent"));
+    std::fs::write(&path, serde_json::to_string_pretty(&v).expect("json")).expect("write config");
+    path
 }
 
 /// How glibc's allocator treats large blocks while a bench runs.
