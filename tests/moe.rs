@@ -488,5 +488,41 @@ fn sft_and_grpo_train_a_mixture_and_log_its_router_loss() {
     let mut t = GrpoTrainer::new(cfg).unwrap();
     let m = t.step().unwrap();
     assert!(m.update.aux_loss.is_some_and(|a| a > 0.0 && a < 8.0), "{m:?}");
+    // The expert load of the update's last prefix tree: its rollouts forwarded one by one.
+    let row = t.last_row.clone().unwrap();
+    let got = t.expert_load().unwrap();
+    let mut want: Option<treetrain::model::moe::ExpertLoad> = None;
+    for (s, seg) in row.segments.iter().enumerate() {
+        let children: usize = row
+            .segments
+            .iter()
+            .filter(|c| c.parent == Some(s))
+            .map(|c| c.rollouts)
+            .sum();
+        let mut path = vec![s];
+        while let Some(p) = row.segments[*path.last().unwrap()].parent {
+            path.push(p);
+        }
+        let ids: Vec<i64> = path
+            .iter()
+            .rev()
+            .flat_map(|&i| row.input_ids[row.segments[i].start..][..row.segments[i].len].to_vec())
+            .collect();
+        for _ in children..seg.rollouts {
+            let one = t.model().expert_load(&[&ids]).unwrap();
+            want = Some(match want.take() {
+                None => one,
+                Some(mut w) => {
+                    w.tokens += one.tokens;
+                    for (a, b) in w.counts.iter_mut().zip(&one.counts) {
+                        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    }
+                    w
+                }
+            });
+        }
+    }
+    assert!(row.rollouts > 1 && got.tokens > row.len() as u64, "a shared prefix");
+    assert_eq!(Some(got), want);
     let _ = std::fs::remove_dir_all(&dir);
 }

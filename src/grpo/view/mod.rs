@@ -5,6 +5,8 @@ mod results;
 
 use super::{GrpoState, GrpoStepMetrics, GrpoTrainer};
 use crate::display::{self, LineChart, Rich, escape, prompt_tail};
+use crate::model::ModelError;
+use crate::model::moe::ExpertLoad;
 use crate::pack::TreeView;
 
 fn fmt_reward(r: Option<f32>) -> String {
@@ -231,6 +233,20 @@ impl GrpoTrainer {
         self.last_row
             .as_ref()
             .map(|row| TreeView::new(row, Some(self.tokenizer())))
+    }
+
+    /// How the last packed row of the latest update routes its tokens (a mixture model),
+    /// under the weights after that update: each sparse layer's choices per expert, each
+    /// prefix-tree token counted once for every rollout through it. An error before the first
+    /// update or for a dense model.
+    pub fn expert_load(&self) -> Result<ExpertLoad, ModelError> {
+        let Some(row) = self.last_row.as_ref() else {
+            return Err(ModelError::Input("expert_load: no update has run yet".into()));
+        };
+        let model = &self.core.model;
+        let weights: Vec<i64> = row.token_rollouts().iter().map(|&w| w as i64).collect();
+        let (ids, pos, layout) = row.layout(model.device())?;
+        model.expert_load_of((&ids, &pos, &layout), &weights)
     }
 
     /// The config with the reward functions this trainer runs.

@@ -7,6 +7,7 @@ use crate::display::{self, Heatmap, Rich, escape};
 use crate::model::error::ModelError;
 use crate::model::layout::AttentionLayout;
 use crate::model::loaded::Model;
+use crate::model::moe::Routing;
 
 /// Choices per expert of every sparse layer for some scored tokens ([`Model::expert_load`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,34 +43,69 @@ impl Model {
     /// The expert choices of every sparse layer when `rows` are scored (each forwarded alone).
     /// A dense model is an error.
     pub fn expert_load(&self, rows: &[&[i64]]) -> Result<ExpertLoad, ModelError> {
+        let mut load = self.empty_load()?;
+        for row in rows.iter().filter(|r| !r.is_empty()) {
+            let n = row.len() as i64;
+            let ids = Tensor::from_slice(row).view([1, n]);
+            let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+            let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal))?;
+            load.add(&routes, None)?;
+            load.tokens += row.len() as u64;
+        }
+        Ok(load)
+    }
+
+    /// The expert choices of one forward of `ids`, `pos` `[1, n]` under `layout` (a packed
+    /// row's), token `t` counted `weights[t]` times (the rollouts through it, for a prefix
+    /// tree): what [`crate::grpo::GrpoTrainer::expert_load`] shows.
+    pub(crate) fn expert_load_of(
+        &self,
+        (ids, pos, layout): (&Tensor, &Tensor, &AttentionLayout),
+        weights: &[i64],
+    ) -> Result<ExpertLoad, ModelError> {
+        let mut load = self.empty_load()?;
+        let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(ids, pos, layout))?;
+        load.add(&routes, Some(&Tensor::from_slice(weights)))?;
+        load.tokens += weights.iter().sum::<i64>() as u64;
+        Ok(load)
+    }
+
+    /// No choices yet, one row per sparse layer; a dense model is an error.
+    fn empty_load(&self) -> Result<ExpertLoad, ModelError> {
         let Some(mixture) = &self.lm.config.mixture else {
             return Err(ModelError::Input("expert_load needs a mixture-of-experts model".into()));
         };
         let layers: Vec<usize> = (0..mixture.sparse_layers.len())
             .filter(|&l| mixture.is_sparse(l))
             .collect();
-        let mut counts = vec![vec![0u64; mixture.num_experts as usize]; layers.len()];
-        let mut tokens = 0;
-        for row in rows.iter().filter(|r| !r.is_empty()) {
-            let n = row.len() as i64;
-            let ids = Tensor::from_slice(row).view([1, n]);
-            let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
-            let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal))?;
-            for (layer, routing) in counts.iter_mut().zip(routes) {
-                let chosen = routing
-                    .experts
-                    .f_reshape([-1])?
-                    .f_bincount(None::<Tensor>, mixture.num_experts)?;
-                for (c, x) in layer
-                    .iter_mut()
-                    .zip(Vec::<i64>::try_from(chosen.f_to_device(tch::Device::Cpu)?)?)
-                {
-                    *c += x as u64;
-                }
+        let counts = vec![vec![0u64; mixture.num_experts as usize]; layers.len()];
+        Ok(ExpertLoad {
+            layers,
+            counts,
+            tokens: 0,
+        })
+    }
+}
+
+impl ExpertLoad {
+    /// Adds each sparse layer's choices in `routes`, token `t` counted `weights[t]` times
+    /// (once without weights).
+    fn add(&mut self, routes: &[Routing], weights: Option<&Tensor>) -> Result<(), ModelError> {
+        for (layer, routing) in self.counts.iter_mut().zip(routes) {
+            let experts = routing.experts.f_to_device(tch::Device::Cpu)?;
+            let k = experts.size().last().copied().unwrap_or(1);
+            let slot_weights = weights
+                .map(|w| w.f_view([-1, 1])?.f_expand([-1, k], false)?.f_reshape([-1]))
+                .transpose()?;
+            let chosen = experts
+                .f_reshape([-1])?
+                .f_bincount(slot_weights.as_ref(), layer.len() as i64)?;
+            let chosen = Vec::<f64>::try_from(chosen.f_to_kind(Kind::Double)?)?;
+            for (c, x) in layer.iter_mut().zip(chosen) {
+                *c += x.round() as u64;
             }
-            tokens += row.len() as u64;
         }
-        Ok(ExpertLoad { layers, counts, tokens })
+        Ok(())
     }
 }
 
