@@ -209,6 +209,41 @@ mod tests {
     /// one replicated optimizer steps on the sum of their gradients: the same norms, the same
     /// parameters; the state read back by a replicated optimizer (assembled from both files)
     /// equals the replicated one, and each rank of a new sharded run reads its own file back.
+    /// Rank `rank` of 2: one sharded step, its state written to `ckpt` and read back
+    /// unchanged; the clipped norm and the parameters after the step.
+    fn sharded_rank_step(
+        rank: usize,
+        store: &std::path::Path,
+        ckpt: &std::path::Path,
+        config: AdamWConfig,
+    ) -> (f64, BTreeMap<String, Tensor>) {
+        let world = World::with_file_store(store, rank, 2, Duration::from_secs(30)).unwrap();
+        let world = std::sync::Arc::new(world);
+        let sharded = |vs: &nn::VarStore| {
+            variables(vs, rank);
+            let params = vs.variables().into_iter().collect();
+            ShardGradOp::new(&params, world.clone(), config).unwrap()
+        };
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let mut adamw = sharded(&vs);
+        adamw.reduce_grads().unwrap();
+        let norm = adamw.clip(Some(1.0)).unwrap();
+        adamw.update(1e-2).unwrap();
+        adamw.write_state(ckpt).unwrap();
+        world.barrier().unwrap();
+        if rank == 0 {
+            adamw.write_manifest(ckpt).unwrap();
+        }
+        world.barrier().unwrap();
+        let mut again = sharded(&nn::VarStore::new(tch::Device::Cpu));
+        again.load(ckpt).unwrap();
+        assert_eq!(again.updates(), 1);
+        for ((k, a), (_, b)) in adamw.state_tensors().iter().zip(again.state_tensors()) {
+            assert!(a.equal(&b), "rank {rank} read its {k} back changed");
+        }
+        (norm, vs.variables().into_iter().collect())
+    }
+
     #[test]
     fn sharded_steps_equal_the_replicated_update() {
         let dir = std::env::temp_dir().join(format!("treetrain-shard-{}", std::process::id()));
@@ -222,34 +257,7 @@ mod tests {
         };
         let run = |rank: usize| {
             let (store, ckpt) = (store.clone(), ckpt.clone());
-            std::thread::spawn(move || {
-                let world = World::with_file_store(&store, rank, 2, Duration::from_secs(30)).unwrap();
-                let world = std::sync::Arc::new(world);
-                let sharded = |vs: &nn::VarStore| {
-                    variables(vs, rank);
-                    let params = vs.variables().into_iter().collect();
-                    ShardGradOp::new(&params, world.clone(), config).unwrap()
-                };
-                let vs = nn::VarStore::new(tch::Device::Cpu);
-                let mut adamw = sharded(&vs);
-                adamw.reduce_grads().unwrap();
-                let norm = adamw.clip(Some(1.0)).unwrap();
-                adamw.update(1e-2).unwrap();
-                adamw.write_state(&ckpt).unwrap();
-                world.barrier().unwrap();
-                if rank == 0 {
-                    adamw.write_manifest(&ckpt).unwrap();
-                }
-                world.barrier().unwrap();
-                let mut again = sharded(&nn::VarStore::new(tch::Device::Cpu));
-                again.load(&ckpt).unwrap();
-                assert_eq!(again.updates(), 1);
-                for ((k, a), (_, b)) in adamw.state_tensors().iter().zip(again.state_tensors()) {
-                    assert!(a.equal(&b), "rank {rank} read its {k} back changed");
-                }
-                let params: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
-                (norm, params)
-            })
+            std::thread::spawn(move || sharded_rank_step(rank, &store, &ckpt, config))
         };
         let (a, b) = (run(0), run(1));
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
