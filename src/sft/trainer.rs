@@ -11,6 +11,7 @@ use super::collate::{BatchTensors, Collator, MicroBatch};
 use super::config::SftConfig;
 use super::tokenize;
 use super::tokenize::TrainExample;
+use crate::distributed::share;
 use crate::model::moe::RouterLoss;
 use crate::model::{
     Activations, AttentionLayout, Inputs, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs,
@@ -258,8 +259,14 @@ impl SftTrainer {
             // of this rank, then of the whole world.
             let mut sums = [0.0; 5];
             // Each micro-batch's forward adds the router's loss over its own tokens: the mean
-            // over the window's micro-batches and the ranks is what the gradient holds.
-            let coef = self.config.train.router_aux_loss_coef / (window.len() * self.core.world.size) as f64;
+            // over the forwards of the window's micro-batches on every rank (an idle pass adds
+            // none) is what the gradient holds, as the logged mean is.
+            let size = self.core.world.size;
+            let forwards = window
+                .iter()
+                .map(|mb| (0..size).filter(|&r| !share(mb.len(), r, size).is_empty()).count())
+                .sum::<usize>();
+            let coef = self.config.train.router_aux_loss_coef / forwards.max(1) as f64;
             let training = self.core.model.training();
             let activations = Activations::from_checkpointing(self.config.train.precision.gradient_checkpointing);
             // Every rank makes a pass (or an idle one) per micro-batch.
