@@ -257,6 +257,46 @@ fn both_layouts_load_and_a_save_reloads_to_the_same_logits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A per-expert piece repeated in a second shard does not stand in for a missing one: the
+/// fused parameter is named missing.
+#[test]
+fn a_repeated_expert_piece_does_not_hide_a_missing_one() {
+    let dir = std::env::temp_dir().join(format!("treetrain-moe-shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixture("qwen3_moe");
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let all = Tensor::read_safetensors(src.join("model.safetensors")).unwrap();
+    let (missing, repeated) = (
+        "model.layers.0.mlp.experts.1.up_proj.weight",
+        "model.layers.0.mlp.experts.0.gate_proj.weight",
+    );
+    let first: Vec<(String, Tensor)> = all
+        .iter()
+        .filter(|(n, _)| n != missing)
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let second: Vec<(String, Tensor)> = all
+        .iter()
+        .filter(|(n, _)| n == repeated)
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    Tensor::write_safetensors(&first, dir.join("a.safetensors")).unwrap();
+    Tensor::write_safetensors(&second, dir.join("b.safetensors")).unwrap();
+    let mut map = serde_json::Map::new();
+    for (n, _) in &first {
+        map.insert(n.clone(), "a.safetensors".into());
+    }
+    map.insert(repeated.into(), "b.safetensors".into());
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let e = Model::load(&dir, LoadOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("model.layers.0.mlp.experts.gate_up_proj"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn mixture_configs_refuse_what_is_not_implemented() {
     let scratch = std::env::temp_dir().join(format!("treetrain-moe-bad-{}", std::process::id()));

@@ -88,7 +88,8 @@ pub fn grpo_loss_backward(
 }
 
 /// The load-balancing loss a GRPO row adds: `coef` x its share of the step's rollouts, each
-/// token counted once for every rollout through it (as separate forwards would count it).
+/// token counted once for every rollout through it (the loss of the row's rollouts as one
+/// padded batch).
 pub(crate) fn row_router_loss(row: &PackedRow, coef: f64, step_rollouts: usize) -> Option<RouterLoss> {
     (coef > 0.0).then(|| RouterLoss {
         coef: coef * row.rollouts as f64 / step_rollouts.max(1) as f64,

@@ -76,7 +76,7 @@ impl CausalLm {
         } = pass;
         self.check_activations_fit(input_ids, activations)?;
         self.begin_pass(super::Pass::ForwardBackward)?;
-        let mut tally = self.router_tally(router)?;
+        let mut tally = self.router_tally(router, input_ids.numel() as i64)?;
         if activations == Activations::Kept && !self.in_lockstep() {
             let (hidden, routes) = self.forward_hidden_routed(input_ids, position_ids, layout)?;
             let (loss, out) = head(&hidden)?;
@@ -142,12 +142,13 @@ impl CausalLm {
     }
 
     /// The tally of `router` for this model: none for a dense one or without a coefficient.
-    fn router_tally(&self, router: Option<&RouterLoss>) -> Result<Option<RouterTally>, ModelError> {
+    fn router_tally(&self, router: Option<&RouterLoss>, tokens: i64) -> Result<Option<RouterTally>, ModelError> {
         let (Some(router), Some(mixture)) = (router, &self.config.mixture) else {
             return Ok(None);
         };
         let device = self.embed_tokens.device();
-        RouterTally::of(router, mixture.experts_per_token, mixture.num_experts, device).map(Some)
+        let shape = (mixture.experts_per_token, mixture.num_experts);
+        RouterTally::of(router, tokens, shape, device).map(Some)
     }
 
     /// The decoder layers from the embeddings `ids`' output, each gathered before and freed

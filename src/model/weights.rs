@@ -1,13 +1,13 @@
 //! Reading and writing parameters as safetensors under their PyTorch `state_dict` names.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 use tch::{Kind, Tensor, nn};
 
 use super::error::ModelError;
-use super::moe::checkpoint::ExpertSlice;
+use super::moe::checkpoint::{ExpertSlice, Part};
 use super::safetensors_out::SafetensorsOut;
 use crate::util::SplitMix64;
 
@@ -76,8 +76,9 @@ fn kind_of(dtype: Dtype, file: &Path) -> Result<Kind, ModelError> {
 /// model); every variable of `vs` must be found.
 pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Result<(), ModelError> {
     let vars = vs.variables();
-    let mut loaded = std::collections::HashSet::new();
-    let mut pieces: HashMap<String, usize> = HashMap::new();
+    let mut loaded = HashSet::new();
+    // Each fused parameter's pieces read (a piece in two shards counts once).
+    let mut pieces: HashMap<String, HashSet<(i64, Part)>> = HashMap::new();
     for file in files {
         let bytes = std::fs::read(file).map_err(|e| ModelError::io(file, e))?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
@@ -119,7 +120,12 @@ pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Res
             }
             tch::no_grad(|| var.shallow_clone().f_copy_(&src))?;
             match slice.filter(|_| !vars.contains_key(name)) {
-                Some(slice) => *pieces.entry(slice.fused).or_insert(0) += 1,
+                Some(slice) => {
+                    pieces
+                        .entry(slice.fused)
+                        .or_default()
+                        .insert((slice.expert, slice.part));
+                }
                 None => {
                     loaded.insert(name.to_string());
                 }
@@ -127,8 +133,8 @@ pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Res
         }
     }
     // A fused parameter is loaded when every per-expert piece of it was.
-    for (name, count) in pieces {
-        if ExpertSlice::pieces_of(&name, &vars[&name]) == Some(count) {
+    for (name, read) in pieces {
+        if ExpertSlice::pieces_of(&name, &vars[&name]) == Some(read.len()) {
             loaded.insert(name);
         }
     }

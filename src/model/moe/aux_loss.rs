@@ -23,11 +23,32 @@ pub fn load_balancing_loss(logits: &[Tensor], top_k: i64, mask: Option<&Tensor>)
             "the load-balancing loss needs a sparse layer's router logits".into(),
         ));
     };
-    let weights = match mask {
-        Some(m) => m.f_to_kind(Kind::Float)?.f_to_device(first.device())?,
-        None => Tensor::f_ones([first.size()[0]], (Kind::Float, first.device()))?,
+    let (n, experts) = match first.size()[..] {
+        [n, e] => (n, e),
+        ref s => {
+            return Err(ModelError::Input(format!(
+                "router logits of shape {s:?}; want [tokens, experts]"
+            )));
+        }
     };
-    let mut tally = RouterTally::new(1.0, top_k, weights, first.size()[1])?;
+    if let Some(l) = logits.iter().find(|l| l.size() != [n, experts]) {
+        return Err(ModelError::Input(format!(
+            "router logits of shapes {:?} and {:?}; every layer's must be [tokens, experts] alike",
+            first.size(),
+            l.size()
+        )));
+    }
+    let weights = match mask {
+        Some(m) if m.numel() as i64 == n => m.f_to_kind(Kind::Float)?.f_reshape([n])?.f_to_device(first.device())?,
+        Some(m) => {
+            return Err(ModelError::Input(format!(
+                "a mask of {} values for {n} tokens",
+                m.numel()
+            )));
+        }
+        None => Tensor::f_ones([n], (Kind::Float, first.device()))?,
+    };
+    let mut tally = RouterTally::new(1.0, top_k, weights, experts)?;
     for l in logits {
         tally.count(l)?;
     }
@@ -41,7 +62,7 @@ pub fn load_balancing_loss(logits: &[Tensor], top_k: i64, mask: Option<&Tensor>)
 /// The load-balancing loss a training pass adds: `coef x` the loss over the pass's tokens,
 /// each token weighted by `token_weights` `[batch x seq]` (row-major, as the input ids; 0
 /// leaves a padding token out, and a token of a prefix tree counts once for every rollout
-/// through it, as separate forwards of the rollouts would count it).
+/// through it, so a tree row's loss is that of its rollouts as one padded batch).
 #[derive(Debug)]
 pub struct RouterLoss {
     /// `router_aux_loss_coef`.
@@ -78,8 +99,20 @@ impl RouterTally {
         })
     }
 
-    /// The tally of `loss` for a model with `top_k` of `experts` experts a token on `device`.
-    pub(crate) fn of(loss: &RouterLoss, top_k: i64, experts: i64, device: tch::Device) -> Result<Self, ModelError> {
+    /// The tally of `loss` over a pass of `tokens` tokens for a model with `top_k` of `experts`
+    /// experts a token on `device`.
+    pub(crate) fn of(
+        loss: &RouterLoss,
+        tokens: i64,
+        (top_k, experts): (i64, i64),
+        device: tch::Device,
+    ) -> Result<Self, ModelError> {
+        if loss.token_weights.numel() as i64 != tokens {
+            return Err(ModelError::Input(format!(
+                "the router loss weighs {} tokens; the pass has {tokens}",
+                loss.token_weights.numel()
+            )));
+        }
         let weights = loss
             .token_weights
             .f_to_kind(Kind::Float)?
@@ -117,9 +150,13 @@ impl RouterTally {
 
     /// The loss itself (without `coef`) over the layers counted.
     pub(crate) fn value(&self) -> Result<f64, ModelError> {
-        let r = self.tokens()?.max(f64::MIN_POSITIVE);
+        let r = self.tokens()?;
+        if r <= 0.0 {
+            // No real token: nothing to balance (transformers divides 0 by 0 here).
+            return Ok(0.0);
+        }
         let experts = self.chosen.size()[0] as f64;
-        Ok(experts * (&self.chosen * &self.mass).f_sum(Kind::Float)?.double_value(&[]) / (r * r))
+        Ok(experts * (&self.chosen * &self.mass).f_sum(Kind::Float)?.double_value(&[]) / r / r)
     }
 
     /// `coef x` the whole loss, differentiable through every sparse layer's router logits in

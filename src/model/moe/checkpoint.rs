@@ -19,7 +19,7 @@ pub(crate) struct ExpertSlice {
 }
 
 /// An expert's projection in the hub's layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Part {
     /// `gate_proj`: the first half of `gate_up_proj[e]`'s rows.
     Gate,

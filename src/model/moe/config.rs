@@ -24,9 +24,11 @@ pub struct MixtureConfig {
     /// Per layer, whether it is sparse: not in `mlp_only_layers` and `(layer + 1)` a multiple
     /// of `decoder_sparse_step`. The others run the dense MLP of `intermediate_size`.
     pub sparse_layers: Vec<bool>,
-    /// Weight of the load-balancing loss added to a training loss (`router_aux_loss_coef`).
+    /// The checkpoint's `router_aux_loss_coef`, kept as read. Training uses
+    /// `TrainConfig::router_aux_loss_coef` instead, as TRL's trainers use their own setting.
     pub router_aux_loss_coef: f64,
-    /// Whether a forward reports the routers' logits by default (`output_router_logits`).
+    /// The checkpoint's `output_router_logits`, kept as read; treetrain's forwards always
+    /// return the routing, and the trainers add the loss by `router_aux_loss_coef` alone.
     pub output_router_logits: bool,
 }
 

@@ -2,8 +2,8 @@
 //! (token, slot) pairs sorted by expert, each expert's SwiGLU over its contiguous rows, so no
 //! `[tokens x experts x hidden]` tensor is ever made. On the CPU the products are libtorch's
 //! grouped matmul (one kernel over every expert, whose backward writes the weights' gradients
-//! once); elsewhere one product per expert ([`Products`]; the `moe` bench times both against
-//! transformers).
+//! once); elsewhere one product per expert ([`Products`]). The `moe` bench times the CPU's
+//! against transformers; the per-expert path is checked equal to it, not timed.
 
 use tch::{Kind, Tensor, nn};
 
@@ -49,8 +49,7 @@ impl Experts {
     /// and `weights` `[n, k]`: `[n, hidden]` in `x`'s dtype, each slot weighted in that dtype
     /// and the `k` slots summed once, in slot order.
     pub fn forward(&self, x: &Tensor, experts: &Tensor, weights: &Tensor) -> Result<Tensor, ModelError> {
-        let (n, hidden) = (x.size()[0], x.size()[1]);
-        let k = experts.size()[1];
+        let (n, hidden, k) = self.check_inputs(x, experts, weights)?;
         if n == 0 {
             return Ok(x.zeros_like());
         }
@@ -61,7 +60,12 @@ impl Experts {
         // 2. Each pair's token, `[n k, hidden]` in expert order.
         let rows = x.f_index_select(0, &order.f_floor_divide_scalar(k)?)?;
         // 3. Each expert's SwiGLU over its contiguous rows, `[n k, hidden]`.
-        let out = match Products::for_device(x.device()) {
+        // libtorch's grouped matmul takes int32 offsets.
+        let products = match n * k <= i64::from(i32::MAX) {
+            true => Products::for_device(x.device()),
+            false => Products::PerExpert,
+        };
+        let out = match products {
             Products::Grouped => self.grouped(&rows, &counts)?,
             Products::PerExpert => self.per_expert(&rows, &counts)?,
         };
@@ -72,6 +76,31 @@ impl Experts {
         Ok(weighted.f_sum_dim_intlist(1, false, None::<Kind>)?)
     }
 
+    /// `(tokens, hidden, k)` of `x` `[tokens, hidden]` with `experts` and `weights` `[tokens,
+    /// k]`, every expert id one of this layer's; a typed error naming the mismatch otherwise.
+    fn check_inputs(&self, x: &Tensor, experts: &Tensor, weights: &Tensor) -> Result<(i64, i64, i64), ModelError> {
+        let (e, h) = (self.num_experts(), self.gate_up_proj.size()[2]);
+        let bad = |what: String| Err(ModelError::Input(format!("experts: {what}")));
+        let (n, k) = match (&x.size()[..], &experts.size()[..]) {
+            ([n, hx], [ne, k]) if *hx == h && ne == n => (*n, *k),
+            (xs, es) => {
+                return bad(format!(
+                    "input {xs:?} and choices {es:?}; want [tokens, {h}] and [tokens, k]"
+                ));
+            }
+        };
+        if weights.size() != [n, k] {
+            return bad(format!("weights {:?}; want [{n}, {k}]", weights.size()));
+        }
+        if n > 0 {
+            let (lo, hi) = (experts.f_min()?.int64_value(&[]), experts.f_max()?.int64_value(&[]));
+            if lo < 0 || hi >= e {
+                return bad(format!("expert ids {lo}..={hi}; this layer has {e} experts"));
+            }
+        }
+        Ok((n, h, k))
+    }
+
     /// The experts' SwiGLU over `rows` sorted by expert (`counts` rows each) by libtorch's
     /// grouped matmul.
     fn grouped(&self, rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
@@ -79,9 +108,9 @@ impl Experts {
             .iter()
             .scan(0i64, |at, c| {
                 *at += c;
-                Some(i32::try_from(*at).unwrap_or(i32::MAX))
+                Some(i32::try_from(*at).map_err(|_| ModelError::Input("experts: over 2^31 routed rows".into())))
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let offs = Tensor::from_slice(&ends).f_to_device(rows.device())?;
         let gate_up = rows.f_internal_grouped_mm(&self.gate_up_proj.f_transpose(-2, -1)?, Some(&offs), None, None)?;
         let [gate, up] = <[Tensor; 2]>::try_from(gate_up.chunk(2, -1)).expect("two halves");
