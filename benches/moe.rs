@@ -3,7 +3,7 @@
 //!
 //! cargo bench --bench moe -- [--tokens 2048] [--hidden 2048] [--experts 128] [--top-k 8]
 //!     [--width 768] [--dtype fp32|bf16] [--pairs 3] [--iters 3]
-//!     [--implementations grouped_mm,eager] [--python PATH]
+//!     [--implementations grouped_mm,eager] [--their-grads keep|none] [--python PATH]
 //!
 //! Default: a Qwen3-30B-A3B-shaped sparse layer (hidden 2048, 128 experts, top 8, expert width
 //! 768) on 2,048 tokens, on the CPU. Both sides draw the router, the fused experts, the input
@@ -13,8 +13,11 @@
 //! implementations (`scripts/bench/transformers_moe.py`, a process each) run interleaved
 //! (`--pairs` rounds: ours, then each of theirs); each side times `--iters` passes after one
 //! untimed, and the median over rounds of the per-round ratio against the fastest of theirs is
-//! reported. By default theirs is `grouped_mm`, their fastest on the CPU: `eager` (a loop over
-//! the experts with a gather and an index-add each) is far slower at this shape
+//! reported. Both keep their gradients and zero them between passes (as treetrain's trainers
+//! do), so both accumulate into existing gradients (`--their-grads none` sets transformers'
+//! to `None` instead, PyTorch's `zero_grad` default); both use libtorch's default thread count.
+//! By default theirs is `grouped_mm`, their fastest on the CPU: `eager` (a loop over the
+//! experts with a gather and an index-add each) is far slower at this shape
 //! (`--implementations eager,grouped_mm` times both), and `batched_mm` gathers an
 //! `[hidden x 2 width]` weight for every (token, expert) pair, hundreds of GB here.
 //!
@@ -63,6 +66,10 @@ struct Cli {
     /// Timed passes per side and round.
     #[arg(long, default_value_t = 3)]
     iters: usize,
+    /// How transformers' side resets gradients between passes: `keep` (zeroed, as treetrain's
+    /// trainers and side do) or `none` (set to `None`, PyTorch's `zero_grad` default).
+    #[arg(long, default_value = "keep")]
+    their_grads: String,
     /// transformers' experts implementations to run, comma-separated.
     #[arg(long, default_value = "grouped_mm")]
     implementations: String,
@@ -131,7 +138,9 @@ fn main() {
         let theirs: Vec<Option<Side>> = implementations
             .iter()
             .map(|imp| {
-                let side = py.as_deref().and_then(|py| transformers(py, shape, kind, imp, iters));
+                let side = py
+                    .as_deref()
+                    .and_then(|py| transformers(py, shape, kind, (imp, &cli.their_grads), iters));
                 if let Some(s) = &side {
                     print_side(&format!("round {round}: transformers {imp}"), s, bound);
                     check_sums(&mine, s, kind, imp);
@@ -141,7 +150,13 @@ fn main() {
             .collect();
         rounds.push((mine, theirs));
     }
-    report(&rounds, &implementations, bound, args, shape, py.is_some());
+    report(
+        &rounds,
+        (&implementations, &cli.their_grads),
+        bound,
+        args,
+        (shape, py.is_some()),
+    );
 }
 
 /// treetrain's block, its parameters and the pass's input.
@@ -239,11 +254,11 @@ impl Ours {
 }
 
 /// transformers' block under `implementation`, in its own process; `None` (said) on failure.
-fn transformers(py: &str, s: Shape, kind: Kind, implementation: &str, iters: usize) -> Option<Side> {
+fn transformers(py: &str, s: Shape, kind: Kind, (implementation, grads): (&str, &str), iters: usize) -> Option<Side> {
     let spec = serde_json::json!({
         "tokens": s.tokens, "hidden": s.hidden, "experts": s.experts, "top_k": s.top_k,
         "width": s.width, "dtype": treetrain::model::kind_name(kind), "seed": SEED,
-        "iters": iters, "implementation": implementation,
+        "iters": iters, "implementation": implementation, "grads": grads,
     });
     let script = common::root().join("scripts/bench/transformers_moe.py");
     let out = Command::new(py)
@@ -308,11 +323,10 @@ fn check_sums(ours: &Side, theirs: &Side, kind: Kind, implementation: &str) {
 /// Prints the medians of the per-round ratios and writes `target/bench/moe.json`.
 fn report(
     rounds: &[(Side, Vec<Option<Side>>)],
-    implementations: &[&str],
+    (implementations, their_grads): (&[&str], &str),
     bound: f64,
     args: &common::Common,
-    s: Shape,
-    compared: bool,
+    (s, compared): (Shape, bool),
 ) {
     let ours: Vec<f64> = rounds.iter().map(|(m, _)| m.seconds).collect();
     let peak = rounds.iter().map(|(m, _)| m.peak_mib).fold(0.0, f64::max);
@@ -320,7 +334,8 @@ fn report(
         "tokens": s.tokens, "hidden": s.hidden, "experts": s.experts, "top_k": s.top_k,
         "width": s.width, "dtype": treetrain::model::kind_name(args.kind()),
         "treetrain_s": common::median(&ours), "treetrain_peak_mib": peak, "bound_mib": bound,
-        "treetrain_peak_over_bound": peak / bound,
+        "treetrain_peak_over_bound": peak / bound, "threads": tch::get_num_threads(),
+        "their_grads": their_grads,
     });
     if !compared {
         println!("transformers: skipped (no Python with transformers and torch)");

@@ -159,6 +159,9 @@ fn with_layers(config: &Path, n: u64) -> std::path::PathBuf {
     let text = std::fs::read_to_string(config).expect("read config.json");
     let mut v: serde_json::Value = serde_json::from_str(&text).expect("config.json");
     v["num_hidden_layers"] = n.into();
+    if let Some(dense) = v.get_mut("mlp_only_layers").and_then(|d| d.as_array_mut()) {
+        dense.retain(|l| l.as_u64().is_some_and(|l| l < n));
+    }
     let stem = config.file_stem().and_then(|s| s.to_str()).unwrap_or("config");
     let path = root()
         .join("target/bench/configs")

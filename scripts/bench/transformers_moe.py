@@ -5,7 +5,8 @@
 
 The weights, the input and the output's gradient are drawn exactly as benches/moe.rs draws them
 (the same libtorch generator, seed and order), so both sides run the same block on the same
-numbers. Prints one JSON line: the median seconds of `iters` timed forward + backward passes
+numbers. Gradients are kept and zeroed between passes (`"grads": "keep"`, as treetrain's side
+does) or set to `None` (`"grads": "none"`). Prints one JSON line: the median seconds of `iters` timed forward + backward passes
 (after one untimed, glibc keeping freed memory), the resident peak of one more pass (every large
 tensor mapped on its own) over the resident memory before the weights were made (MiB), and
 checksums of the output and the gradients.
@@ -65,8 +66,13 @@ def main():
     block.to(dtype)
 
     def step():
+        # "keep": gradients kept and zeroed between passes, as treetrain's trainers (and so its
+        # side of the bench) keep them; "none": set to None, PyTorch's `zero_grad` default.
         for p in block.parameters():
-            p.grad = None
+            if a.get("grads", "keep") == "none":
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
         x = x0.clone().requires_grad_(True)
         y = block(x)
         y.backward(dy)
