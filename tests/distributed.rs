@@ -54,6 +54,23 @@ fn sft_toml_of(model: &Path, dir: &Path, name: &str, (batch, out, steps): (usize
 /// 1e-8, entries whose gradient is noise-sized (a sum over ranks vs over one batch differs in
 /// its last bits) still move by O(lr), and the two runs' weights part by more than rounding.
 fn grpo_toml(dir: &Path, name: &str, prompts: usize, (packing, extra): (&str, &str), out: &Path) -> PathBuf {
+    grpo_toml_of(
+        &datasets().join("tiny-qwen3-sft"),
+        dir,
+        name,
+        (prompts, out),
+        (packing, extra),
+    )
+}
+
+/// [`grpo_toml`] of `model`.
+fn grpo_toml_of(
+    model: &Path,
+    dir: &Path,
+    name: &str,
+    (prompts, out): (usize, &Path),
+    (packing, extra): (&str, &str),
+) -> PathBuf {
     let d = datasets();
     let text = format!(
         "model = {:?}\ndataset = {:?}\noutput_dir = {:?}\nnum_generations = 4\nprompts_per_step = {prompts}\n\
@@ -62,7 +79,7 @@ fn grpo_toml(dir: &Path, name: &str, prompts: usize, (packing, extra): (&str, &s
          distributed_timeout_s = 60\n{extra}\n\
          [adamw]\neps = 1e-6\n\
          [[rewards]]\nname = \"exact_answer\"\nweight = 1.0\n[[rewards]]\nname = \"answer_format\"\nweight = 0.5\n",
-        d.join("tiny-qwen3-sft"),
+        model,
         d.join("grpo/train.parquet"),
         out,
     );
@@ -468,6 +485,45 @@ fn grpo_on_two_ranks_equals_one_rank_in_both_packings() {
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A mixture model's load-balancing loss in tree-packed GRPO is exact across ranks: each row
+/// adds its own, weighted by its share of the whole step's rollouts, so 2 ranks log the same
+/// `aux_loss` and reach the same weights as 1 process. (The untrained mixture earns no reward:
+/// the router loss is the whole gradient.)
+#[test]
+#[ignore = "slow: 2 GRPO runs"]
+fn a_mixtures_grpo_router_loss_on_two_ranks_equals_one_rank() {
+    let dir = scratch("grpo-moe");
+    let model = common::tiny_mixture();
+    let extra = "router_aux_loss_coef = 0.5";
+    let (out1, out2) = (dir.join("one"), dir.join("two"));
+    let one = grpo_toml_of(&model, &dir, "one", (4, &out1), ("tree", extra));
+    let two = grpo_toml_of(&model, &dir, "two", (2, &out2), ("tree", extra));
+    ok(&run_bounded(
+        treetrain(&["grpo", "--config", one.to_str().unwrap()]),
+        LIMIT,
+    ));
+    ok(&run_bounded(
+        launch(2, &["grpo", "--config", two.to_str().unwrap()]),
+        LIMIT,
+    ));
+    assert_eq!(logged(&out1, "raw_tokens"), logged(&out2, "raw_tokens"));
+    assert!(
+        logged(&out2, "rows").iter().all(|&r| r >= 2.0),
+        "{:?}",
+        logged(&out2, "rows")
+    );
+    let (a1, a2) = (logged(&out1, "aux_loss"), logged(&out2, "aux_loss"));
+    assert_eq!(a1.len(), 3);
+    assert_close(&a1, &a2, 1e-5, "aux loss");
+    let gap = relative_gap(
+        &model.join("model.safetensors"),
+        &out1.join("checkpoint-3/model.safetensors"),
+        &out2.join("checkpoint-3/model.safetensors"),
+    );
+    assert!(gap < 1e-3, "weights differ by {gap:e} of the update");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Tree-packed GRPO with the optimizer state sharded (`shard_grad_op`) equals one process
