@@ -6,6 +6,8 @@
 //! - [`memory_and_precision`]: gradient checkpointing, the chunked LM head, bf16 mixed
 //!   precision.
 //! - [`lora`]: LoRA adapters in PEFT's format, in both trainers and on the command line.
+//! - [`mixtures`]: mixture-of-experts models (Qwen3-MoE): the router, the experts, the
+//!   load-balancing loss, the expert load.
 //! - [`data_parallelism`]: one run on several processes over c10d, under `treetrain launch` or
 //!   `torchrun`.
 //! - [`watching_runs`]: TensorBoard and CSV logs, checkpoint rotation, resuming from the latest.
@@ -19,6 +21,8 @@ pub mod neuron {}
 pub mod memory_and_precision {}
 #[doc = include_str!("lora.md")]
 pub mod lora {}
+#[doc = include_str!("mixtures.md")]
+pub mod mixtures {}
 #[doc = include_str!("data_parallelism.md")]
 pub mod data_parallelism {}
 #[doc = include_str!("watching_runs.md")]
