@@ -17,7 +17,6 @@ use super::worker::AsyncRollouts;
 use crate::data::Dataset;
 use crate::generate::{GenerationConfig, SamplingConfig};
 use crate::model::SpecialTokens;
-use crate::tokenizer::{ChatOptions, Tokenizer};
 use crate::train::{TrainCore, TrainError};
 use serde_json::Value;
 
@@ -154,7 +153,12 @@ impl GrpoTrainerBuilder {
             chat_template_kwargs: config.rollouts.chat_template_kwargs.clone(),
         });
         let dataset = TrainCore::open_dataset(&config.train)?;
-        let prompts = Arc::new(load_prompt_set(&config, &core.tokenizer, &dataset, tools.clone())?);
+        let prompts = Arc::new(super::eval::load_prompt_set(
+            &config,
+            &core.tokenizer,
+            &dataset,
+            tools.clone(),
+        )?);
         check_columns(&rewards, &prompts, "dataset")?;
         if multi_turn.is_some() {
             check_conversation_room(&config, &prompts)?;
@@ -247,7 +251,7 @@ fn held_out_prompts(
     let Some(path) = &config.eval.eval_dataset else {
         return Ok(None);
     };
-    let held_out = load_prompt_set(config, &core.tokenizer, &Dataset::open_held_out(path)?, tools)?;
+    let held_out = super::eval::load_prompt_set(config, &core.tokenizer, &Dataset::open_held_out(path)?, tools)?;
     check_columns(rewards, &held_out, "eval_dataset")?;
     Ok(Some(held_out))
 }
@@ -406,26 +410,4 @@ fn check_conversation_room(config: &GrpoConfig, prompts: &PromptSet) -> Result<(
         ));
     }
     Ok(())
-}
-
-/// The prompts of `ds`, read as the run's config says.
-pub(super) fn load_prompt_set(
-    config: &GrpoConfig,
-    tokenizer: &Tokenizer,
-    ds: &Dataset,
-    tools: Option<Value>,
-) -> Result<PromptSet, TrainError> {
-    let chat = ChatOptions {
-        tools,
-        extra: config.rollouts.chat_template_kwargs.clone(),
-        ..Default::default()
-    };
-    PromptSet::load_with_chat(
-        ds,
-        tokenizer,
-        &config.rollouts.prompt_field,
-        config.rollouts.max_prompt_length,
-        config.train.data.skip_invalid_rows,
-        chat,
-    )
 }

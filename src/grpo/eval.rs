@@ -4,16 +4,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::advantage::mean_std;
-use super::builder::load_prompt_set;
-use super::metrics::RewardStat;
-use super::metrics::reward_stats;
+use serde_json::Value;
+
+use super::config::GrpoConfig;
+use super::metrics::{EvalResult, RewardStat};
 use super::multiturn::MultiTurn;
 use super::producer::{BatchShape, RolloutProducer, Shard};
-use super::reward::RewardFn;
-use super::rollouts::{PromptSet, RolloutBatch};
+use super::rollouts::PromptSet;
 use super::trainer::GrpoTrainer;
 use crate::data::Dataset;
+use crate::tokenizer::{ChatOptions, Tokenizer};
 use crate::train::TrainError;
 
 impl GrpoTrainer {
@@ -105,44 +105,6 @@ impl GrpoTrainer {
     }
 }
 
-/// Mean rewards of the policy on held-out prompts.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EvalResult {
-    /// Policy version evaluated.
-    pub step: u64,
-    /// Completions scored.
-    pub completions: usize,
-    /// Mean weighted total.
-    pub reward_mean: f64,
-    /// Its spread.
-    pub reward_std: f64,
-    /// Per function.
-    pub per_function: Vec<RewardStat>,
-}
-
-/// `eval/reward`, `eval/reward_std`, `eval/rewards/<name>/mean`, `eval/completions`.
-impl crate::train::Scalars for EvalResult {
-    const SECTION: &'static str = "eval";
-    const RENAMES: &'static [(&'static str, &'static str)] = &[("reward_mean", "reward"), ("per_function", "rewards")];
-    fn step(&self) -> u64 {
-        self.step
-    }
-}
-
-impl EvalResult {
-    fn from_batch(batch: &RolloutBatch, rewards: &[RewardFn], step: u64) -> Self {
-        let totals: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
-        let (reward_mean, reward_std) = mean_std(&totals);
-        EvalResult {
-            step,
-            completions: totals.len(),
-            reward_mean,
-            reward_std,
-            per_function: reward_stats(batch, rewards),
-        }
-    }
-}
-
 /// Held-out results per value of a prompt column ([`GrpoTrainer::evaluate_by`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EvalBreakdown {
@@ -160,4 +122,26 @@ impl EvalBreakdown {
             .map(|(v, e)| (v.clone(), RewardStat::mean_in(&e.per_function, name).unwrap_or(0.0)))
             .collect()
     }
+}
+
+/// The prompts of `ds`, read as the run's config says.
+pub(super) fn load_prompt_set(
+    config: &GrpoConfig,
+    tokenizer: &Tokenizer,
+    ds: &Dataset,
+    tools: Option<Value>,
+) -> Result<PromptSet, TrainError> {
+    let chat = ChatOptions {
+        tools,
+        extra: config.rollouts.chat_template_kwargs.clone(),
+        ..Default::default()
+    };
+    PromptSet::load_with_chat(
+        ds,
+        tokenizer,
+        &config.rollouts.prompt_field,
+        config.rollouts.max_prompt_length,
+        config.train.data.skip_invalid_rows,
+        chat,
+    )
 }

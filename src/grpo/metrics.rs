@@ -375,3 +375,41 @@ pub(crate) fn reward_stats(batch: &RolloutBatch, rewards: &[RewardFn]) -> Vec<Re
 fn share(part: usize, whole: usize) -> f64 {
     part as f64 / whole.max(1) as f64
 }
+
+/// Mean rewards of the policy on held-out prompts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalResult {
+    /// Policy version evaluated.
+    pub step: u64,
+    /// Completions scored.
+    pub completions: usize,
+    /// Mean weighted total.
+    pub reward_mean: f64,
+    /// Its spread.
+    pub reward_std: f64,
+    /// Per function.
+    pub per_function: Vec<RewardStat>,
+}
+
+/// `eval/reward`, `eval/reward_std`, `eval/rewards/<name>/mean`, `eval/completions`.
+impl crate::train::Scalars for EvalResult {
+    const SECTION: &'static str = "eval";
+    const RENAMES: &'static [(&'static str, &'static str)] = &[("reward_mean", "reward"), ("per_function", "rewards")];
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+impl EvalResult {
+    pub(super) fn from_batch(batch: &RolloutBatch, rewards: &[RewardFn], step: u64) -> Self {
+        let totals: Vec<f64> = batch.totals().flatten().map(f64::from).collect();
+        let (reward_mean, reward_std) = mean_std(&totals);
+        EvalResult {
+            step,
+            completions: totals.len(),
+            reward_mean,
+            reward_std,
+            per_function: reward_stats(batch, rewards),
+        }
+    }
+}

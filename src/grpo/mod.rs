@@ -141,7 +141,8 @@ pub use config::{
     LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling, SamplingCorrectionMode, Update,
 };
 pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
-pub use eval::{EvalBreakdown, EvalResult};
+pub use eval::EvalBreakdown;
+pub use metrics::EvalResult;
 pub use metrics::{
     BatchOrigin, GrpoStepMetrics, RewardStat, RolloutMetrics, SampleCompletion, StepTimes, TurnDrift, UpdateMetrics,
 };

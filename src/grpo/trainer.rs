@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::config::{EntropyControl, GrpoConfig};
-use super::eval::EvalResult;
+use super::metrics::EvalResult;
 use super::metrics::{GrpoStepMetrics, SampleCompletion};
 use super::metrics::{StepClock, UpdateMetrics, UpdatePart};
 use super::multiturn::MultiTurn;
