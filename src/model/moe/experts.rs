@@ -56,16 +56,20 @@ impl Experts {
         // 1. Pairs sorted by expert (stable: by token within an expert); rows per expert.
         let flat = experts.reshape([-1]);
         let order = flat.f_argsort_stable(true, 0, false)?;
+        // An id past the last expert lengthens the count (a negative one fails in bincount).
         let counts = Vec::<i64>::try_from(flat.f_bincount(None::<Tensor>, self.num_experts())?)?;
+        if counts.len() as i64 > self.num_experts() {
+            return Err(ModelError::Input(format!(
+                "experts: expert id {} in a layer of {} experts",
+                counts.len() - 1,
+                self.num_experts()
+            )));
+        }
         // 2. Each pair's token, `[n k, hidden]` in expert order.
         let rows = x.f_index_select(0, &order.f_floor_divide_scalar(k)?)?;
         // 3. Each expert's SwiGLU over its contiguous rows, `[n k, hidden]`.
-        // libtorch's grouped matmul takes int32 offsets.
-        let products = match n * k <= i64::from(i32::MAX) {
-            true => Products::for_device(x.device()),
-            false => Products::PerExpert,
-        };
-        let out = match products {
+        let widths = [hidden, self.down_proj.size()[2]];
+        let out = match Products::choose(x.device(), n * k, widths, x.kind()) {
             Products::Grouped => self.grouped(&rows, &counts)?,
             Products::PerExpert => self.per_expert(&rows, &counts)?,
         };
@@ -77,9 +81,10 @@ impl Experts {
     }
 
     /// `(tokens, hidden, k)` of `x` `[tokens, hidden]` with `experts` and `weights` `[tokens,
-    /// k]`, every expert id one of this layer's; a typed error naming the mismatch otherwise.
+    /// k]`; a typed error naming the mismatch otherwise. (Expert ids are checked by the count
+    /// in `forward`, which reads them anyway.)
     fn check_inputs(&self, x: &Tensor, experts: &Tensor, weights: &Tensor) -> Result<(i64, i64, i64), ModelError> {
-        let (e, h) = (self.num_experts(), self.gate_up_proj.size()[2]);
+        let h = self.gate_up_proj.size()[2];
         let bad = |what: String| Err(ModelError::Input(format!("experts: {what}")));
         let (n, k) = match (&x.size()[..], &experts.size()[..]) {
             ([n, hx], [ne, k]) if *hx == h && ne == n => (*n, *k),
@@ -91,12 +96,6 @@ impl Experts {
         };
         if weights.size() != [n, k] {
             return bad(format!("weights {:?}; want [{n}, {k}]", weights.size()));
-        }
-        if n > 0 {
-            let (lo, hi) = (experts.f_min()?.int64_value(&[]), experts.f_max()?.int64_value(&[]));
-            if lo < 0 || hi >= e {
-                return bad(format!("expert ids {lo}..={hi}; this layer has {e} experts"));
-            }
         }
         Ok((n, h, k))
     }
@@ -144,9 +143,12 @@ pub(crate) enum Products {
 }
 
 impl Products {
-    pub(crate) fn for_device(device: tch::Device) -> Self {
-        match device {
-            tch::Device::Cpu => Products::Grouped,
+    /// Grouped on the CPU where the kernel takes the block: `rows` routed rows within its int32
+    /// offsets, and `widths` (hidden, expert) whose rows are multiples of 16 bytes in `kind`.
+    pub(crate) fn choose(device: tch::Device, rows: i64, widths: [i64; 2], kind: Kind) -> Self {
+        let aligned = widths.iter().all(|w| w * kind.elt_size_in_bytes() as i64 % 16 == 0);
+        match (device, aligned && rows <= i64::from(i32::MAX)) {
+            (tch::Device::Cpu, true) => Products::Grouped,
             _ => Products::PerExpert,
         }
     }
@@ -196,5 +198,28 @@ mod tests {
         }
         // The expert without rows gets a zero gradient.
         assert_eq!(ga[0].get(1).abs().sum(Kind::Float).double_value(&[]), 0.0);
+    }
+
+    /// Choices naming an expert the layer does not have, or of the wrong shape, are typed
+    /// errors, not panics; widths the grouped kernel cannot take (6 floats) run per expert.
+    #[test]
+    fn bad_choices_are_errors() {
+        let opts = (Kind::Float, tch::Device::Cpu);
+        let experts = Experts {
+            gate_up_proj: Tensor::zeros([4, 8, 6], opts),
+            down_proj: Tensor::zeros([4, 6, 4], opts),
+        };
+        let x = Tensor::zeros([2, 6], opts);
+        let w = Tensor::ones([2, 2], opts);
+        let ids = |v: [i64; 4]| Tensor::from_slice(&v).view([2, 2]);
+        let e = experts.forward(&x, &ids([0, 4, 1, 2]), &w).unwrap_err().to_string();
+        assert!(e.contains("expert id 4") && e.contains("4 experts"), "{e}");
+        assert!(experts.forward(&x, &ids([0, -1, 1, 2]), &w).is_err());
+        let e = experts
+            .forward(&x, &ids([0, 1, 1, 2]), &Tensor::ones([2, 3], opts))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weights"), "{e}");
+        assert_eq!(experts.forward(&x, &ids([0, 1, 1, 2]), &w).unwrap().size(), [2, 6]);
     }
 }
