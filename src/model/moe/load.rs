@@ -3,6 +3,8 @@
 
 use tch::{Kind, Tensor};
 
+use crate::device::privateuse1;
+
 use crate::display::{self, Heatmap, Rich, escape};
 use crate::model::error::ModelError;
 use crate::model::layout::AttentionLayout;
@@ -43,16 +45,18 @@ impl Model {
     /// The expert choices of every sparse layer when `rows` are scored (each forwarded alone).
     /// A dense model is an error.
     pub fn expert_load(&self, rows: &[&[i64]]) -> Result<ExpertLoad, ModelError> {
-        let mut load = self.empty_load()?;
-        for row in rows.iter().filter(|r| !r.is_empty()) {
-            let n = row.len() as i64;
-            let ids = Tensor::from_slice(row).view([1, n]);
-            let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
-            let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(&ids, &pos, &AttentionLayout::Causal))?;
-            load.add(&routes, None)?;
-            load.tokens += row.len() as u64;
-        }
-        Ok(load)
+        privateuse1::checked(self.device(), || {
+            let mut load = self.empty_load()?;
+            for row in rows.iter().filter(|r| !r.is_empty()) {
+                let n = row.len() as i64;
+                let ids = self.device().from_slice(row)?.f_view([1, n])?;
+                let positions: Vec<i64> = (0..n).collect();
+                let pos = self.device().from_slice(&positions)?.f_view([1, n])?;
+                self.route_into(&mut load, (&ids, &pos, &AttentionLayout::Causal), None)?;
+                load.tokens += n as u64;
+            }
+            Ok(load)
+        })
     }
 
     /// The expert choices of one forward of `ids`, `pos` `[1, n]` under `layout` (a packed
@@ -60,14 +64,24 @@ impl Model {
     /// tree): what [`crate::grpo::GrpoTrainer::expert_load`] shows.
     pub(crate) fn expert_load_of(
         &self,
-        (ids, pos, layout): (&Tensor, &Tensor, &AttentionLayout),
+        inputs: (&Tensor, &Tensor, &AttentionLayout),
         weights: &[i64],
     ) -> Result<ExpertLoad, ModelError> {
         let mut load = self.empty_load()?;
-        let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(ids, pos, layout))?;
-        load.add(&routes, Some(&Tensor::from_slice(weights)))?;
+        self.route_into(&mut load, inputs, Some(&Tensor::from_slice(weights)))?;
         load.tokens += weights.iter().sum::<i64>() as u64;
         Ok(load)
+    }
+
+    /// Forwards `inputs` without autograd and adds every sparse layer's choices to `load`.
+    fn route_into(
+        &self,
+        load: &mut ExpertLoad,
+        (ids, pos, layout): (&Tensor, &Tensor, &AttentionLayout),
+        weights: Option<&Tensor>,
+    ) -> Result<(), ModelError> {
+        let (_, routes) = tch::no_grad(|| self.lm.forward_hidden_routed(ids, pos, layout))?;
+        load.add(&routes, weights)
     }
 
     /// No choices yet, one row per sparse layer; a dense model is an error.
