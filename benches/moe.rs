@@ -182,6 +182,9 @@ impl Ours {
             sparse_layers: vec![true],
             router_aux_loss_coef: 0.0,
             output_router_logits: false,
+            sigmoid: None,
+            projection: None,
+            load_balancing: true,
         };
         let mut block = SparseMoe::new(vs.root() / "mlp", s.hidden, &mixture);
         tch::manual_seed(SEED);

@@ -218,6 +218,18 @@ fn sft_matches_one_rank_with(name: &str, extra: &str, two_ranks: impl FnOnce(&Pa
 
 /// [`sft_matches_one_rank_with`] training `model`, in the scratch folder `dir`.
 fn sft_of_matches_one_rank(model: &Path, dir: &Path, extra: &str, two_ranks: impl FnOnce(&Path) -> Command) {
+    sft_of_matches_one_rank_within(model, dir, extra, (1e-4, 1e-3), two_ranks);
+}
+
+/// [`sft_of_matches_one_rank`] with the grad norms equal to `grad_rel` (relative) and the
+/// weights after 4 steps to `gap` of the update.
+fn sft_of_matches_one_rank_within(
+    model: &Path,
+    dir: &Path,
+    extra: &str,
+    (grad_rel, max_gap): (f64, f64),
+    two_ranks: impl FnOnce(&Path) -> Command,
+) {
     let (out1, out2) = (dir.join("one"), dir.join("two"));
     let one = sft_toml_of(model, dir, "one", (8, &out1, 4), extra);
     let two = sft_toml_of(model, dir, "two", (4, &out2, 4), extra);
@@ -234,7 +246,7 @@ fn sft_of_matches_one_rank(model: &Path, dir: &Path, extra: &str, two_ranks: imp
     assert_close(
         &logged(&out1, "grad_norm"),
         &logged(&out2, "grad_norm"),
-        1e-4,
+        grad_rel,
         "grad norm",
     );
     let gap = relative_gap(
@@ -242,13 +254,14 @@ fn sft_of_matches_one_rank(model: &Path, dir: &Path, extra: &str, two_ranks: imp
         &out1.join("checkpoint-4/model.safetensors"),
         &out2.join("checkpoint-4/model.safetensors"),
     );
-    assert!(gap < 1e-3, "weights differ by {gap:e} of the update");
+    assert!(gap < max_gap, "weights differ by {gap:e} of the update");
     let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A mixture model's experts are part of their layer's unit: 2 ranks in every `fsdp` mode
-/// equal 1 process on a tiny Qwen3-MoE. Without its load-balancing loss: each rank's forward
-/// adds that over its own tokens, as under DDP, which 1 process cannot equal.
+/// equal 1 process on a tiny Qwen3-MoE, and in `full_shard` on the tiny Muse Spark. Without
+/// its load-balancing loss: each rank's forward adds that over its own tokens, as under DDP,
+/// which 1 process cannot equal.
 #[test]
 fn a_mixture_model_on_two_ranks_equals_one_rank_in_every_mode() {
     for (name, extra) in [
@@ -265,6 +278,18 @@ fn a_mixture_model_on_two_ranks_equals_one_rank_in_every_mode() {
             launch(2, &["sft", "--config", cfg.to_str().unwrap()])
         });
     }
+    // Muse Spark's layers (gates, projections around the experts, a router's untrained
+    // correction bias) shard with their unit as well. Its sharp attention (q/k normed, then
+    // scaled) carries the two sides' summation-order differences from step to step faster:
+    // the grad norms part by ~1e-5 at step 2 and ~5e-4 at step 4 and the weights by ~2e-3 of
+    // the update after 4 steps, `no_shard` alike (the first step's grad norms agree to 1e-7).
+    // Held to 1e-3 and 1e-2: a unit left out of a gather or a reduction parts them by O(1).
+    let dir = scratch("muse-zero3");
+    let model = treetrain::shipped::tiny_muse_spark_dir().unwrap();
+    let extra = "fsdp = \"full_shard\"\ngradient_checkpointing = true";
+    sft_of_matches_one_rank_within(&model, &dir, extra, (1e-3, 1e-2), |cfg| {
+        launch(2, &["sft", "--config", cfg.to_str().unwrap()])
+    });
 }
 
 /// Replicated (`no_shard`), with the gradient buckets all-reduced during the last backward

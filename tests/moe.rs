@@ -329,7 +329,7 @@ fn mixture_configs_refuse_what_is_not_implemented() {
     // A multimodal config (its decoder under `text_config`) is named as what it is.
     std::fs::write(
         scratch.join("config.json"),
-        r#"{"model_type": "muse_spark", "text_config": {"vocab_size": 202048}}"#,
+        r#"{"model_type": "llava", "text_config": {"vocab_size": 202048}}"#,
     )
     .unwrap();
     let e = Model::load(&scratch, LoadOptions::default()).unwrap_err().to_string();

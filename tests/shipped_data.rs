@@ -12,6 +12,7 @@ fn committed_files_equal_a_fresh_generation() {
     treetrain::shipped::datasets::write_all(&out).unwrap();
     treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).unwrap();
     treetrain::shipped::tiny_model::write_mixture_files(&out.join("tiny-qwen3-moe")).unwrap();
+    treetrain::shipped::tiny_model::write_muse_spark_files(&out.join("tiny-muse-spark")).unwrap();
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets");
     for f in [
         "sft/train.parquet",
@@ -28,6 +29,10 @@ fn committed_files_equal_a_fresh_generation() {
         "tiny-qwen3-moe/tokenizer.json",
         "tiny-qwen3-moe/tokenizer_config.json",
         "tiny-qwen3-moe/treetrain_init.json",
+        "tiny-muse-spark/config.json",
+        "tiny-muse-spark/tokenizer.json",
+        "tiny-muse-spark/tokenizer_config.json",
+        "tiny-muse-spark/treetrain_init.json",
     ] {
         let a = std::fs::read(out.join(f)).unwrap();
         let b = std::fs::read(committed.join(f)).unwrap();

@@ -47,6 +47,7 @@ pub(crate) fn make_shipped_data(out: &Path) -> Result<()> {
     treetrain::shipped::datasets::write_all(out).map_err(anyhow::Error::msg)?;
     treetrain::shipped::tiny_model::write_model_files(&out.join("tiny-qwen3")).map_err(anyhow::Error::msg)?;
     treetrain::shipped::tiny_model::write_mixture_files(&out.join("tiny-qwen3-moe")).map_err(anyhow::Error::msg)?;
+    treetrain::shipped::tiny_model::write_muse_spark_files(&out.join("tiny-muse-spark")).map_err(anyhow::Error::msg)?;
     println!("wrote {}", out.display());
     Ok(())
 }

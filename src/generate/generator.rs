@@ -102,6 +102,9 @@ impl Generator {
                     message: format!("token {t} outside 0..{vocab}"),
                 });
             }
+            if let Some(message) = model.config.tower_token(p) {
+                return Err(GenerateError::Prompt { index, message });
+            }
         }
         if !(0..vocab).contains(&cfg.pad_token_id) {
             return Err(GenerateError::Config(format!(

@@ -110,7 +110,7 @@ fn kept_head_loss(
     // The policy's log-probs `[M]`; the entropies ride the same pass over the LM head. The
     // step's entropy floor was taken from the same function (`update::term_entropies`), so a
     // term compares its own bits.
-    let head = model.lm_head_weight();
+    let head = model.head();
     let (logprobs, entropies) = terms.logprobs_and_entropies(head, cfg.chunks, &cfg.truncation)?;
     // The bonus trains on the entropies themselves: then they come with their gradient too.
     let differentiable = match cfg.entropy_coef != 0.0 {
@@ -166,7 +166,7 @@ fn fused_head_loss(
     weights: TermWeights,
     other: TermLogprobs<'_>,
 ) -> Result<(Option<Tensor>, GrpoLoss), ModelError> {
-    let head = model.lm_head_weight();
+    let head = model.head();
     // 1. Log-probs `[M]` and entropies `[U]` without a graph (the function the entropy floor
     //    was measured with).
     let (logprobs, entropies) = tch::no_grad(|| terms.logprobs_and_entropies(head, cfg.chunks, &cfg.truncation))?;

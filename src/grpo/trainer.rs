@@ -123,10 +123,10 @@ impl GrpoTrainer {
         self.reference.as_ref().map(|r| &r.lm)
     }
 
-    /// Whether the update adds a load-balancing loss: a mixture model with
-    /// `router_aux_loss_coef > 0`.
+    /// Whether the update adds a load-balancing loss: a mixture model whose family has one,
+    /// with `router_aux_loss_coef > 0`.
     fn routed(&self) -> bool {
-        self.config.train.router_aux_loss_coef > 0.0 && self.core.model.lm.config.mixture.is_some()
+        self.config.train.router_aux_loss_coef > 0.0 && self.core.model.lm.config.load_balancing()
     }
 
     /// The loss of the run.
@@ -134,6 +134,9 @@ impl GrpoTrainer {
         let mut objective = GrpoObjective::from(&self.config);
         // The sampler never draws the LM head's padding rows: the loss leaves them out too.
         objective.truncation.token_limit = self.core.special.token_limit;
+        if !self.core.model.lm.config.load_balancing() {
+            objective.router_aux_loss_coef = 0.0;
+        }
         if self.config.entropy_bonus.use_adaptive_entropy {
             objective.entropy_coef = self.state.entropy_control.applied(&self.config.entropy_bonus);
         }

@@ -291,9 +291,8 @@ fn term_entropies(policy: &CausalLm, rows: &[PackedRow], objective: &GrpoObjecti
     }
     for row in rows {
         let terms = tch::no_grad(|| distinct_terms(policy, row, objective.temperature))?;
-        let (_, per_pair) = tch::no_grad(|| {
-            terms.logprobs_and_entropies(policy.lm_head_weight(), objective.chunks, &objective.truncation)
-        })?;
+        let (_, per_pair) =
+            tch::no_grad(|| terms.logprobs_and_entropies(policy.head(), objective.chunks, &objective.truncation))?;
         let per_term = per_pair
             .f_index_select(0, &terms.of_term)
             .and_then(|t| Device::to_host(&t))

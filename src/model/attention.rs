@@ -8,18 +8,20 @@ use super::cpu_kernels::{CpuOps, QkvShape, decode_attention, qk_norm_rope};
 use super::error::ModelError;
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
+use super::norm::Norm;
+use super::parts::QkNorm;
 use super::projection::Projections;
 use super::rope;
+use super::window::Masked;
 
 /// Where a layer's attention takes its keys and values from.
 pub enum KeyValues<'a> {
-    /// The forwarded tokens themselves, under `layout` (`mask`: the SDPA mask precomputed from
-    /// it, for layouts other than segments).
+    /// The forwarded tokens themselves, under a layout and its precomputed SDPA mask.
     Layout {
-        /// The attention pattern.
-        layout: &'a AttentionLayout,
-        /// Its SDPA mask (`None`: causal, or per-segment attention).
-        mask: Option<&'a Tensor>,
+        /// What full-attention layers read.
+        full: Masked<'a>,
+        /// What sliding-window layers read (`None` in a model without them).
+        sliding: Option<Masked<'a>>,
     },
     /// A KV cache: the chunk's keys and values are stored, then its queries attend over the
     /// cache's slots under `mask` `[batch, 1, t, slots]`.
@@ -28,6 +30,8 @@ pub enum KeyValues<'a> {
         cache: &'a mut dyn KvCache,
         /// Which slots each query sees.
         mask: &'a Tensor,
+        /// The same cut to the window, for sliding layers (`None` in a model without them).
+        sliding_mask: Option<&'a Tensor>,
     },
 }
 
@@ -54,17 +58,48 @@ pub struct Attention {
     pub q_norm: Option<RmsNorm>,
     /// Per-head RMSNorm on keys (Qwen3).
     pub k_norm: Option<RmsNorm>,
+    /// The output gate (Muse Spark): each head's output normed (weightless), times
+    /// `sigmoid(gate_proj(x))`, before `o_proj`.
+    pub gate: Option<OutputGate>,
+    /// Weightless q/k norms, the queries then scaled (Muse Spark): `(eps, query_scale)`.
+    weightless_qk: Option<(f64, f64)>,
+    /// Whether RoPE rotates q and k on this layer.
+    rope: bool,
+    /// The sliding window of this layer, if it has one.
+    window: Option<i64>,
     num_heads: i64,
     num_kv_heads: i64,
     head_dim: i64,
 }
 
+/// `sigmoid(gate_proj(x))` on the normed head outputs.
+#[derive(Debug)]
+pub struct OutputGate {
+    /// `gate_proj` `[heads * head_dim, hidden]`.
+    pub gate_proj: Linear,
+    /// The weightless per-head norm (`o_norm`).
+    pub norm: Norm,
+}
+
 impl Attention {
-    /// Declares `{path}.{q,k,v,o}_proj` (and `q_norm`, `k_norm`).
-    pub fn new(path: nn::Path, cfg: &ModelConfig) -> Self {
+    /// Declares layer `layer`'s `{path}.{q,k,v,o}_proj` (and what its parts add: `q_norm`,
+    /// `k_norm`, `gate_proj`).
+    pub fn new(path: nn::Path, cfg: &ModelConfig, layer: usize) -> Self {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        let per_head = cfg.parts.qk_norm == QkNorm::PerHead;
+        let span = cfg.parts.layers.get(layer).copied();
         Attention {
+            gate: cfg.parts.attention_gate.then(|| OutputGate {
+                gate_proj: Linear::new(&path / "gate_proj", h, q, false),
+                norm: Norm::Weightless { eps: cfg.rms_norm_eps },
+            }),
+            weightless_qk: match cfg.parts.qk_norm {
+                QkNorm::Weightless { query_scale } => Some((cfg.rms_norm_eps, query_scale)),
+                _ => None,
+            },
+            rope: span.is_none_or(|s| s.rope),
+            window: span.and_then(|s| s.window),
             qkv: Projections::new(
                 ["q_proj", "k_proj", "v_proj"],
                 [
@@ -74,8 +109,8 @@ impl Attention {
                 ],
             ),
             o_proj: Linear::new(&path / "o_proj", q, h, cfg.o_bias),
-            q_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
-            k_norm: cfg.qk_norm.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
+            q_norm: per_head.then(|| RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps)),
+            k_norm: per_head.then(|| RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps)),
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -89,6 +124,13 @@ impl Attention {
             o_proj: self.o_proj.base_view(),
             q_norm: self.q_norm.as_ref().map(RmsNorm::base_view),
             k_norm: self.k_norm.as_ref().map(RmsNorm::base_view),
+            gate: self.gate.as_ref().map(|g| OutputGate {
+                gate_proj: g.gate_proj.base_view(),
+                norm: g.norm.base_view(),
+            }),
+            weightless_qk: self.weightless_qk,
+            rope: self.rope,
+            window: self.window,
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
@@ -111,15 +153,21 @@ impl Attention {
     }
 
     /// The linear layers by name within `self_attn`.
-    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 4] {
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let [q, k, v] = self.qkv.named_mut();
-        [q, k, v, ("o_proj", &mut self.o_proj)]
+        let mut out = vec![q, k, v, ("o_proj", &mut self.o_proj)];
+        if let Some(g) = &mut self.gate {
+            out.push(("gate_proj", &mut g.gate_proj));
+        }
+        out
     }
 
     /// The linear layers, in `state_dict` order.
-    pub fn linears(&self) -> [&Linear; 4] {
+    pub fn linears(&self) -> Vec<&Linear> {
         let [q, k, v] = self.qkv.maps();
-        [q, k, v, &self.o_proj]
+        let mut out = vec![q, k, v, &self.o_proj];
+        out.extend(self.gate.as_ref().map(|g| &g.gate_proj));
+        out
     }
 
     /// Projects `x` `[batch, seq, hidden]` to `(q, k, v)`, each `[batch, heads, seq, head_dim]`
@@ -128,8 +176,9 @@ impl Attention {
         let (b, t) = (x.size()[0], x.size()[1]);
         // 1. q, k, v: `[b, t, (heads + 2 kv_heads) * d]` as one product where no graph is built.
         let projected = self.qkv.forward(x, ops);
-        // 2. The decode kernels norm and rotate that product in place, in one pass.
-        if let Some(y) = projected.fused()
+        // 2. The decode kernels norm and rotate that product in place, in one pass (the
+        //    layers they know: rotated, with Qwen3's norms or none).
+        if let Some(y) = projected.fused().filter(|_| self.rope && self.weightless_qk.is_none())
             && ops.kernel(|| self.norm_rope_in_place(y, cos, sin)).is_some()
         {
             return self.heads_of(y, b, t);
@@ -145,9 +194,16 @@ impl Attention {
             q = qn.forward(&q);
             k = kn.forward(&k);
         }
-        let q = rope::apply(&q.transpose(1, 2), cos, sin);
-        let k = rope::apply(&k.transpose(1, 2), cos, sin);
-        (q, k, v)
+        if let Some((eps, scale)) = self.weightless_qk {
+            let norm = Norm::Weightless { eps };
+            q = norm.forward(&q) * scale;
+            k = norm.forward(&k);
+        }
+        let (q, k) = (q.transpose(1, 2), k.transpose(1, 2));
+        match self.rope {
+            true => (rope::apply(&q, cos, sin), rope::apply(&k, cos, sin), v),
+            false => (q, k, v),
+        }
     }
 
     /// Norms (where the model has q/k norms) and rotates the q and k heads of the fused product
@@ -180,9 +236,8 @@ impl Attention {
 
     /// Scaled dot-product attention of `q` `[batch, heads, q_len, head_dim]` over `k`, `v`
     /// `[batch, kv_heads or heads, k_len, head_dim]` under `mask` `[batch, 1, q_len, k_len]`
-    /// (true = attend; `None` = causal), merged back to `[batch, q_len, hidden]` through
-    /// `o_proj`.
-    pub(crate) fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    /// (true = attend; `None` = causal), the heads merged: `[batch, q_len, heads * head_dim]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let scale = (self.head_dim as f64).powf(-0.5);
         // Grouped-query attention inside the kernel (`enable_gqa`) where keys come at
         // `kv_heads`: repeating the keys and values of a whole KV cache every decode step would
@@ -190,8 +245,19 @@ impl Attention {
         let gqa = k.size()[1] != q.size()[1];
         let out = Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, mask.is_none(), scale, gqa);
         let (b, t) = (q.size()[0], q.size()[2]);
-        self.o_proj
-            .forward(&out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim]))
+        out.transpose(1, 2).reshape([b, t, self.num_heads * self.head_dim])
+    }
+
+    /// The merged heads `[..., heads * head_dim]` through the output gate (where the layer has
+    /// one, with `x` the attention's input `[..., hidden]`) and `o_proj`: `[..., hidden]`.
+    fn output(&self, merged: &Tensor, x: &Tensor, ops: CpuOps) -> Tensor {
+        let Some(g) = &self.gate else {
+            return self.o_proj.forward_with(merged, ops);
+        };
+        let size = merged.size();
+        let normed = g.norm.forward(&merged.reshape([-1, self.num_heads, self.head_dim]));
+        let gated = normed.view(size.as_slice()) * g.gate_proj.forward_with(x, ops).sigmoid();
+        self.o_proj.forward_with(&gated, ops)
     }
 
     /// Self-attention of `x` `[batch, seq, hidden]` for layer `layer`, over the keys and values
@@ -205,33 +271,52 @@ impl Attention {
         kv: &mut KeyValues<'_>,
     ) -> Result<Tensor, ModelError> {
         let ops = kv.cpu_ops();
-        // 1. q `[b, heads, t, d]`, k and v `[b, kv_heads, t, d]`, rotated.
+        let unwindowed = || ModelError::Input(format!("layer {layer} has a sliding window; its masks were not made"));
+        // 1. q `[b, heads, t, d]`, k and v `[b, kv_heads, t, d]`, rotated where the layer is.
         let (q, k, v) = self.project(x, cos, sin, ops);
-        // 2. Attention under the layout, or over the cache after storing this chunk, merged
-        //    through `o_proj` to `[b, t, hidden]`.
-        Ok(match kv {
-            KeyValues::Layout {
-                layout: AttentionLayout::Segments(layout),
-                ..
-            } => self.attend_segments(&q, &k, &v, layout),
-            KeyValues::Layout { mask, .. } => {
-                let (k, _) = self.grouped_keys(&k, mask.is_some());
-                let (v, _) = self.grouped_keys(&v, mask.is_some());
-                self.attend(&q, &k, &v, *mask)
+        // 2. Attention under the layout (or its windowed form), or over the cache after
+        //    storing this chunk: the heads merged, `[b, t, heads * d]`.
+        let (merged, out_ops) = match kv {
+            KeyValues::Layout { full, sliding } => {
+                let seen = match self.window {
+                    Some(_) => sliding.ok_or_else(unwindowed)?,
+                    None => *full,
+                };
+                let merged = match seen.layout {
+                    AttentionLayout::Segments(layout) => self.attend_segments(&q, &k, &v, layout),
+                    _ => {
+                        let (k, _) = self.grouped_keys(&k, seen.mask.is_some());
+                        let (v, _) = self.grouped_keys(&v, seen.mask.is_some());
+                        self.attend(&q, &k, &v, seen.mask)
+                    }
+                };
+                (merged, CpuOps::Libtorch)
             }
-            KeyValues::Cache { cache, mask } => {
+            KeyValues::Cache {
+                cache,
+                mask,
+                sliding_mask,
+            } => {
+                let mask = match self.window {
+                    Some(_) => sliding_mask.ok_or_else(unwindowed)?,
+                    None => *mask,
+                };
                 let (k_all, v_all) = cache.store(layer, &k, &v)?;
                 let scale = (self.head_dim as f64).powf(-0.5);
+                // The decode kernels' output goes on through them; libtorch's through its own.
                 match ops.kernel(|| decode_attention(&q, &k_all, &v_all, mask, scale)) {
-                    Some(merged) => self.o_proj.forward_with(&merged, ops),
-                    None => self.attend(&q, &k_all, &v_all, Some(mask)),
+                    Some(merged) => (merged, ops),
+                    None => (self.attend(&q, &k_all, &v_all, Some(mask)), CpuOps::Libtorch),
                 }
             }
-        })
+        };
+        // 3. Through the output gate where the layer has one, and `o_proj`: `[b, t, hidden]`.
+        Ok(self.output(&merged, x, out_ops))
     }
 
     /// Per-segment attention over one row: `q` `[1, heads, n, d]`, `k`, `v`
-    /// `[1, kv_heads, n, d]`; each segment's queries see their own key list.
+    /// `[1, kv_heads, n, d]`; each segment's queries see their own key list. The heads merged,
+    /// `[1, n, heads * d]`.
     ///
     /// Outputs are collected as token-major rows `[tokens, heads * d]`, the layout `o_proj`
     /// takes, and batched segments gather their queries, keys and values as such rows (dim 0).
@@ -257,7 +342,7 @@ impl Attention {
             Some(order) => out.index_select(0, order),
             None => out,
         };
-        self.o_proj.forward(&out.view([1, n, self.num_heads * self.head_dim]))
+        out.view([1, n, self.num_heads * self.head_dim])
     }
 
     /// [`grouped_keys`] for this layer's heads.

@@ -8,6 +8,8 @@ use serde_json::Value;
 
 use super::error::ModelError;
 use super::moe::MixtureConfig;
+use super::muse_spark;
+use super::parts::{DecoderParts, LayerNorms, QkNorm};
 
 /// An int-or-list field (`eos_token_id` is written both ways).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,10 +108,14 @@ pub struct HfConfig {
     /// Everything else, written back unchanged on save.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+    /// The whole `config.json` of a checkpoint whose decoder is configured in `text_config`
+    /// (Muse Spark): what a save writes back.
+    #[serde(skip)]
+    pub(crate) wrapper: Option<Value>,
 }
 
 /// What an unknown `model_type` is told.
-const IMPLEMENTED: &str = "treetrain implements qwen3, qwen2, llama and qwen3_moe";
+const IMPLEMENTED: &str = "treetrain implements qwen3, qwen2, llama, qwen3_moe and muse_spark (its text decoder)";
 
 /// The decoder families treetrain implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +128,9 @@ pub enum Architecture {
     Llama,
     /// Qwen3-MoE: Qwen3's attention, routed experts in the sparse layers.
     Qwen3Moe,
+    /// Muse Spark Open's text decoder: sandwich norms, gated residuals and attention, sliding
+    /// and NoPE layers, sigmoid-routed experts at a narrower width.
+    MuseSparkText,
 }
 
 impl Architecture {
@@ -132,6 +141,7 @@ impl Architecture {
             Architecture::Qwen2 => "Qwen2",
             Architecture::Llama => "Llama",
             Architecture::Qwen3Moe => "Qwen3-MoE",
+            Architecture::MuseSparkText => "Muse Spark",
         }
     }
 }
@@ -202,8 +212,9 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
-    /// RMSNorm on q and k (Qwen3).
-    pub qk_norm: bool,
+    /// The layers' parts, chosen once from the config (q/k norms, norm and residual kinds,
+    /// windows, NoPE layers, what wraps the embedding and the logits).
+    pub parts: DecoderParts,
     /// Bias on q, k, v.
     pub qkv_bias: bool,
     /// Bias on o.
@@ -236,6 +247,11 @@ impl HfConfig {
         let value: Value = serde_json::from_str(&text).map_err(json)?;
         // A multimodal checkpoint keeps its decoder's settings under `text_config`: name what it
         // is rather than a top-level field it never had.
+        if value.get("model_type").and_then(Value::as_str) == Some(muse_spark::MODEL_TYPE) {
+            let mut config: HfConfig = serde_json::from_value(muse_spark::text_config(&value)?).map_err(json)?;
+            config.wrapper = Some(value);
+            return Ok(config);
+        }
         if value.get("text_config").is_some_and(Value::is_object) && value.get("vocab_size").is_none() {
             let kind = value.get("model_type").and_then(Value::as_str).unwrap_or("absent");
             return Err(ModelError::unsupported(
@@ -279,7 +295,7 @@ impl HfConfig {
             rms_norm_eps,
             rope_theta,
             rope_scaling,
-            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Qwen3Moe),
+            parts: DecoderParts::of(arch, self)?,
             qkv_bias: arch == Architecture::Qwen2 || attention_bias,
             o_bias: arch != Architecture::Qwen2 && attention_bias,
             mlp_bias: arch == Architecture::Llama && self.mlp_bias.unwrap_or(false),
@@ -290,6 +306,11 @@ impl HfConfig {
             max_positions: self.max_position_embeddings,
             mixture: match arch {
                 Architecture::Qwen3Moe => Some(MixtureConfig::qwen3_moe(&self.extra, self.num_hidden_layers)?),
+                Architecture::MuseSparkText => Some(MixtureConfig::muse_spark(
+                    &self.extra,
+                    self.num_hidden_layers,
+                    rms_norm_eps,
+                )?),
                 _ => None,
             },
         })
@@ -302,6 +323,7 @@ impl HfConfig {
             "qwen2" => Ok(Architecture::Qwen2),
             "llama" => Ok(Architecture::Llama),
             "qwen3_moe" => Ok(Architecture::Qwen3Moe),
+            muse_spark::TEXT_MODEL_TYPE => Ok(Architecture::MuseSparkText),
             other => Err(ModelError::unsupported("model_type", format!("{other:?}"), IMPLEMENTED)),
         }
     }
@@ -366,7 +388,11 @@ impl HfConfig {
                 "sliding-window attention is not implemented",
             ));
         }
-        if let Some(kinds) = &self.layer_types
+        // Muse Spark's layer kinds are read with its parts (`DecoderParts::of`).
+        if let Some(kinds) = self
+            .layer_types
+            .as_ref()
+            .filter(|_| self.model_type != muse_spark::TEXT_MODEL_TYPE)
             && let Some(k) = kinds.iter().find(|k| k.as_str() != "full_attention")
         {
             return Err(ModelError::unsupported(
@@ -444,6 +470,24 @@ impl HfConfig {
 }
 
 impl ModelConfig {
+    /// Whether training adds a load-balancing loss for this model: a mixture whose reference
+    /// computes one (Qwen3-MoE; not Muse Spark).
+    pub fn load_balancing(&self) -> bool {
+        self.mixture.as_ref().is_some_and(|m| m.load_balancing)
+    }
+
+    /// What is wrong with the first token of `ids` that stands for a tower the model does not
+    /// load (Muse Spark's image, video and audio placeholders): a row holding one needs inputs
+    /// treetrain cannot give it.
+    pub fn tower_token(&self, ids: &[i64]) -> Option<String> {
+        ids.iter().find_map(|t| {
+            let (name, _) = self.parts.tower_tokens.iter().find(|(_, id)| id == t)?;
+            Some(format!(
+                "token {t} is the checkpoint's {name}: its tower is not loaded (treetrain runs the text decoder only; give text-only rows)"
+            ))
+        })
+    }
+
     /// An error naming what is too long when `positions` tokens (prompt and completion, or a
     /// scored row) exceed `max_position_embeddings`.
     pub fn check_positions(&self, positions: usize, what: &str) -> Result<(), String> {
@@ -461,7 +505,8 @@ impl ModelConfig {
         per_slot * rows as u128 * slots as u128 * kind.elt_size_in_bytes() as u128
     }
 
-    /// Parameters in the model (tied embeddings counted once).
+    /// Parameters in the model (tied embeddings counted once; a router's score-correction
+    /// bias counted as transformers' state dict holds it).
     pub fn num_parameters(&self) -> i64 {
         // In i128: a config's sizes are user input, and their products must not overflow.
         let w = |x: i64| i128::from(x);
@@ -477,20 +522,26 @@ impl ModelConfig {
         if self.o_bias {
             attn += h;
         }
-        if self.qk_norm {
-            attn += 2 * w(self.head_dim);
+        match self.parts.qk_norm {
+            QkNorm::PerHead => attn += 2 * w(self.head_dim),
+            QkNorm::None | QkNorm::Weightless { .. } => {}
         }
+        if self.parts.attention_gate {
+            attn += h * q;
+        }
+        let norms = match self.parts.norms {
+            LayerNorms::PreNorm => 2 * h,
+            LayerNorms::Sandwich { .. } => 3 * h,
+        };
+        let gates = if self.parts.residual_gate.is_some() { 2 * h } else { 0 };
         let dense = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
-        let (sparse_layers, experts) = match &self.mixture {
-            Some(m) => (
-                w(m.num_sparse_layers()),
-                w(m.num_experts) * (3 * h * w(m.expert_size) + h),
-            ),
+        let (sparse_layers, sparse) = match &self.mixture {
+            Some(m) => (w(m.num_sparse_layers()), m.block_parameters(self.hidden_size)),
             None => (0, 0),
         };
-        let layers = w(self.num_layers) * (attn + 2 * h)
+        let layers = w(self.num_layers) * (attn + norms + gates)
             + (w(self.num_layers) - sparse_layers) * dense
-            + sparse_layers * experts;
+            + sparse_layers * sparse;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         i64::try_from(v * h + layers + h + head).unwrap_or(i64::MAX)
     }
@@ -504,7 +555,7 @@ impl ModelConfig {
         };
         let idle = i128::from(m.num_experts - m.experts_per_token)
             * 3
-            * i128::from(self.hidden_size)
+            * i128::from(m.expert_width(self.hidden_size))
             * i128::from(m.expert_size)
             * i128::from(m.num_sparse_layers());
         i64::try_from(i128::from(self.num_parameters()) - idle).unwrap_or(i64::MAX)
@@ -519,7 +570,10 @@ impl ModelConfig {
             None => dense,
             Some(m) => {
                 let sparse = m.num_sparse_layers() as f64;
-                let routed = h * m.num_experts as f64 + 3.0 * h * (m.experts_per_token * m.expert_size) as f64;
+                let width = m.expert_width(self.hidden_size) as f64;
+                let projections = if m.projection.is_some() { 2.0 * h * width } else { 0.0 };
+                let routed =
+                    h * m.num_experts as f64 + projections + 3.0 * width * (m.experts_per_token * m.expert_size) as f64;
                 ((layers - sparse) * dense + sparse * routed) / layers
             }
         }

@@ -13,34 +13,55 @@ use super::feed_forward::FeedForward;
 use super::hooks::ParamUnit;
 use super::layers::{Linear, RmsNorm};
 use super::layout::AttentionLayout;
+use super::logprobs::LmHead;
 use super::moe::Routing;
+use super::norm::Norm;
+use super::parts::LayerNorms;
+use super::residual::Residual;
 use super::rope;
+use super::window::LayoutMasks;
 
-/// `model.layers.{i}`: pre-norm attention and MLP with residuals.
+/// `model.layers.{i}`: attention and the feed-forward block, each normed before (and in a
+/// sandwich layer after) and joined to the residual stream, by the parts the config chose.
 #[derive(Debug)]
 pub struct DecoderLayer {
     /// `self_attn`.
     pub self_attn: Attention,
     /// `mlp`: dense or a mixture of experts.
     pub mlp: FeedForward,
-    /// Norm before attention.
-    pub input_layernorm: RmsNorm,
-    /// Norm before the MLP.
-    pub post_attention_layernorm: RmsNorm,
+    /// Norm before attention (`input_layernorm`).
+    pub input_layernorm: Norm,
+    /// Norm after attention (a sandwich layer's weightless `post_attention_layernorm`).
+    pub post_attention_norm: Option<Norm>,
+    /// Norm before the MLP: `post_attention_layernorm` in a pre-norm layer,
+    /// `pre_feedforward_layernorm` in a sandwich one.
+    pub pre_feedforward_norm: Norm,
+    /// Norm after the MLP (a sandwich layer's `post_feedforward_layernorm`).
+    pub post_feedforward_norm: Option<Norm>,
+    /// How attention joins the residual stream (`post_attention_residual_gate`).
+    pub attention_residual: Residual,
+    /// How the MLP joins it (`post_feedforward_residual_gate`).
+    pub feedforward_residual: Residual,
 }
 
 impl DecoderLayer {
     /// Declares the parameters of layer `index` under `path`.
     pub fn new(path: nn::Path, cfg: &ModelConfig, index: usize) -> Self {
+        let (h, eps, parts) = (cfg.hidden_size, cfg.rms_norm_eps, &cfg.parts);
+        let (post_eps, pre_feedforward) = match parts.norms {
+            LayerNorms::PreNorm => (eps, "post_attention_layernorm"),
+            LayerNorms::Sandwich { post_norm_eps } => (post_norm_eps, "pre_feedforward_layernorm"),
+        };
+        let ((pre_a, post_a), (pre_f, post_f)) = (parts.norms.kinds(true), parts.norms.kinds(false));
         DecoderLayer {
-            self_attn: Attention::new(&path / "self_attn", cfg),
+            self_attn: Attention::new(&path / "self_attn", cfg, index),
             mlp: FeedForward::new(&path / "mlp", cfg, index),
-            input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, cfg.rms_norm_eps),
-            post_attention_layernorm: RmsNorm::new(
-                &path / "post_attention_layernorm",
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            ),
+            input_layernorm: Norm::new(pre_a, &path / "input_layernorm", h, eps),
+            post_attention_norm: post_a.map(|k| Norm::new(k, &path / "post_attention_layernorm", h, post_eps)),
+            pre_feedforward_norm: Norm::new(pre_f, &path / pre_feedforward, h, eps),
+            post_feedforward_norm: post_f.map(|k| Norm::new(k, &path / "post_feedforward_layernorm", h, post_eps)),
+            attention_residual: Residual::new(&path / "post_attention_residual_gate", h, parts.residual_gate),
+            feedforward_residual: Residual::new(&path / "post_feedforward_residual_gate", h, parts.residual_gate),
         }
     }
 
@@ -50,7 +71,11 @@ impl DecoderLayer {
             self_attn: self.self_attn.base_view(),
             mlp: self.mlp.base_view(),
             input_layernorm: self.input_layernorm.base_view(),
-            post_attention_layernorm: self.post_attention_layernorm.base_view(),
+            post_attention_norm: self.post_attention_norm.as_ref().map(Norm::base_view),
+            pre_feedforward_norm: self.pre_feedforward_norm.base_view(),
+            post_feedforward_norm: self.post_feedforward_norm.as_ref().map(Norm::base_view),
+            attention_residual: self.attention_residual.base_view(),
+            feedforward_residual: self.feedforward_residual.base_view(),
         }
     }
 
@@ -77,15 +102,23 @@ impl DecoderLayer {
         kv: &mut KeyValues<'_>,
     ) -> Result<(Tensor, Option<Routing>), ModelError> {
         let ops = kv.cpu_ops();
-        // 1. Pre-norm attention with its residual.
-        let h = x + self
+        let post = |norm: &Option<Norm>, y: Tensor| match norm {
+            Some(n) => n.forward_with(&y, ops),
+            None => y,
+        };
+        // 1. Normed attention (normed after, in a sandwich layer), joined to the residual.
+        let a = self
             .self_attn
             .forward(&self.input_layernorm.forward_with(x, ops), cos, sin, index, kv)?;
-        // 2. Pre-norm feed-forward (dense or routed) with its residual.
-        let (out, routing) = self
+        let h = self.attention_residual.join(x, &post(&self.post_attention_norm, a));
+        // 2. The same for the feed-forward block (dense or routed).
+        let (f, routing) = self
             .mlp
-            .forward_with(&self.post_attention_layernorm.forward_with(&h, ops), ops)?;
-        Ok((h + out, routing))
+            .forward_with(&self.pre_feedforward_norm.forward_with(&h, ops), ops)?;
+        let out = self
+            .feedforward_residual
+            .join(&h, &post(&self.post_feedforward_norm, f));
+        Ok((out, routing))
     }
 }
 
@@ -113,7 +146,10 @@ impl CausalLm {
     /// Declares every parameter in `vs` (zero-initialised; load or initialise them next).
     pub fn new(vs: &nn::VarStore, config: ModelConfig) -> Self {
         let root = vs.root();
-        let model = &root / "model";
+        let model = match config.parts.language_model {
+            true => &root / "model" / "language_model",
+            false => &root / "model",
+        };
         let embed_tokens =
             (&model / "embed_tokens").var("weight", &[config.vocab_size, config.hidden_size], nn::Init::Const(0.0));
         let layers = (0..config.num_layers)
@@ -157,6 +193,24 @@ impl CausalLm {
         Ok(())
     }
 
+    /// Where the decoder's parameters sit in the `state_dict`: `model`, or
+    /// `model.language_model` in a multimodal checkpoint.
+    pub(crate) fn prefix(&self) -> &'static str {
+        match self.config.parts.language_model {
+            true => "model.language_model",
+            false => "model",
+        }
+    }
+
+    /// The LM head with what wraps its logits: what every log-prob and logit of the model
+    /// goes through.
+    pub fn head(&self) -> LmHead<'_> {
+        LmHead {
+            weight: self.lm_head_weight(),
+            softcap: self.config.parts.logit_softcap,
+        }
+    }
+
     /// The LM head matrix `[vocab, hidden]` (the embedding when tied; a `modules_to_save`
     /// copy when an adapter trains it).
     pub fn lm_head_weight(&self) -> &Tensor {
@@ -169,16 +223,16 @@ impl CausalLm {
     /// transformers' buffer name) and each layer's fused q/k/v and gate/up buffers (weights and
     /// biases). What must live on the model's device with the parameters.
     pub fn buffers(&self) -> Vec<(String, &Tensor)> {
-        let mut out = vec![("model.rotary_emb.inv_freq".to_string(), &self.inv_freq)];
+        let mut out = vec![(format!("{}.rotary_emb.inv_freq", self.prefix()), &self.inv_freq)];
         for (i, layer) in self.layers.iter().enumerate() {
             let fused = [
                 ("self_attn.qkv", layer.self_attn.qkv.buffers()),
                 ("mlp.gate_up", layer.mlp.buffers()),
             ];
             for (name, (weight, bias)) in fused.into_iter().filter_map(|(n, f)| Some((n, f?))) {
-                out.push((format!("model.layers.{i}.{name} (fused)"), weight));
+                out.push((format!("{}.layers.{i}.{name} (fused)", self.prefix()), weight));
                 if let Some(b) = bias {
-                    out.push((format!("model.layers.{i}.{name} bias (fused)"), b));
+                    out.push((format!("{}.layers.{i}.{name} bias (fused)", self.prefix()), b));
                 }
             }
         }
@@ -189,12 +243,13 @@ impl CausalLm {
     /// ..., `lm_head`), in the order of the stack.
     pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out: Vec<(String, &mut Linear)> = Vec::new();
+        let prefix = self.prefix();
         for (i, layer) in self.layers.iter_mut().enumerate() {
             for (name, l) in layer.self_attn.linears_mut() {
-                out.push((format!("model.layers.{i}.self_attn.{name}"), l));
+                out.push((format!("{prefix}.layers.{i}.self_attn.{name}"), l));
             }
             for (name, l) in layer.mlp.linears_mut() {
-                out.push((format!("model.layers.{i}.mlp.{name}"), l));
+                out.push((format!("{prefix}.layers.{i}.mlp.{name}"), l));
             }
         }
         if let Some(head) = self.lm_head.as_mut() {
@@ -238,16 +293,19 @@ impl CausalLm {
         layout: &AttentionLayout,
     ) -> Result<Tensor, ModelError> {
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
-        let mask = layout.sdpa_mask(batch, seq, self.device())?;
-        self.run_layers(
-            &ids,
-            position_ids,
-            KeyValues::Layout {
-                layout,
-                mask: mask.as_ref(),
-            },
-            None,
-        )
+        let masks = self.layout_masks(layout, batch, seq)?;
+        self.run_layers(&ids, position_ids, masks.key_values(layout), None)
+    }
+
+    /// The masks a forward of `[batch, seq]` tokens under `layout` needs, the sliding
+    /// layers' included.
+    pub(crate) fn layout_masks(
+        &self,
+        layout: &AttentionLayout,
+        batch: i64,
+        seq: i64,
+    ) -> Result<LayoutMasks, ModelError> {
+        LayoutMasks::new(layout, batch, seq, self.device(), self.config.parts.window())
     }
 
     /// [`CausalLm::forward_hidden`] with every sparse layer's routing, in layer order (empty
@@ -260,13 +318,9 @@ impl CausalLm {
         layout: &AttentionLayout,
     ) -> Result<(Tensor, Vec<Routing>), ModelError> {
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
-        let mask = layout.sdpa_mask(batch, seq, self.device())?;
+        let masks = self.layout_masks(layout, batch, seq)?;
         let mut routes = Vec::new();
-        let kv = KeyValues::Layout {
-            layout,
-            mask: mask.as_ref(),
-        };
-        let hidden = self.run_layers(&ids, position_ids, kv, Some(&mut routes))?;
+        let hidden = self.run_layers(&ids, position_ids, masks.key_values(layout), Some(&mut routes))?;
         Ok((hidden, routes))
     }
 
@@ -310,9 +364,36 @@ impl CausalLm {
         ))
     }
 
-    /// The token embeddings of `ids` `[batch, seq]` -> `[batch, seq, hidden]`.
+    /// The token embeddings of `ids` `[batch, seq]` -> `[batch, seq, hidden]`, normed where
+    /// the model norms them. The padding id's row gets no gradient, as `nn.Embedding`'s
+    /// `padding_idx` (transformers' `pad_token_id`) has it.
     pub(crate) fn embed(&self, ids: &Tensor) -> Tensor {
-        Tensor::embedding(&self.embed_tokens, ids, -1, false, false)
+        // A tower's placeholder (a token the decoder alone never sees with its tower's output)
+        // embeds as token 0, as transformers' multimodal model feeds it to its decoder; rows a
+        // user gives are refused them before (`ModelConfig::tower_token`).
+        let ids = self
+            .config
+            .parts
+            .tower_tokens
+            .iter()
+            .fold(ids.shallow_clone(), |ids, (_, id)| {
+                let at = ids.eq(*id);
+                ids.masked_fill(&at, 0)
+            });
+        let ids = &ids;
+        let pad = self
+            .config
+            .pad_token_id
+            .filter(|p| (0..self.config.vocab_size).contains(p))
+            .unwrap_or(-1);
+        let x = Tensor::embedding(&self.embed_tokens, ids, pad, false, false);
+        match self.config.parts.embedding_norm {
+            true => Norm::Weightless {
+                eps: self.config.rms_norm_eps,
+            }
+            .forward(&x),
+            false => x,
+        }
     }
 
     /// The stack itself: embed `ids` (already validated, on the model's device), every layer
@@ -363,12 +444,15 @@ impl CausalLm {
             )));
         }
         let ids = self.device.put(input_ids)?.f_to_kind(Kind::Int64)?;
+        let window = self.config.parts.window();
+        let sliding_mask = window.map(|w| super::window::window_mask(mask, w)).transpose()?;
         let hidden = self.run_layers(
             &ids,
             position_ids,
             KeyValues::Cache {
                 cache: &mut *cache,
                 mask,
+                sliding_mask: sliding_mask.as_ref(),
             },
             None,
         )?;
@@ -379,13 +463,23 @@ impl CausalLm {
     /// Logits `[..., vocab]` of hidden states `[..., hidden]` (full vocabulary: prefer
     /// [`super::logprobs::target_logprobs`] for long inputs).
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        super::layers::linear(hidden, self.lm_head_weight(), None)
+        let head = self.head();
+        match head.softcap {
+            None => super::layers::linear(hidden, head.weight, None),
+            Some(_) => head.wrap(super::layers::linear(hidden, head.weight, None).to_kind(Kind::Float)),
+        }
     }
 
     /// [`CausalLm::logits`] of the hidden states a cached (generation) forward returned,
     /// through the decode kernel where it applies (`super::cpu_kernels`).
     pub fn decode_logits(&self, hidden: &Tensor) -> Tensor {
-        super::layers::linear_with(hidden, self.lm_head_weight(), None, CpuOps::Kernels)
+        let head = self.head();
+        match head.softcap {
+            None => super::layers::linear_with(hidden, head.weight, None, CpuOps::Kernels),
+            Some(_) => {
+                head.wrap(super::layers::linear_with(hidden, head.weight, None, CpuOps::Kernels).to_kind(Kind::Float))
+            }
+        }
     }
 
     /// Logits `[batch, seq, vocab]` for a forward under `layout`.

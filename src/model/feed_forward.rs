@@ -54,11 +54,12 @@ impl FeedForward {
     }
 
     /// The linear layers an adapter may wrap, by name within the block (a mixture's experts
-    /// are 3-d tensors, not linear layers; its router is not one in transformers either).
+    /// are 3-d tensors, not linear layers; its router is not one in transformers either; Muse
+    /// Spark's projections around the experts are).
     pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         match self {
             FeedForward::Dense(m) => m.linears_mut().into(),
-            FeedForward::Sparse(_) => Vec::new(),
+            FeedForward::Sparse(m) => m.linears_mut(),
         }
     }
 
@@ -66,7 +67,7 @@ impl FeedForward {
     pub(crate) fn linears(&self) -> Vec<&Linear> {
         match self {
             FeedForward::Dense(m) => m.linears().into(),
-            FeedForward::Sparse(_) => Vec::new(),
+            FeedForward::Sparse(m) => m.linears(),
         }
     }
 

@@ -139,6 +139,11 @@ impl RmsNorm {
         }
     }
 
+    /// A norm over an already declared `weight`.
+    pub(crate) fn from_weight(weight: Tensor, eps: f64) -> Self {
+        RmsNorm { weight, eps }
+    }
+
     /// The same weight tensor (shared, not copied).
     pub fn base_view(&self) -> RmsNorm {
         RmsNorm {

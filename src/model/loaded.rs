@@ -177,6 +177,13 @@ impl Model {
     /// attention); same numbers as scoring each alone.
     pub fn score_packed(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>, ModelError> {
         privateuse1::checked(self.device(), || {
+            if let Some((i, why)) = rows
+                .iter()
+                .enumerate()
+                .find_map(|(i, r)| Some((i, self.lm.config.tower_token(r)?)))
+            {
+                return Err(ModelError::Input(format!("row {i}: {why}")));
+            }
             let lengths: Vec<i64> = rows.iter().map(|r| r.len() as i64).collect();
             let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
             if flat.is_empty() {
@@ -200,12 +207,7 @@ impl Model {
             }
             let h = hidden.squeeze_dim(0).f_index_select(0, &device.from_slice(&src)?)?;
             let lp = tch::no_grad(|| {
-                target_logprobs(
-                    &h,
-                    self.lm.lm_head_weight(),
-                    &Tensor::from_slice(&tgt),
-                    LogprobChunks::default(),
-                )
+                target_logprobs(&h, self.lm.head(), &Tensor::from_slice(&tgt), LogprobChunks::default())
             })?;
             let values = Vec::<f32>::try_from(&Device::to_host(&lp)?)?;
             let mut out = Vec::with_capacity(rows.len());

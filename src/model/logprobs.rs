@@ -3,7 +3,40 @@
 use tch::{Kind, Tensor};
 
 use super::error::ModelError;
+use super::parts::LogitSoftcap;
 use crate::device::Device;
+
+/// The LM head: its weight `[vocab, hidden]` and what wraps its products (Muse Spark's
+/// softcap). A bare weight converts into a head without one.
+#[derive(Debug, Clone, Copy)]
+pub struct LmHead<'a> {
+    /// `[vocab, hidden]`.
+    pub weight: &'a Tensor,
+    /// Applied to every logit.
+    pub softcap: Option<LogitSoftcap>,
+}
+
+impl<'a> From<&'a Tensor> for LmHead<'a> {
+    fn from(weight: &'a Tensor) -> Self {
+        LmHead { weight, softcap: None }
+    }
+}
+
+impl LmHead<'_> {
+    /// Vocabulary rows.
+    pub(crate) fn vocab(&self) -> i64 {
+        self.weight.size()[0]
+    }
+
+    /// `logits` (f32, the raw products) as the model ends them: `cap * tanh(logits * m / cap)`
+    /// where the head has a softcap, as transformers orders the ops.
+    pub(crate) fn wrap(&self, logits: Tensor) -> Tensor {
+        match self.softcap {
+            Some(LogitSoftcap { multiplier, cap }) => ((logits * multiplier) / cap).tanh() * cap,
+            None => logits,
+        }
+    }
+}
 
 /// Token and vocabulary chunk sizes for [`target_logprobs`].
 #[derive(Debug, Clone, Copy)]
@@ -30,25 +63,25 @@ impl Default for LogprobChunks {
 /// `tokens x vocab` chunk-sized instead of `n x vocab` (at 32K tokens and a 151K vocabulary the
 /// full f32 logits would be 19 GiB). Differentiable: under autograd each chunk's graph is kept
 /// for backward, so memory savings then apply to the forward peak only.
-pub fn target_logprobs(
+pub fn target_logprobs<'a>(
     hidden: &Tensor,
-    lm_head: &Tensor,
+    lm_head: impl Into<LmHead<'a>>,
     targets: &Tensor,
     chunks: LogprobChunks,
 ) -> Result<Tensor, ModelError> {
-    Ok(head_pass(hidden, lm_head, targets, chunks, Entropy::Skip)?.0)
+    Ok(head_pass(hidden, lm_head.into(), targets, chunks, Entropy::Skip)?.0)
 }
 
 /// [`target_logprobs`] and each row's entropy `-sum_v p_v log p_v` `[n]` (f32, nats, without
 /// gradient), both from the same chunks of logits: one pass over the LM head instead of two
 /// (GRPO reports the policy's entropy every update, and its `top_entropy_quantile` trains on it).
-pub fn target_logprobs_and_entropy(
+pub fn target_logprobs_and_entropy<'a>(
     hidden: &Tensor,
-    lm_head: &Tensor,
+    lm_head: impl Into<LmHead<'a>>,
     targets: &Tensor,
     chunks: LogprobChunks,
 ) -> Result<(Tensor, Tensor), ModelError> {
-    let (logprobs, entropy) = head_pass(hidden, lm_head, targets, chunks, Entropy::Compute)?;
+    let (logprobs, entropy) = head_pass(hidden, lm_head.into(), targets, chunks, Entropy::Compute)?;
     let entropy = match entropy {
         Some(e) => e,
         None => Device::of(hidden).zeros(&[0], Kind::Float)?,
@@ -67,13 +100,13 @@ enum Entropy {
 /// token chunk; `None` for the entropies of an empty input.
 fn head_pass(
     hidden: &Tensor,
-    lm_head: &Tensor,
+    lm_head: LmHead<'_>,
     targets: &Tensor,
     chunks: LogprobChunks,
     entropy: Entropy,
 ) -> Result<(Tensor, Option<Tensor>), ModelError> {
     let n = hidden.size()[0];
-    let targets = checked_targets(hidden, lm_head, targets)?;
+    let targets = checked_targets(hidden, lm_head.vocab(), targets)?;
     if n == 0 {
         return Ok((Device::of(hidden).zeros(&[0], Kind::Float)?, None));
     }
@@ -83,8 +116,8 @@ fn head_pass(
         let len = chunks.tokens.max(1).min(n - start);
         let h = hidden.narrow(0, start, len).to_kind(Kind::Float);
         let t = targets.narrow(0, start, len);
-        let target_rows = lm_head.index_select(0, &t).to_kind(Kind::Float);
-        let target_logit = (&h * target_rows).sum_dim_intlist(-1, false, Kind::Float);
+        let target_rows = lm_head.weight.index_select(0, &t).to_kind(Kind::Float);
+        let target_logit = lm_head.wrap((&h * target_rows).sum_dim_intlist(-1, false, Kind::Float));
         let softmax = RunningSoftmax::over_vocabulary(&h, lm_head, chunks.vocab.max(1), entropy);
         logprobs.push(target_logit - softmax.log_normalizer());
         entropies.extend(softmax.entropy());
@@ -95,9 +128,9 @@ fn head_pass(
 }
 
 /// `targets` `[n]` as int64 on `hidden`'s device, checked against `hidden` `[n, h]` and the
-/// vocabulary of `lm_head` `[vocab, h]`.
-fn checked_targets(hidden: &Tensor, lm_head: &Tensor, targets: &Tensor) -> Result<Tensor, ModelError> {
-    let (n, vocab) = (hidden.size()[0], lm_head.size()[0]);
+/// vocabulary `vocab`.
+fn checked_targets(hidden: &Tensor, vocab: i64, targets: &Tensor) -> Result<Tensor, ModelError> {
+    let n = hidden.size()[0];
     if targets.size() != [n] {
         return Err(ModelError::Input(format!(
             "targets has shape {:?}, expected [{n}]",
@@ -131,13 +164,13 @@ struct RunningSoftmax {
 impl RunningSoftmax {
     /// Over the f32 logits `h W^T` of `h` `[tokens, hidden]` (f32), `vocab_chunk` rows of `w`
     /// at a time, each converted to f32 on its own (never the whole head at once).
-    fn over_vocabulary(h: &Tensor, w: &Tensor, vocab_chunk: i64, entropy: Entropy) -> Self {
-        let vocab = w.size()[0];
+    fn over_vocabulary(h: &Tensor, head: LmHead<'_>, vocab_chunk: i64, entropy: Entropy) -> Self {
+        let (w, vocab) = (head.weight, head.vocab());
         let mut running: Option<RunningSoftmax> = None;
         let mut v0 = 0;
         while v0 < vocab {
             let vl = vocab_chunk.min(vocab - v0);
-            let logits = h.matmul(&w.narrow(0, v0, vl).to_kind(Kind::Float).transpose(0, 1));
+            let logits = head.wrap(h.matmul(&w.narrow(0, v0, vl).to_kind(Kind::Float).transpose(0, 1)));
             running = Some(match running {
                 None => RunningSoftmax::first(&logits, entropy),
                 Some(r) => r.add(&logits),
@@ -202,10 +235,16 @@ fn weighted_shift(exp: &Tensor, shifted_logits: &Tensor) -> Tensor {
 const HEAD_SLICE: i64 = 16384;
 
 /// The f32 logits `h W^T` `[rows, vocab]` of `h` `[rows, hidden]` (any float dtype) and the head
-/// `lm_head` `[vocab, hidden]`: one product for an f32 head; otherwise the head converted
-/// [`HEAD_SLICE`] rows at a time, so no f32 copy of a bf16 head (1.2 GB at Qwen3's vocabulary)
-/// is made per call. Differentiable.
-pub(crate) fn head_logits(h: &Tensor, lm_head: &Tensor) -> Result<Tensor, tch::TchError> {
+/// `lm_head` (`W` `[vocab, hidden]`, its softcap applied): one product for an f32 head;
+/// otherwise the head converted [`HEAD_SLICE`] rows at a time, so no f32 copy of a bf16 head
+/// (1.2 GB at Qwen3's vocabulary) is made per call. Differentiable.
+pub(crate) fn head_logits<'a>(h: &Tensor, lm_head: impl Into<LmHead<'a>>) -> Result<Tensor, tch::TchError> {
+    let head = lm_head.into();
+    Ok(head.wrap(raw_head_logits(h, head.weight)?))
+}
+
+/// [`head_logits`] without the softcap.
+fn raw_head_logits(h: &Tensor, lm_head: &Tensor) -> Result<Tensor, tch::TchError> {
     let h = h.f_to_kind(Kind::Float)?;
     if lm_head.kind() == Kind::Float {
         return h.f_matmul(&lm_head.f_tr()?);
@@ -230,14 +269,15 @@ pub(crate) fn head_logits(h: &Tensor, lm_head: &Tensor) -> Result<Tensor, tch::T
 ///
 /// # Shapes
 /// `hidden` `[n, h]`, `lm_head` `[vocab, h]`, `targets` `[n]`.
-pub fn nll_backward_chunked(
+pub fn nll_backward_chunked<'a>(
     hidden: &Tensor,
-    lm_head: &Tensor,
+    lm_head: impl Into<LmHead<'a>>,
     targets: &Tensor,
     scale: f64,
     chunks: LogprobChunks,
 ) -> Result<(f64, Option<Tensor>), ModelError> {
     let n = hidden.size()[0];
+    let lm_head = lm_head.into();
     let leaf = hidden.detach().set_requires_grad(true);
     let (mut total, mut start, step) = (0.0, 0, chunks.tokens.max(1));
     while start < n {

@@ -1,5 +1,5 @@
-//! Decoder-only language models (Qwen3, Qwen2/2.5, Llama, Qwen3-MoE) in tch, loaded from Hugging
-//! Face checkpoints.
+//! Decoder-only language models (Qwen3, Qwen2/2.5, Llama, Qwen3-MoE, Muse Spark's text decoder)
+//! in tch, loaded from Hugging Face checkpoints.
 //!
 //! - [`HfConfig`] mirrors `config.json`; [`HfConfig::validate`] turns it into a [`ModelConfig`]
 //!   or an error naming the unsupported field.
@@ -13,14 +13,19 @@
 //!   [`Model::load_adapter`].
 //! - [`FeedForward`]: a layer's feed-forward block, dense or a [`moe`] mixture of experts,
 //!   chosen per layer from the config.
+//! - [`DecoderParts`]: everything else that differs between families (q/k norms, norm and
+//!   residual kinds, sliding windows and NoPE layers, the embedding's norm, the logits'
+//!   softcap), chosen once from the config; [`Norm`], [`Residual`] and the windowed masks
+//!   (`window`) are its parts.
 //!
 //! # What is supported, and how it is checked
 //!
 //! Qwen3 (q/k RMSNorm), Qwen2/2.5 (q/k/v bias), Llama (RoPE scaling `llama3` and `linear`) and
-//! Qwen3-MoE (Qwen3's attention, routed experts in the sparse layers),
-//! grouped-query attention, tied or untied embeddings. [`HfConfig`] reads transformers 4 and 5
+//! Qwen3-MoE (Qwen3's attention, routed experts in the sparse layers), Muse Spark Open's text
+//! decoder (`muse_spark`: its `text_config`, the towers skipped at load and carried through
+//! saves), grouped-query attention, tied or untied embeddings. [`HfConfig`] reads transformers 4 and 5
 //! spellings (`rope_theta` / `rope_scaling` or `rope_parameters`, `torch_dtype` or `dtype`,
-//! `eos_token_id` int or list); anything unsupported (sliding windows, other RoPE types, other
+//! `eos_token_id` int or list); anything unsupported (sliding windows outside Muse Spark, other RoPE types, other
 //! activations) is an error naming the field. Sharded safetensors load through
 //! `model.safetensors.index.json`; pickle weights are refused.
 //!
@@ -29,7 +34,9 @@
 //! in fp32 for Qwen3, Qwen3 tied with GQA (a bf16 file), Qwen2 (sharded), Llama 3 scaling (a v4
 //! config) and Llama linear scaling with biases; Qwen3-MoE's logits, greedy generation,
 //! load-balancing loss and gradients in both checkpoint layouts (`tests/moe.rs`, fixtures made
-//! by `scripts/fixtures/make_moe_fixtures.py`). A checkpoint saved by treetrain loads in
+//! by `scripts/fixtures/make_moe_fixtures.py`); Muse Spark's log-probs, greedy generation past
+//! its window, gradients and PEFT adapters (`tests/muse_spark.rs`, fixtures made by
+//! `scripts/fixtures/make_muse_fixtures.py`). A checkpoint saved by treetrain loads in
 //! transformers with no missing or unexpected weights and the same log-probs
 //! (`tests/model_save.rs`).
 
@@ -50,8 +57,13 @@ mod logprobs;
 pub mod lora;
 mod mlp;
 pub mod moe;
+mod muse_spark;
+mod norm;
+mod parts;
+mod passthrough;
 mod projection;
 mod recompute;
+mod residual;
 mod rope;
 mod safetensors_out;
 mod save;
@@ -61,10 +73,11 @@ mod special;
 mod truncation;
 mod view;
 mod weights;
+mod window;
 
 pub(crate) use crate::device::parse_kind;
 pub use crate::device::{Dtype, DtypeSetting, UnknownDtype};
-pub use attention::{Attention, KeyValues};
+pub use attention::{Attention, KeyValues, OutputGate};
 pub(crate) use cache::DynamicCache;
 pub use cache::{KvCache, StaticCache};
 pub use config::{Architecture, HfConfig, ModelConfig, OneOrMany, RopeScaling};
@@ -79,10 +92,13 @@ pub use layers::{Linear, LinearAdapter, RmsNorm};
 pub use layout::{AttentionLayout, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch, SegmentLayout};
 pub use loaded::{LoadOptions, Model, TrainingMode};
 pub(crate) use logprobs::head_logits;
-pub use logprobs::{LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
+pub use logprobs::{LmHead, LogprobChunks, nll_backward_chunked, target_logprobs, target_logprobs_and_entropy};
 pub use mlp::Mlp;
+pub use norm::Norm;
+pub use parts::{DecoderParts, LayerAttention, LayerNorms, LogitSoftcap, QkNorm};
 pub use projection::{Projected, Projections};
 pub use recompute::{Activations, Inputs};
+pub use residual::Residual;
 pub(crate) use safetensors_out::SafetensorsOut;
 pub use save::{kind_name, refuse_overlap};
 pub use sdpa::{AttentionCall, SdpaKernel, sdpa_kernels};
@@ -91,3 +107,4 @@ pub use special::SpecialTokens;
 pub use truncation::Truncation;
 pub use weights::write_safetensors;
 pub(crate) use weights::{all_finite, load_into, weights_fingerprint, write_json};
+pub use window::Masked;

@@ -92,12 +92,9 @@ impl CausalLm {
         let keep = activations == Activations::Kept;
         // 1. Inputs, RoPE and mask as the plain forward makes them.
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
-        let mask = layout.sdpa_mask(batch, seq, self.device())?;
+        let masks = self.layout_masks(layout, batch, seq)?;
         let (cos, sin) = self.rope(position_ids)?;
-        let kv = || KeyValues::Layout {
-            layout,
-            mask: mask.as_ref(),
-        };
+        let kv = || masks.key_values(layout);
         // 2. The stack, keeping each layer's input [batch, seq, hidden] (a leaf, with the
         //    layer's output when kept) and where the dropout stream stood when it ran; every
         //    sparse layer's choices counted.
@@ -141,11 +138,15 @@ impl CausalLm {
         Ok((out, tally.map(|t| t.value()).transpose()?))
     }
 
-    /// The tally of `router` for this model: none for a dense one or without a coefficient.
+    /// The tally of `router` for this model: none for a dense one, without a coefficient, or
+    /// for a family whose reference adds no load-balancing loss (Muse Spark).
     fn router_tally(&self, router: Option<&RouterLoss>, tokens: i64) -> Result<Option<RouterTally>, ModelError> {
         let (Some(router), Some(mixture)) = (router, &self.config.mixture) else {
             return Ok(None);
         };
+        if !mixture.load_balancing {
+            return Ok(None);
+        }
         let device = self.embed_tokens.device();
         let shape = (mixture.experts_per_token, mixture.num_experts);
         RouterTally::of(router, tokens, shape, device).map(Some)

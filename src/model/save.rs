@@ -159,7 +159,9 @@ impl Model {
     fn write_files(&self, dir: &Path, tokenizer_from: Option<&Path>) -> Result<(), ModelError> {
         self.check_finite()?;
         self.write_config_files(dir, tokenizer_from)?;
-        write_safetensors(&dir.join("model.safetensors"), &self.vs.variables(), self.kind())
+        let mut tensors = self.vs.variables();
+        tensors.extend(self.passthrough_tensors()?);
+        write_safetensors(&dir.join("model.safetensors"), &tensors, self.kind())
     }
 
     /// `config.json` and `generation_config.json` (the weights' dtype), and the tokenizer files
@@ -174,13 +176,19 @@ impl Model {
             cfg.torch_dtype = Some(kind_name(kind).into());
         }
         let json = |v: &serde_json::Value, file: &str| write_json(&dir.join(file), v);
-        json(
-            &serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
+        let config = match &cfg.wrapper {
+            // A multimodal checkpoint's own config.json, the weights' dtype updated.
+            Some(outer) => {
+                let mut outer = outer.clone();
+                outer["dtype"] = kind_name(kind).into();
+                outer
+            }
+            None => serde_json::to_value(&cfg).map_err(|e| ModelError::Json {
                 path: dir.join("config.json"),
                 message: e.to_string(),
             })?,
-            "config.json",
-        )?;
+        };
+        json(&config, "config.json")?;
         let c = &self.lm.config;
         let mut generation = serde_json::Map::new();
         if let Some(b) = c.bos_token_id {
@@ -217,10 +225,16 @@ impl Model {
         for name in vars.keys() {
             units.entry(ParamUnit::of(name)).or_default().push(name);
         }
+        // The towers a multimodal checkpoint carries past the decoder go last (the writer's).
+        let passthrough = match file {
+            Some(_) => self.passthrough_tensors()?,
+            None => Vec::new(),
+        };
         let entries = units
             .values()
             .flatten()
             .map(|n| ((*n).clone(), vars[*n].size()))
+            .chain(passthrough.iter().map(|(n, t)| (n.clone(), t.size())))
             .collect();
         let mut out = file
             .map(|f| SafetensorsOut::create(f, entries, self.kind(), &[]))
@@ -236,7 +250,13 @@ impl Model {
             self.lm.release(unit)?;
         }
         self.lm.release_all()?;
-        out?.map_or(Ok(()), SafetensorsOut::finish)
+        let mut out = out?;
+        if let Some(writer) = &mut out {
+            for (_, t) in &passthrough {
+                writer.write(t)?;
+            }
+        }
+        out.map_or(Ok(()), SafetensorsOut::finish)
     }
 }
 

@@ -156,10 +156,19 @@ pub(crate) fn load_into(vs: &nn::VarStore, files: &[PathBuf], dir: &Path) -> Res
 }
 
 /// Checkpoint tensors a model may lack on purpose: RoPE's cached inverse frequencies (older
-/// transformers saved them) and an LM head a tied model takes from its embedding.
+/// transformers saved them), an LM head a tied model takes from its embedding, and in a
+/// multimodal checkpoint whose text decoder alone is loaded, everything of `model` outside
+/// `model.language_model` (the vision and audio towers and their projections), and in an
+/// adapter for one, PEFT's LoRA tensors on those towers (a text-only model never runs them).
 fn ignorable(name: &str, vars: &std::collections::HashMap<String, Tensor>) -> bool {
+    let tower = |model: &str| {
+        let decoder = format!("{model}language_model.");
+        vars.keys().any(|k| k.starts_with(&decoder)) && name.starts_with(model) && !name.starts_with(&decoder)
+    };
     name.ends_with("rotary_emb.inv_freq")
         || (name == "lm_head.weight" && vars.contains_key("model.embed_tokens.weight"))
+        || tower("model.")
+        || tower("base_model.model.model.")
 }
 
 /// Whether every value of `t` is finite (integer tensors always are).

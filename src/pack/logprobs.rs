@@ -6,7 +6,9 @@ use tch::{Kind, Tensor};
 use super::row::PackedRow;
 use crate::device::Device;
 use crate::model::Truncation;
-use crate::model::{CausalLm, LogprobChunks, ModelError, head_logits, target_logprobs, target_logprobs_and_entropy};
+use crate::model::{
+    CausalLm, LmHead, LogprobChunks, ModelError, head_logits, target_logprobs, target_logprobs_and_entropy,
+};
 
 /// The distinct `(position, target)` pairs of a row's loss terms. A token trained in several
 /// rollouts that share it in the tree is several terms with one hidden state and one target, so
@@ -83,11 +85,11 @@ impl DistinctTerms {
     /// `softmax(logits / T)` with `truncation` replayed ([`Truncation::logprobs`]).
     pub(crate) fn logprobs(
         &self,
-        lm_head: &Tensor,
+        lm_head: LmHead<'_>,
         chunks: LogprobChunks,
         truncation: &Truncation,
     ) -> Result<Tensor, ModelError> {
-        let per_pair = match truncation.truncates(lm_head.size()[0]) {
+        let per_pair = match truncation.truncates(lm_head.vocab()) {
             true => self.truncated_pass(lm_head, chunks, truncation)?.0,
             false => target_logprobs(&self.hidden, lm_head, &self.targets, chunks)?,
         };
@@ -97,7 +99,7 @@ impl DistinctTerms {
     /// The policy's entropy at every pair `[U]` (f32) with its gradient, for an entropy bonus:
     /// each chunk's full logits are kept until backward, as a plain `log_softmax` over the
     /// vocabulary keeps them.
-    pub(crate) fn entropies_with_grad(&self, lm_head: &Tensor, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
+    pub(crate) fn entropies_with_grad(&self, lm_head: LmHead<'_>, chunks: LogprobChunks) -> Result<Tensor, ModelError> {
         let mut out = Vec::new();
         self.for_each_logit_chunk(lm_head, chunks, |_, logits| {
             out.push(entropy_of(&logits.f_log_softmax(-1, Kind::Float)?)?);
@@ -114,11 +116,11 @@ impl DistinctTerms {
     /// LM head.
     pub(crate) fn logprobs_and_entropies(
         &self,
-        lm_head: &Tensor,
+        lm_head: LmHead<'_>,
         chunks: LogprobChunks,
         truncation: &Truncation,
     ) -> Result<(Tensor, Tensor), ModelError> {
-        let (per_pair, entropies) = match truncation.truncates(lm_head.size()[0]) {
+        let (per_pair, entropies) = match truncation.truncates(lm_head.vocab()) {
             true => self.truncated_pass(lm_head, chunks, truncation)?,
             false => target_logprobs_and_entropy(&self.hidden, lm_head, &self.targets, chunks)?,
         };
@@ -129,7 +131,7 @@ impl DistinctTerms {
     /// (the kept set depends on the whole row).
     fn truncated_pass(
         &self,
-        lm_head: &Tensor,
+        lm_head: LmHead<'_>,
         chunks: LogprobChunks,
         truncation: &Truncation,
     ) -> Result<(Tensor, Tensor), ModelError> {
@@ -154,11 +156,11 @@ impl DistinctTerms {
     /// chunks.vocab` logits hold.
     fn for_each_logit_chunk(
         &self,
-        lm_head: &Tensor,
+        lm_head: LmHead<'_>,
         chunks: LogprobChunks,
         mut f: impl FnMut(i64, &Tensor) -> Result<(), ModelError>,
     ) -> Result<(), ModelError> {
-        let (n, vocab) = (self.hidden.size()[0], lm_head.size()[0]);
+        let (n, vocab) = (self.hidden.size()[0], lm_head.vocab());
         let rows = (chunks.tokens.max(1) * chunks.vocab.max(1) / vocab.max(1)).clamp(1, chunks.tokens.max(1));
         let mut start = 0;
         while start < n {
@@ -199,13 +201,13 @@ impl DistinctTerms {
     /// [`DistinctTerms::logprobs`] under `truncation`, the entropies untruncated.
     pub(crate) fn backward_head(
         &self,
-        lm_head: &Tensor,
+        lm_head: LmHead<'_>,
         chunks: LogprobChunks,
         truncation: &Truncation,
         grad_logprobs: &Tensor,
         grad_entropies: Option<&Tensor>,
     ) -> Result<(), ModelError> {
-        let truncates = truncation.truncates(lm_head.size()[0]);
+        let truncates = truncation.truncates(lm_head.vocab());
         let targets = Device::of(&self.hidden).put(&self.targets)?;
         let grad_entropies = grad_entropies.filter(|g| g.defined());
         self.for_each_logit_chunk(lm_head, chunks, |start, logits| {
@@ -243,7 +245,7 @@ pub(crate) fn row_logprobs_at(
     temperature: f64,
     truncation: &Truncation,
 ) -> Result<Tensor, ModelError> {
-    distinct_terms(model, row, temperature)?.logprobs(model.lm_head_weight(), chunks, truncation)
+    distinct_terms(model, row, temperature)?.logprobs(model.head(), chunks, truncation)
 }
 
 /// `sum_i weights[i] * entropy_i` of per-pair entropies `[U]`.

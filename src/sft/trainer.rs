@@ -14,7 +14,8 @@ use super::tokenize::TrainExample;
 use crate::distributed::share;
 use crate::model::moe::RouterLoss;
 use crate::model::{
-    Activations, AttentionLayout, Inputs, LogprobChunks, Model, Pass, nll_backward_chunked, target_logprobs,
+    Activations, AttentionLayout, Inputs, LogprobChunks, Model, ModelConfig, Pass, nll_backward_chunked,
+    target_logprobs,
 };
 use crate::shapes::ShapeLedger;
 use crate::tokenizer::Tokenizer;
@@ -138,7 +139,7 @@ impl SftTrainer {
         let checkpoint = checkpoint.as_deref();
         let mut core = TrainCore::load(&config.train, checkpoint)?;
         core.logs.set_settings(&config);
-        let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer, core.model.lm.config.vocab_size)?;
+        let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer, &core.model.lm.config)?;
         let total_rows = rows.len();
         let (train, eval) = split_held_out(rows, &config);
         if config.train.output.eval_steps.is_some() && eval.is_empty() {
@@ -258,15 +259,7 @@ impl SftTrainer {
             // [loss sum, real tokens, forwarded tokens, aux loss sum, forwards with an aux loss]
             // of this rank, then of the whole world.
             let mut sums = [0.0; 5];
-            // Each micro-batch's forward adds the router's loss over its own tokens: the mean
-            // over the forwards of the window's micro-batches on every rank (an idle pass adds
-            // none) is what the gradient holds, as the logged mean is.
-            let size = self.core.world.size;
-            let forwards = window
-                .iter()
-                .map(|mb| (0..size).filter(|&r| !share(mb.len(), r, size).is_empty()).count())
-                .sum::<usize>();
-            let coef = self.config.train.router_aux_loss_coef / forwards.max(1) as f64;
+            let coef = self.router_coef(&window);
             let training = self.core.model.training();
             let activations = Activations::from_checkpointing(self.config.train.precision.gradient_checkpointing);
             // Every rank makes a pass (or an idle one) per micro-batch.
@@ -413,6 +406,24 @@ impl Trainer for SftTrainer {
     }
 }
 
+impl SftTrainer {
+    /// The router loss's weight on each forward of `window`: each micro-batch's forward adds
+    /// the loss over its own tokens, and the mean over the forwards of the window's
+    /// micro-batches on every rank (an idle pass adds none) is what the gradient holds, as the
+    /// logged mean is. 0 for a model whose family has no such loss.
+    fn router_coef(&self, window: &[MicroBatch]) -> f64 {
+        if !self.core.model.lm.config.load_balancing() {
+            return 0.0;
+        }
+        let size = self.core.world.size;
+        let forwards = window
+            .iter()
+            .map(|mb| (0..size).filter(|&r| !share(mb.len(), r, size).is_empty()).count())
+            .sum::<usize>();
+        self.config.train.router_aux_loss_coef / forwards.max(1) as f64
+    }
+}
+
 /// Every row of the dataset tokenized; malformed rows are an error naming them, or counted and
 /// skipped under `skip_invalid_rows`.
 /// Every row tokenized; a row whose ids the model's embedding lacks (a tokenizer larger than
@@ -420,8 +431,9 @@ impl Trainer for SftTrainer {
 fn tokenized_rows(
     config: &SftConfig,
     tokenizer: &Tokenizer,
-    vocab_size: i64,
+    model: &ModelConfig,
 ) -> Result<(Vec<TrainExample>, usize), TrainError> {
+    let vocab_size = model.vocab_size;
     let ds = TrainCore::open_dataset(&config.train)?;
     let skip = config.train.data.skip_invalid_rows;
     let (mut rows, mut skipped, mut skipped_examples) = (Vec::new(), 0, 0);
@@ -432,7 +444,13 @@ fn tokenized_rows(
                 "{}: row {i} (0-based) tokenizes to id {id}, outside the model's vocab_size {vocab_size}",
                 config.train.data.dataset.display()
             )),
-            None => Ok(t),
+            None => match model.tower_token(&t.input_ids) {
+                Some(why) => Err(format!(
+                    "{}: row {i} (0-based): {why}",
+                    config.train.data.dataset.display()
+                )),
+                None => Ok(t),
+            },
         };
         match tokenize(tokenizer, &ex, i, &config.tokenize).and_then(in_vocab) {
             Ok(t) => rows.push(t),
@@ -517,7 +535,7 @@ fn backward_nll(
         .forward_backward_routed(inputs, pass.activations, router.as_ref(), |hidden| {
             let h = trained_hidden(model, hidden, b)?;
             let targets = Tensor::from_slice(&b.tgt);
-            let (sum, rest) = nll_backward_chunked(&h, model.lm.lm_head_weight(), &targets, 1.0 / pass.tokens, chunks)?;
+            let (sum, rest) = nll_backward_chunked(&h, model.lm.head(), &targets, 1.0 / pass.tokens, chunks)?;
             Ok((rest, sum))
         })?)
 }
@@ -558,7 +576,7 @@ fn nll_of(model: &Model, hidden: &Tensor, b: &BatchTensors) -> Result<Tensor, cr
     let h = trained_hidden(model, hidden, b)?;
     let lp = target_logprobs(
         &h,
-        model.lm.lm_head_weight(),
+        model.lm.head(),
         &Tensor::from_slice(&b.tgt),
         LogprobChunks::default(),
     )?;

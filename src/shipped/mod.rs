@@ -67,3 +67,9 @@ pub fn tiny_model_dir() -> Result<PathBuf, crate::model::ModelError> {
 pub fn tiny_mixture_dir() -> Result<PathBuf, crate::model::ModelError> {
     tiny_model::ensure_weights(&datasets_dir().join("tiny-qwen3-moe"))
 }
+
+/// The shipped tiny Muse Spark's folder (`tiny_model::muse_spark_config`), with weights made on
+/// first use.
+pub fn tiny_muse_spark_dir() -> Result<PathBuf, crate::model::ModelError> {
+    tiny_model::ensure_weights(&datasets_dir().join("tiny-muse-spark"))
+}

@@ -198,6 +198,66 @@ pub fn write_mixture_files(dir: &Path) -> Result<(), String> {
     std::fs::write(dir.join("config.json"), text + "\n").map_err(|e| e.to_string())
 }
 
+/// `config.json` of the tiny Muse Spark (`tiny-muse-spark`): Muse Spark's text decoder at the
+/// tiny model's attention sizes, a window of 32 positions on layers 0 to 2 (layer 3 full and
+/// without RoPE, as the released checkpoint's every fourth), layer 0 dense and layers 1 to 3
+/// with 8 sigmoid-routed experts of width 128, 2 a token, at a width of 128 between the
+/// projections. The towers' placeholder ids are the released checkpoint's, outside this
+/// vocabulary; no tower is configured (treetrain loads none).
+pub fn muse_spark_config(eos_id: i64, pad_id: i64) -> serde_json::Value {
+    let base = config(eos_id, pad_id);
+    let mut text = serde_json::json!({
+        "model_type": "muse_spark_text",
+        "sliding_window": 32,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "moe_hidden_size": 128,
+        "routed_scaling_factor": 1.0,
+        "output_multiplier": 0.5,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": false,
+        "bos_token_id": null,
+    });
+    for key in [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_parameters",
+        "eos_token_id",
+        "pad_token_id",
+        "initializer_range",
+    ] {
+        text[key] = base[key].clone();
+    }
+    serde_json::json!({
+        "architectures": ["MuseSparkForConditionalGeneration"],
+        "model_type": "muse_spark",
+        "text_config": text,
+        "tie_word_embeddings": false,
+        "dtype": "float32",
+    })
+}
+
+/// Writes the tiny Muse Spark's files into `dir`: the tiny model's, with [`muse_spark_config`].
+pub fn write_muse_spark_files(dir: &Path) -> Result<(), String> {
+    write_model_files(dir)?;
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    let id = |key: &str| config[key].as_i64().ok_or_else(|| format!("config.json lacks {key}"));
+    let text = serde_json::to_string_pretty(&muse_spark_config(id("eos_token_id")?, id("pad_token_id")?))
+        .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("config.json"), text + "\n").map_err(|e| e.to_string())
+}
+
 /// The tiny model's folder, checked loadable (its weights are made from the seed in
 /// `treetrain_init.json` on first load).
 pub(crate) fn ensure_weights(dir: &Path) -> Result<PathBuf, ModelError> {

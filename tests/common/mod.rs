@@ -200,6 +200,7 @@ pub fn take_grads(m: &Model) -> Vec<(String, Tensor)> {
     let mut grads: Vec<(String, Tensor)> =
         m.vs.variables()
             .into_iter()
+            .filter(|(_, v)| v.requires_grad())
             .map(|(k, v)| (k, v.grad().copy()))
             .collect();
     grads.sort_by(|a, b| a.0.cmp(&b.0));

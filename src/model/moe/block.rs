@@ -1,5 +1,6 @@
-//! Qwen3-MoE's sparse block: route each token, run its experts, weight and sum them. No shared
-//! experts; the output is not scaled further.
+//! A sparse layer's block: route each token, run its experts, weight and sum them. Qwen3-MoE's
+//! runs the experts at the model's width; Muse Spark's projects down to `moe_hidden_size` and
+//! norms first, and projects back after. No shared experts; the output is not scaled further.
 
 use tch::{Tensor, nn};
 
@@ -7,6 +8,19 @@ use super::config::MixtureConfig;
 use super::experts::Experts;
 use super::router::{Router, Routing};
 use crate::model::error::ModelError;
+use crate::model::layers::Linear;
+use crate::model::norm::{Norm, NormKind};
+
+/// Muse Spark's projections around the experts.
+#[derive(Debug)]
+pub struct ExpertProjections {
+    /// `pre_expert_proj` `[width, hidden]`.
+    pub pre: Linear,
+    /// `pre_expert_norm`, centered.
+    pub norm: Norm,
+    /// `post_expert_proj` `[hidden, width]`.
+    pub post: Linear,
+}
 
 /// A sparse layer's `mlp`: `gate` (the router) and `experts`.
 #[derive(Debug)]
@@ -15,20 +29,30 @@ pub struct SparseMoe {
     pub router: Router,
     /// `mlp.experts`.
     pub experts: Experts,
+    /// The projections around the experts (Muse Spark).
+    pub projections: Option<ExpertProjections>,
 }
 
 impl SparseMoe {
-    /// Declares `{path}.gate.weight` and `{path}.experts.{gate_up,down}_proj`.
+    /// Declares `{path}.gate.weight`, `{path}.experts.{gate_up,down}_proj` and what the mixture
+    /// adds around them.
     pub fn new(path: nn::Path, hidden: i64, mixture: &MixtureConfig) -> Self {
+        let width = mixture.expert_width(hidden);
+        let projections = mixture.projection.map(|p| ExpertProjections {
+            pre: Linear::new(&path / "pre_expert_proj", hidden, width, false),
+            norm: Norm::new(NormKind::Centered, &path / "pre_expert_norm", width, p.norm_eps),
+            post: Linear::new(&path / "post_expert_proj", width, hidden, false),
+        });
         SparseMoe {
-            router: Router::new(
-                &path / "gate",
-                hidden,
+            router: Router::new(&path / "gate", hidden, mixture),
+            experts: Experts::new(
+                &path / "experts",
                 mixture.num_experts,
-                mixture.experts_per_token,
-                mixture.norm_topk_prob,
+                width,
+                mixture.expert_size,
+                mixture.projection.map(|p| p.expert_norm_eps),
             ),
-            experts: Experts::new(&path / "experts", mixture.num_experts, hidden, mixture.expert_size),
+            projections,
         }
     }
 
@@ -37,6 +61,27 @@ impl SparseMoe {
         SparseMoe {
             router: self.router.base_view(),
             experts: self.experts.base_view(),
+            projections: self.projections.as_ref().map(|p| ExpertProjections {
+                pre: p.pre.base_view(),
+                norm: p.norm.base_view(),
+                post: p.post.base_view(),
+            }),
+        }
+    }
+
+    /// The projections' linear layers by name within the block (none without projections).
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match &mut self.projections {
+            Some(p) => vec![("pre_expert_proj", &mut p.pre), ("post_expert_proj", &mut p.post)],
+            None => Vec::new(),
+        }
+    }
+
+    /// The same, in `state_dict` order.
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        match &self.projections {
+            Some(p) => vec![&p.pre, &p.post],
+            None => Vec::new(),
         }
     }
 
@@ -44,11 +89,20 @@ impl SparseMoe {
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Routing), ModelError> {
         let size = x.size();
         let hidden = *size.last().unwrap_or(&0);
-        // 1. Tokens as rows `[n, hidden]`, routed.
+        // 1. Tokens as rows `[n, hidden]`, routed at the model's width.
         let flat = x.f_reshape([-1, hidden])?;
         let routing = self.router.route(&flat);
-        // 2. The chosen experts, weighted and summed, back in `x`'s shape.
-        let y = self.experts.forward(&flat, &routing.experts, &routing.weights)?;
+        // 2. Down to the experts' width and normed, where the block projects (`[n, width]`).
+        let rows = match &self.projections {
+            Some(p) => p.norm.forward(&p.pre.forward(&flat)),
+            None => flat,
+        };
+        // 3. The chosen experts, weighted and summed; back to the model's width.
+        let y = self.experts.forward(&rows, &routing.experts, &routing.weights)?;
+        let y = match &self.projections {
+            Some(p) => p.post.forward(&y),
+            None => y,
+        };
         Ok((y.f_view(size.as_slice())?, routing))
     }
 }

@@ -30,6 +30,37 @@ pub struct MixtureConfig {
     /// The checkpoint's `output_router_logits`, kept as read; treetrain's forwards always
     /// return the routing, and the trainers add the loss by `router_aux_loss_coef` alone.
     pub output_router_logits: bool,
+    /// Sigmoid routing (Muse Spark) instead of the softmax over all experts.
+    pub sigmoid: Option<SigmoidRouting>,
+    /// The experts run at a narrower width between two projections (Muse Spark).
+    pub projection: Option<ExpertProjection>,
+    /// Whether transformers computes its load-balancing loss for this family (Qwen3-MoE
+    /// does; Muse Spark's code has none, so the trainers add none).
+    pub load_balancing: bool,
+}
+
+/// Muse Spark's router: `sigmoid(logits * logit_scale)` in fp32, the top k chosen by those
+/// scores plus `e_score_correction_bias`, their unbiased scores renormalised (plus 1e-15) and
+/// times `routed_scaling_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidRouting {
+    /// `output_multiplier`.
+    pub logit_scale: f64,
+    /// `routed_scaling_factor`.
+    pub routed_scaling_factor: f64,
+}
+
+/// Muse Spark's projections around the experts: `pre_expert_proj` down to `width`, a centered
+/// norm (`pre_expert_norm`), the experts at `width` each followed by one shared input-scaled
+/// norm (`experts.post_expert_norm`), `post_expert_proj` back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertProjection {
+    /// `moe_hidden_size`.
+    pub width: i64,
+    /// `rms_norm_eps`, of `pre_expert_norm`.
+    pub norm_eps: f64,
+    /// `post_norm_eps`, of `post_expert_norm`.
+    pub expert_norm_eps: f64,
 }
 
 /// Fields of other mixture families that Qwen3-MoE's code does not have: a config carrying one
@@ -118,7 +149,92 @@ impl MixtureConfig {
                 .collect(),
             router_aux_loss_coef: coef,
             output_router_logits: field(extra, "output_router_logits")?.unwrap_or(false),
+            sigmoid: None,
+            projection: None,
+            load_balancing: true,
         })
+    }
+
+    /// Reads Muse Spark's mixture fields (`extra`: its text config, defaults filled in) for a
+    /// stack of `num_layers` layers normed with `rms_norm_eps`.
+    pub(crate) fn muse_spark(
+        extra: &BTreeMap<String, Value>,
+        num_layers: i64,
+        rms_norm_eps: f64,
+    ) -> Result<Self, ModelError> {
+        let num_experts = positive(extra, "num_local_experts")?;
+        let experts_per_token = positive(extra, "num_experts_per_tok")?;
+        if experts_per_token > num_experts {
+            return Err(ModelError::unsupported(
+                "num_experts_per_tok",
+                experts_per_token,
+                &format!("exceeds the {num_experts} experts"),
+            ));
+        }
+        let kinds: Vec<String> = field(extra, "mlp_layer_types")?.unwrap_or_default();
+        if kinds.len() as i64 != num_layers {
+            return Err(ModelError::unsupported(
+                "mlp_layer_types",
+                format!("{} entries", kinds.len()),
+                &format!("needs one per layer, {num_layers}"),
+            ));
+        }
+        if let Some(k) = kinds.iter().find(|k| !matches!(k.as_str(), "dense" | "sparse")) {
+            return Err(ModelError::unsupported(
+                "mlp_layer_types",
+                format!("{k:?}"),
+                "layers are dense or sparse",
+            ));
+        }
+        let number = |name: &str| -> Result<f64, ModelError> {
+            match field::<f64>(extra, name)? {
+                Some(v) if v.is_finite() && v > 0.0 => Ok(v),
+                Some(v) => Err(ModelError::unsupported(name, v, "must be finite and > 0")),
+                None => Err(ModelError::unsupported(
+                    name,
+                    "missing",
+                    "Muse Spark's mixture needs it",
+                )),
+            }
+        };
+        Ok(MixtureConfig {
+            num_experts,
+            experts_per_token,
+            expert_size: positive(extra, "moe_intermediate_size")?,
+            norm_topk_prob: true,
+            sparse_layers: kinds.iter().map(|k| k == "sparse").collect(),
+            router_aux_loss_coef: 0.0,
+            output_router_logits: field(extra, "output_router_logits")?.unwrap_or(false),
+            sigmoid: Some(SigmoidRouting {
+                logit_scale: number("output_multiplier")?,
+                routed_scaling_factor: number("routed_scaling_factor")?,
+            }),
+            projection: Some(ExpertProjection {
+                width: positive(extra, "moe_hidden_size")?,
+                norm_eps: rms_norm_eps,
+                expert_norm_eps: number("post_norm_eps")?,
+            }),
+            load_balancing: false,
+        })
+    }
+
+    /// The width the experts run at.
+    pub fn expert_width(&self, hidden: i64) -> i64 {
+        self.projection.map_or(hidden, |p| p.width)
+    }
+
+    /// Parameters of one sparse block in a model of width `hidden` (the router, any
+    /// projections and norms, every expert).
+    pub(crate) fn block_parameters(&self, hidden: i64) -> i128 {
+        let (h, e) = (i128::from(hidden), i128::from(self.num_experts));
+        let width = i128::from(self.expert_width(hidden));
+        let router = e * h + if self.sigmoid.is_some() { e } else { 0 };
+        let projections = if self.projection.is_some() {
+            2 * h * width + 2 * width
+        } else {
+            0
+        };
+        router + projections + e * 3 * width * i128::from(self.expert_size)
     }
 
     /// Whether layer `layer` routes through experts.

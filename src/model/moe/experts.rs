@@ -8,6 +8,7 @@
 use tch::{Kind, Tensor, nn};
 
 use crate::model::error::ModelError;
+use crate::model::norm::{Norm, NormKind};
 
 /// `mlp.experts`: every expert's SwiGLU weights stacked.
 #[derive(Debug)]
@@ -17,12 +18,18 @@ pub struct Experts {
     pub gate_up_proj: Tensor,
     /// `down_proj` `[experts, hidden, expert_size]`.
     pub down_proj: Tensor,
+    /// `post_expert_norm`: one input-scaled norm over every expert's output, before its
+    /// weighting (Muse Spark).
+    pub post_norm: Option<Norm>,
 }
 
 impl Experts {
-    /// Declares `{path}.gate_up_proj` and `{path}.down_proj`.
-    pub(crate) fn new(path: nn::Path, experts: i64, hidden: i64, expert_size: i64) -> Self {
+    /// Declares `{path}.gate_up_proj` and `{path}.down_proj` (and `{path}.post_expert_norm`
+    /// when `post_norm_eps` is given).
+    pub(crate) fn new(path: nn::Path, experts: i64, hidden: i64, expert_size: i64, post_norm_eps: Option<f64>) -> Self {
         Experts {
+            post_norm: post_norm_eps
+                .map(|eps| Norm::new(NormKind::InputScaled, &path / "post_expert_norm", hidden, eps)),
             gate_up_proj: path.var(
                 "gate_up_proj",
                 &[experts, 2 * expert_size, hidden],
@@ -37,6 +44,7 @@ impl Experts {
         Experts {
             gate_up_proj: self.gate_up_proj.shallow_clone(),
             down_proj: self.down_proj.shallow_clone(),
+            post_norm: self.post_norm.as_ref().map(Norm::base_view),
         }
     }
 
@@ -73,10 +81,16 @@ impl Experts {
             Products::Grouped => self.grouped(&rows, &counts)?,
             Products::PerExpert => self.per_expert(&rows, &counts)?,
         };
-        // 4. Back to (token, slot) order; weighted and summed over the slots.
+        // 4. Each output normed where the layer has a post-expert norm.
+        let out = match &self.post_norm {
+            Some(norm) => norm.forward(&out),
+            None => out,
+        };
+        // 5. Back to (token, slot) order; weighted (in the weights' dtype, then `x`'s, as
+        //    transformers casts each expert's share) and summed over the slots.
         let inverse = order.f_argsort_stable(true, 0, false)?;
         let out = out.f_index_select(0, &inverse)?.f_view([n, k, hidden])?;
-        let weighted = out * weights.unsqueeze(-1);
+        let weighted = (out * weights.unsqueeze(-1)).f_to_kind(x.kind())?;
         Ok(weighted.f_sum_dim_intlist(1, false, None::<Kind>)?)
     }
 
@@ -168,6 +182,7 @@ mod tests {
         let experts = Experts {
             gate_up_proj: Tensor::randn([e, 2 * i, h], opts).set_requires_grad(true),
             down_proj: Tensor::randn([e, h, i], opts).set_requires_grad(true),
+            post_norm: None,
         };
         let rows = Tensor::randn([n, h], opts).set_requires_grad(true);
         let counts = [3, 0, 5, 2];
@@ -208,6 +223,7 @@ mod tests {
         let experts = Experts {
             gate_up_proj: Tensor::zeros([4, 8, 6], opts),
             down_proj: Tensor::zeros([4, 6, 4], opts),
+            post_norm: None,
         };
         let x = Tensor::zeros([2, 6], opts);
         let w = Tensor::ones([2, 2], opts);

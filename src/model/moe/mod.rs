@@ -25,8 +25,8 @@ mod router;
 
 pub(crate) use aux_loss::RouterTally;
 pub use aux_loss::{RouterLoss, load_balancing_loss};
-pub use block::SparseMoe;
-pub use config::MixtureConfig;
+pub use block::{ExpertProjections, SparseMoe};
+pub use config::{ExpertProjection, MixtureConfig, SigmoidRouting};
 pub use experts::Experts;
 pub use load::ExpertLoad;
 pub use router::{Router, Routing};

@@ -1,8 +1,10 @@
-//! Qwen3-MoE's router: a linear map to one logit per expert, a softmax in fp32 over all of them,
-//! the top `k`, optionally renormalised.
+//! A sparse layer's router: a linear map to one logit per expert, then Qwen3-MoE's softmax in
+//! fp32 over all of them, the top `k`, optionally renormalised; or Muse Spark's sigmoid scores
+//! chosen with a correction bias (see [`SigmoidRouting`]).
 
 use tch::{Kind, Tensor, nn};
 
+use super::config::{MixtureConfig, SigmoidRouting};
 use crate::model::layers::{Linear, linear};
 
 /// What the router decided for `n` tokens.
@@ -12,8 +14,17 @@ pub struct Routing {
     pub logits: Tensor,
     /// `[n, k]` int64: the chosen experts, most probable first.
     pub experts: Tensor,
-    /// `[n, k]` in the model's dtype: each chosen expert's weight.
+    /// `[n, k]`: each chosen expert's weight, in the model's dtype (fp32 for sigmoid routing,
+    /// as transformers keeps them).
     pub weights: Tensor,
+}
+
+/// Sigmoid routing's settings and its `e_score_correction_bias` `[experts]` (a buffer: it
+/// chooses experts, never weights them, and is not trained).
+#[derive(Debug)]
+struct Sigmoid {
+    settings: SigmoidRouting,
+    bias: Tensor,
 }
 
 /// `mlp.gate`: `weight` `[experts, hidden]`.
@@ -23,15 +34,22 @@ pub struct Router {
     pub gate: Linear,
     top_k: i64,
     norm_topk_prob: bool,
+    sigmoid: Option<Sigmoid>,
 }
 
 impl Router {
-    /// Declares `{path}.weight`.
-    pub(crate) fn new(path: nn::Path, hidden: i64, experts: i64, top_k: i64, norm_topk_prob: bool) -> Self {
+    /// Declares `{path}.weight` (and, for sigmoid routing, `{path}.e_score_correction_bias`).
+    pub(crate) fn new(path: nn::Path, hidden: i64, mixture: &MixtureConfig) -> Self {
+        let experts = mixture.num_experts;
+        let sigmoid = mixture.sigmoid.map(|settings| Sigmoid {
+            settings,
+            bias: path.zeros_no_train("e_score_correction_bias", &[experts]),
+        });
         Router {
             gate: Linear::new(path, hidden, experts, false),
-            top_k,
-            norm_topk_prob,
+            top_k: mixture.experts_per_token,
+            norm_topk_prob: mixture.norm_topk_prob,
+            sigmoid,
         }
     }
 
@@ -41,11 +59,18 @@ impl Router {
             gate: self.gate.base_view(),
             top_k: self.top_k,
             norm_topk_prob: self.norm_topk_prob,
+            sigmoid: self.sigmoid.as_ref().map(|s| Sigmoid {
+                settings: s.settings,
+                bias: s.bias.shallow_clone(),
+            }),
         }
     }
 
     /// Routes `x` `[n, hidden]`.
     pub fn route(&self, x: &Tensor) -> Routing {
+        if let Some(s) = &self.sigmoid {
+            return self.route_sigmoid(x, s);
+        }
         // 1. Logits `[n, experts]` in the model's dtype; probabilities in fp32 over all experts.
         let logits = linear(x, &self.gate.weight, None);
         let probs = logits.softmax(-1, Kind::Float);
@@ -56,6 +81,26 @@ impl Router {
         }
         // 3. Weights back in the model's dtype.
         let weights = top.to_kind(x.kind());
+        Routing {
+            logits,
+            experts,
+            weights,
+        }
+    }
+
+    /// Sigmoid routing of `x` `[n, hidden]`.
+    fn route_sigmoid(&self, x: &Tensor, s: &Sigmoid) -> Routing {
+        // 1. Logits `[n, experts]` from fp32 inputs and weights, scaled; sigmoid scores.
+        let logits = x
+            .to_kind(Kind::Float)
+            .linear(&self.gate.weight.to_kind(Kind::Float), None::<Tensor>)
+            * s.settings.logit_scale;
+        let scores = logits.sigmoid();
+        // 2. The top k by score plus the correction bias; their own scores, renormalised
+        //    (the epsilon as transformers adds it) and scaled, kept in fp32.
+        let (_, experts) = (&scores + s.bias.to_kind(Kind::Float)).topk(self.top_k, -1, true, true);
+        let top = scores.gather(1, &experts, false);
+        let weights = &top / (top.sum_dim_intlist(-1, true, Kind::Float) + 1e-15) * s.settings.routed_scaling_factor;
         Routing {
             logits,
             experts,

@@ -1,0 +1,475 @@
+//! Muse Spark Open's text decoder against transformers 5.23 on tiny random checkpoints it saved
+//! itself (tests/fixtures/models/muse_spark*, made by scripts/fixtures/make_muse_fixtures.py):
+//! a window of 5 positions on three of four layers (the last full and without RoPE), two
+//! sparse layers, perturbed norms, gates and correction biases; one saved in fp32, one in bf16.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::row_logits;
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
+use treetrain::generate::{GenerationConfig, Generator};
+use treetrain::model::{Activations, AttentionLayout, Inputs, LoadOptions, LogprobChunks, Model};
+use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
+
+const CASES: [&str; 2] = ["muse_spark", "muse_spark_bf16"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn expected(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
+}
+
+fn load_f32(dir: &Path) -> Model {
+    let opts = LoadOptions {
+        dtype: Some(Kind::Float),
+        device: Device::Cpu,
+    };
+    Model::load(dir, opts).unwrap()
+}
+
+fn rows(exp: &serde_json::Value) -> Vec<Vec<i64>> {
+    serde_json::from_value(exp["rows"].clone()).unwrap()
+}
+
+fn tensor(v: &serde_json::Value) -> Tensor {
+    fn flatten(v: &serde_json::Value) -> Vec<f32> {
+        match v.as_array() {
+            Some(a) => a.iter().flat_map(flatten).collect(),
+            None => vec![v.as_f64().unwrap() as f32],
+        }
+    }
+    let mut shape = Vec::new();
+    let mut at = v;
+    while let Some(a) = at.as_array() {
+        shape.push(a.len() as i64);
+        at = &a[0];
+    }
+    Tensor::from_slice(&flatten(v)).view(shape.as_slice())
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+/// transformers' own fp32 error on a fixture number (from its float64 forward): two fp32
+/// computations as exact as each other differ by up to twice it.
+fn fp32_err(exp: &serde_json::Value, key: &str, at: impl serde_json::value::Index) -> f64 {
+    exp["f64"][key][at].as_f64().unwrap()
+}
+
+/// Log-probs within 1e-5 of transformers' fp32 ones, or of its own fp32 rounding (this model's
+/// scaled q/k norms make attention sharp, and fp32 rounding shows: the fixture measures it), and
+/// the scored tokens as close to the float64 forward as transformers' fp32 comes.
+#[test]
+fn logprobs_match_transformers_past_the_window() {
+    for case in CASES {
+        let model = load_f32(&fixture(case));
+        let exp = expected(case);
+        for (i, (row, want)) in rows(&exp).iter().zip(exp["logits"].as_array().unwrap()).enumerate() {
+            let (got, want) = (row_logits(&model, row), tensor(want));
+            let err = fp32_err(&exp, "logprob_err_f32", i);
+            let lsm = got.log_softmax(-1, Kind::Float);
+            let lp = max_diff(&lsm, &want.log_softmax(-1, Kind::Float));
+            assert!(
+                lp <= (2.0 * err).max(1e-5),
+                "{case}, row of {}: log-probs max |diff| = {lp:e} (transformers' own fp32 error {err:e})",
+                row.len()
+            );
+            let n = row.len() as i64;
+            if n > 1 {
+                let targets = Tensor::from_slice(&row[1..]).view([n - 1, 1]);
+                let scored = lsm.narrow(0, 0, n - 1).gather(1, &targets, false).view([n - 1]);
+                let exact: Vec<f64> = serde_json::from_value(exp["f64"]["token_logprobs"][i].clone()).unwrap();
+                let d = max_diff(&scored.to_kind(Kind::Double), &Tensor::from_slice(&exact));
+                assert!(
+                    d <= (1.5 * err).max(1e-5),
+                    "{case}, row of {}: scores off the float64 ones by {d:e}",
+                    n
+                );
+            }
+        }
+    }
+}
+
+/// A left-padded batch of the fixture rows gives each row's own logits.
+#[test]
+fn a_padded_batch_equals_each_row_alone() {
+    let model = load_f32(&fixture("muse_spark"));
+    let exp = expected("muse_spark");
+    let rows = rows(&exp);
+    let width = rows.iter().map(Vec::len).max().unwrap();
+    let (mut ids, mut mask, mut pos) = (Vec::new(), Vec::new(), Vec::new());
+    for r in &rows {
+        let pad = width - r.len();
+        ids.extend(std::iter::repeat_n(0i64, pad).chain(r.iter().copied()));
+        mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, r.len())));
+        pos.extend(std::iter::repeat_n(0i64, pad).chain(0..r.len() as i64));
+    }
+    let shape = [rows.len() as i64, width as i64];
+    let layout = AttentionLayout::Padded {
+        attention_mask: Tensor::from_slice(&mask).view(shape),
+    };
+    let ids = Tensor::from_slice(&ids).view(shape);
+    let logits = tch::no_grad(|| model.lm.forward(&ids, &Tensor::from_slice(&pos).view(shape), &layout)).unwrap();
+    for (i, (r, want)) in rows.iter().zip(exp["logits"].as_array().unwrap()).enumerate() {
+        let got = logits.get(i as i64).narrow(0, (width - r.len()) as i64, r.len() as i64);
+        let d = max_diff(&got, &tensor(want));
+        assert!(d <= 1e-4, "row {i}: max |diff| = {d:e}");
+    }
+}
+
+fn rollout(ids: Vec<i64>, prompt: usize) -> Rollout {
+    let n = ids.len();
+    let mut completion_mask = vec![0u8; prompt];
+    completion_mask.resize(n, 1);
+    Rollout {
+        input_ids: ids,
+        completion_mask,
+        old_log_probs: vec![0.0; n],
+        advantage: 1.0,
+        group_id: "g".into(),
+    }
+}
+
+/// Tree and flat packing equal each rollout forwarded alone, with a shared prefix longer than
+/// the window and branches that fork and run past it.
+#[test]
+fn tree_and_flat_packing_apply_the_window_along_each_path() {
+    let prompt: Vec<i64> = vec![5, 17, 99, 3, 240, 42, 7, 9];
+    let tail = |t: &[i64]| [&prompt[..], t].concat();
+    let rs = vec![
+        rollout(tail(&[31, 64, 128, 200, 11, 12, 13]), prompt.len()),
+        rollout(tail(&[31, 64, 40]), prompt.len()),
+        rollout(tail(&[8, 1, 2, 3, 4, 5, 6, 7, 8, 9]), prompt.len()),
+        rollout(tail(&[31, 64, 128, 200, 11, 12, 13]), prompt.len()),
+        rollout(vec![77, 78, 79, 80, 81, 82, 83], 2),
+    ];
+    let mut tree = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        tree.add(r.clone(), i).unwrap();
+    }
+    let tree: PackedRow = tree.pack();
+    assert!(tree.packing_ratio() > 1.3, "{}", tree.packing_ratio());
+    let chunks = LogprobChunks { tokens: 7, vocab: 100 };
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let want = tch::no_grad(|| {
+            let mut out = Vec::new();
+            for r in &rs {
+                let lsm = row_logits(&m, &r.input_ids).log_softmax(-1, Kind::Float);
+                for p in 1..r.input_ids.len() {
+                    if r.completion_mask[p] == 1 {
+                        out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
+                    }
+                }
+            }
+            Tensor::stack(&out, 0)
+        });
+        for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
+            let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
+            let d = max_diff(&got, &want);
+            assert!(d <= 1e-5, "{case} {what}: max |diff| = {d:e}");
+        }
+    }
+}
+
+/// Mean next-token cross-entropy of `row`, back-propagated as a training pass does
+/// (transformers' loss with `labels = row`; Muse Spark's code adds no router loss).
+fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
+    let n = row.len() as i64;
+    let ids = Tensor::from_slice(row).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+    let inputs = Inputs {
+        input_ids: &ids,
+        position_ids: &pos,
+        layout: &AttentionLayout::Causal,
+    };
+    let (ce, aux) =
+        m.lm.forward_backward_routed(inputs, activations, None, |hidden| {
+            let logits = m.lm.logits(hidden).squeeze_dim(0);
+            let ce = logits
+                .narrow(0, 0, n - 1)
+                .log_softmax(-1, Kind::Float)
+                .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
+                .mean(Kind::Float)
+                .neg();
+            let value = ce.double_value(&[]);
+            Ok((Some(ce), value))
+        })
+        .unwrap();
+    assert!(aux.is_none());
+    ce
+}
+
+#[test]
+fn gradients_match_transformers_kept_or_recomputed() {
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let exp = expected(case);
+        for activations in [Activations::Kept, Activations::Recomputed] {
+            let loss = training_pass(&m, &rows(&exp)[0], activations);
+            let d = (loss - exp["loss"].as_f64().unwrap()).abs();
+            assert!(d <= 1e-5, "{case} {activations:?}: loss off by {d:e}");
+            let grads: std::collections::HashMap<String, Tensor> = common::take_grads(&m).into_iter().collect();
+            for (name, want) in exp["grads"].as_object().unwrap() {
+                let grad = match name.ends_with("_proj") && name.contains("experts") {
+                    true => grads[name].narrow(0, 0, 2),
+                    false => grads[name].shallow_clone(),
+                };
+                let want = tensor(want);
+                let scale = want.abs().max().double_value(&[]).max(1e-3);
+                let d = max_diff(&grad, &want) / scale;
+                let err = fp32_err(&exp, "grad_err_f32", name.as_str());
+                assert!(
+                    d <= (2.0 * err).max(1e-5),
+                    "{case} {activations:?} {name}: gradient off by {d:e} of its largest entry (transformers' own fp32 error {err:e})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_matches_transformers_past_the_window() {
+    for case in CASES {
+        let m = load_f32(&fixture(case));
+        let exp = expected(case);
+        let prompts: Vec<Vec<i64>> = serde_json::from_value(exp["prompts"].clone()).unwrap();
+        let want: Vec<Vec<i64>> = serde_json::from_value(exp["greedy"].clone()).unwrap();
+        for chunk in [4, 16] {
+            let cfg = GenerationConfig {
+                max_new_tokens: 12,
+                eos_token_ids: vec![2],
+                prefill_chunk_size: chunk,
+                ..Default::default()
+            };
+            let out = Generator::new().generate(&m.lm, &prompts, &cfg).unwrap();
+            for (i, (c, w)) in out.iter().zip(&want).enumerate() {
+                assert_eq!(&c.output_ids, w, "{case} prompt {i}, prefill chunk {chunk}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_card_counts_and_a_save_reloads_to_the_same_logits() {
+    let dir = std::env::temp_dir().join(format!("treetrain-muse-save-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = load_f32(&fixture("muse_spark"));
+    let card = treetrain::display::Rich::text(&m);
+    assert!(
+        card.contains("Muse Spark") && card.contains("6 experts (top 2, width 24) in 2 of 4 layers"),
+        "{card}"
+    );
+    let exp = expected("muse_spark");
+    let saved: i64 = exp["param_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p[0].as_str().unwrap().starts_with("model.language_model.") || p[0] == "lm_head.weight")
+        .map(|p| {
+            p[1].as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_i64().unwrap())
+                .product::<i64>()
+        })
+        .sum();
+    let c = &m.lm.config;
+    assert_eq!(c.num_parameters(), saved);
+    assert_eq!(
+        m.vs.variables().values().map(Tensor::numel).sum::<usize>() as i64,
+        saved
+    );
+    assert!(c.active_parameters() < c.num_parameters());
+    m.save(&dir, None).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "muse_spark");
+    assert_eq!(cfg["text_config"]["sliding_window"], 5);
+    let again = load_f32(&dir);
+    let row = [5i64, 17, 99, 3, 240, 42, 7, 9, 31];
+    assert_eq!(max_diff(&row_logits(&m, &row), &row_logits(&again, &row)), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rows a user gives that hold an image, video or audio placeholder are refused by name.
+#[test]
+fn rows_holding_a_tower_placeholder_are_refused() {
+    let m = load_f32(&fixture("muse_spark"));
+    let e = m.score(&[5, 17, 250, 3]).unwrap_err().to_string();
+    assert!(e.contains("250") && e.contains("image_token_id"), "{e}");
+    let cfg = GenerationConfig {
+        max_new_tokens: 2,
+        ..Default::default()
+    };
+    let e = Generator::new()
+        .generate(&m.lm, &[vec![5, 252, 3]], &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("audio_token_id"), "{e}");
+    // One that reaches the decoder anyway (a sampled token) embeds as token 0, as
+    // transformers' multimodal model hands it to its decoder.
+    let (a, b) = (row_logits(&m, &[5, 17, 250, 3]), row_logits(&m, &[5, 17, 0, 3]));
+    assert_eq!(max_diff(&a, &b), 0.0);
+}
+
+/// TRL's Muse recipe (LoRA r = 16, alpha = 32 on q/k/v/o) both ways with PEFT 0.21: PEFT loads
+/// the adapter treetrain saves and gives its logits, and treetrain loads one PEFT made.
+#[test]
+#[ignore = "slow: runs PEFT (scripts/setup-peft.sh; test.sh sets TREETRAIN_PEFT_PYTHON)"]
+fn lora_on_the_attention_round_trips_with_peft() {
+    use treetrain::model::lora::{LoraConfig, TargetModules};
+    let python = std::env::var("TREETRAIN_PEFT_PYTHON")
+        .expect("set TREETRAIN_PEFT_PYTHON to a python with peft (scripts/setup-peft.sh prints it)");
+    let targets = ["q_proj", "k_proj", "v_proj", "o_proj"];
+    let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(&python).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let rows_json = serde_json::to_string(&rows).unwrap();
+    // treetrain's adapter, every tensor moved off its initial value, read by PEFT.
+    let mut m = load_f32(&fixture("muse_spark"));
+    m.add_lora(LoraConfig {
+        r: 16,
+        lora_alpha: 32.0,
+        target_modules: TargetModules::Names(targets.iter().map(|t| t.to_string()).collect()),
+        ..LoraConfig::default()
+    })
+    .unwrap();
+    tch::manual_seed(7);
+    for (_, t) in m.trainable().variables() {
+        tch::no_grad(|| t.shallow_clone().copy_(&(&t + t.randn_like() * 0.2)));
+    }
+    let ours = std::env::temp_dir().join(format!("treetrain-muse-lora-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ours);
+    m.save_adapter(&ours).unwrap();
+    let base = fixture("muse_spark");
+    let v = run(&[
+        scripts.join("peft_logits.py").as_os_str(),
+        base.as_os_str(),
+        ours.as_os_str(),
+        rows_json.as_ref(),
+    ]);
+    // PEFT also wraps the vision tower's q/k/v (3 x r x (8 + 8) here), which treetrain neither
+    // loads nor trains: a text-only run never reaches them.
+    let towers = 3 * 16 * (8 + 8);
+    assert_eq!(
+        v["trainable"].as_i64().unwrap(),
+        m.adapter.as_ref().unwrap().num_parameters() + towers
+    );
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(&m, row), &tensor(want));
+        assert!(d <= 1e-4, "treetrain's adapter in PEFT: {d:e}");
+    }
+    // PEFT's adapter, read by treetrain.
+    let theirs = std::env::temp_dir().join(format!("treetrain-muse-peft-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&theirs);
+    let config = serde_json::json!({"r": 16, "lora_alpha": 32, "target_modules": targets}).to_string();
+    let v = run(&[
+        scripts.join("peft_make_adapter.py").as_os_str(),
+        base.as_os_str(),
+        theirs.as_os_str(),
+        config.as_ref(),
+        rows_json.as_ref(),
+    ]);
+    let mut m = load_f32(&fixture("muse_spark"));
+    m.load_adapter(&theirs).unwrap();
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(&m, row), &tensor(want));
+        assert!(d <= 1e-4, "PEFT's adapter in treetrain: {d:e}");
+    }
+    for dir in [ours, theirs] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// transformers loads treetrain's save of a Muse Spark checkpoint unchanged (the decoder from
+/// the edited in-memory weights, the vision and audio towers carried over from the source
+/// folder) and computes the same logits.
+#[test]
+#[ignore = "slow: runs transformers (test.sh sets TREETRAIN_PEFT_PYTHON)"]
+fn transformers_loads_a_saved_muse_spark_checkpoint() {
+    let python = std::env::var("TREETRAIN_PEFT_PYTHON")
+        .expect("set TREETRAIN_PEFT_PYTHON to a python with transformers (scripts/setup-peft.sh prints it)");
+    let dir = std::env::temp_dir().join(format!("treetrain-muse-hf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = load_f32(&fixture("muse_spark_bf16"));
+    tch::no_grad(|| {
+        let _ = m.vs.variables()["model.language_model.layers.2.mlp.experts.gate_up_proj"]
+            .shallow_clone()
+            .g_mul_scalar_(1.5);
+    });
+    m.save(&dir, None).unwrap();
+    let rows = vec![
+        vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31],
+        vec![1, 33, 3, 4, 5, 6, 7, 8, 9, 10],
+    ];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/hf_logits.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(&dir)
+        .arg(serde_json::to_string(&rows).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["missing_keys"], serde_json::json!([]), "{v:?}");
+    assert_eq!(v["unexpected_keys"], serde_json::json!([]));
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(&m, row), &tensor(want));
+        assert!(d <= 1e-4, "treetrain vs transformers: {d:e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SFT (bf16 mixed precision, gradient checkpointing) and tree-packed GRPO train the shipped
+/// tiny Muse Spark, whose rows and prefix trees run past its 32-position window; Muse Spark's
+/// code adds no router loss, so none is logged whatever `router_aux_loss_coef` says, and the
+/// experts' routers still train through the routing weights.
+#[test]
+fn sft_and_grpo_train_the_tiny_muse_spark() {
+    use treetrain::grpo::GrpoTrainer;
+    use treetrain::sft::SftTrainer;
+    let dir = std::env::temp_dir().join(format!("treetrain-muse-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = treetrain::shipped::tiny_muse_spark_dir().unwrap().display().to_string();
+    let router = |m: &Model| m.vs.variables()["model.language_model.layers.1.mlp.gate.weight"].copy();
+    let before = router(&load_f32(Path::new(&model)));
+    let mut cfg = common::shipped_sft(Some(dir.join("sft")), 2);
+    cfg.train.model = model.clone();
+    cfg.train.router_aux_loss_coef = 0.5;
+    cfg.train.precision.dtype = treetrain::model::DtypeSetting::Fixed(treetrain::model::Dtype::Bf16);
+    cfg.train.precision.gradient_checkpointing = true;
+    let mut t = SftTrainer::new(cfg).unwrap();
+    for _ in 0..2 {
+        let m = t.step().unwrap();
+        assert_eq!(m.aux_loss, None, "{m:?}");
+        assert!(m.loss.is_finite(), "{m:?}");
+    }
+    assert!(max_diff(&router(t.model()), &before) > 0.0, "the router trained");
+    let mut cfg = common::shipped_grpo();
+    cfg.train.model = model;
+    cfg.train.output.output_dir = Some(dir.join("grpo"));
+    cfg.max_steps = 1;
+    let mut t = GrpoTrainer::new(cfg).unwrap();
+    let m = t.step().unwrap();
+    assert_eq!(m.update.aux_loss, None, "{m:?}");
+    let row = t.last_row.clone().unwrap();
+    assert!(
+        row.rollouts > 1 && row.len() > 32,
+        "a prefix tree past the window: {}",
+        row.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
