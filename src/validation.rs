@@ -106,6 +106,12 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         Scope::Train,
+        "lora.target_parameters",
+        "a mixture's expert tensors (`experts.gate_up_proj`, `experts.down_proj`, by full name or dotted tail), each matching one when the adapter attaches; with any, `lora_dropout` must be 0 (as PEFT requires)",
+        None,
+    ),
+    rule(
+        Scope::Train,
         "lora (resuming)",
         "the checkpoint's adapter settings equal `[lora]`; a LoRA checkpoint needs `[lora]`, a full one refuses it",
         None,

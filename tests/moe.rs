@@ -431,6 +431,93 @@ fn lora_wraps_a_mixtures_attention_and_refuses_its_feed_forward() {
     }
 }
 
+fn expert_lora(targets: &[&str], parameters: &[&str]) -> treetrain::model::lora::LoraConfig {
+    use treetrain::model::lora::{LoraConfig, TargetModules};
+    LoraConfig {
+        r: 3,
+        lora_alpha: 7.0,
+        target_modules: TargetModules::Names(targets.iter().map(|t| t.to_string()).collect()),
+        target_parameters: parameters.iter().map(|t| t.to_string()).collect(),
+        ..LoraConfig::default()
+    }
+}
+
+/// LoRA on the experts (PEFT's `target_parameters`): a new adapter leaves the outputs as they
+/// were, training reaches every expert's A and B, a merge gives the unmerged outputs, and what
+/// PEFT refuses (dropout) or what names nothing is refused by name.
+#[test]
+fn lora_on_the_experts_starts_at_the_base_trains_and_merges() {
+    use treetrain::model::target_logprobs;
+    let mut m = load_f32(&fixture("qwen3_moe"));
+    let row = [5i64, 17, 99, 3, 250, 42, 7];
+    let before = row_logits(&m, &row);
+    m.add_lora(expert_lora(
+        &["q_proj"],
+        &["mlp.experts.gate_up_proj", "experts.down_proj"],
+    ))
+    .unwrap();
+    assert_eq!(max_diff(&row_logits(&m, &row), &before), 0.0);
+    let names: Vec<String> = m.trainable().variables().into_keys().collect();
+    for want in [
+        "base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight",
+        "base_model.model.model.layers.0.mlp.experts.lora_B.weight",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    // B starts at 0, so only B's gradients are non-zero; every expert that a token chose gets one.
+    let ids = Tensor::from_slice(&row).view([1, 7]);
+    let pos = Tensor::arange(7, (Kind::Int64, tch::Device::Cpu)).view([1, 7]);
+    m.lm.forward_backward(&ids, &pos, &AttentionLayout::Causal, Activations::Kept, |hidden| {
+        let lp = target_logprobs(
+            &hidden.view([7, -1]).narrow(0, 0, 6),
+            m.lm.head(),
+            &ids.view([-1]).narrow(0, 1, 6),
+            LogprobChunks::default(),
+        )?;
+        Ok((Some(-lp.mean(Kind::Float)), ()))
+    })
+    .unwrap();
+    let grads: std::collections::HashMap<String, Tensor> = m
+        .trainable()
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.grad()))
+        .collect();
+    let b = &grads["base_model.model.model.layers.0.mlp.experts.lora_B.weight"];
+    assert!(b.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+    // Move every adapter tensor off its start, then merge: the same outputs.
+    tch::manual_seed(3);
+    for (_, t) in m.trainable().variables() {
+        tch::no_grad(|| t.shallow_clone().copy_(&(&t + t.randn_like() * 0.3)));
+    }
+    let adapted = row_logits(&m, &row);
+    assert!(max_diff(&adapted, &before) > 1e-3, "the adapter changes the outputs");
+    let base = tch::no_grad(|| m.lm.base_view().forward(&ids, &pos, &AttentionLayout::Causal)).unwrap();
+    assert_eq!(
+        max_diff(&base.squeeze_dim(0), &before),
+        0.0,
+        "the base view has no adapter"
+    );
+    m.merge_adapter().unwrap();
+    assert!(max_diff(&row_logits(&m, &row), &adapted) < 1e-4);
+    m.unmerge_adapter().unwrap();
+    assert!(max_diff(&row_logits(&m, &row), &adapted) < 1e-4);
+    for (config, field) in [
+        (
+            treetrain::model::lora::LoraConfig {
+                lora_dropout: 0.1,
+                ..expert_lora(&["q_proj"], &["down_proj"])
+            },
+            "lora_dropout",
+        ),
+        (expert_lora(&["q_proj"], &["experts.up_proj"]), "target_parameters"),
+    ] {
+        let mut m = load_f32(&fixture("qwen3_moe"));
+        let e = m.add_lora(config).unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+}
+
 /// The GRPO update adds the load-balancing loss with each tree token counted once per rollout
 /// through it: tree and flat packing give the same loss value and the same gradients, and the
 /// loss value is the one of the rollouts forwarded as a padded batch, padding masked.
@@ -565,4 +652,75 @@ fn sft_and_grpo_train_a_mixture_and_log_its_router_loss() {
     assert!(row.rollouts > 1 && got.tokens > row.len() as u64, "a shared prefix");
     assert_eq!(Some(got), want);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// LoRA on the experts both ways with PEFT 0.21, on Qwen3-MoE (in the hub's layout) and Muse
+/// Spark: PEFT loads the adapter treetrain saves (random values everywhere) and gives its
+/// logits, and treetrain loads one PEFT made, with one expert tensor targeted or both (PEFT
+/// then nests gate_up_proj's wrapper under `base_layer`).
+#[test]
+#[ignore = "slow: runs PEFT (scripts/setup-peft.sh; test.sh sets TREETRAIN_PEFT_PYTHON)"]
+fn lora_on_the_experts_round_trips_with_peft() {
+    let python = std::env::var("TREETRAIN_PEFT_PYTHON")
+        .expect("set TREETRAIN_PEFT_PYTHON to a python with peft (scripts/setup-peft.sh prints it)");
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(&python).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
+    let rows_json = serde_json::to_string(&rows).unwrap();
+    let cases: [(&str, &[&str]); 3] = [
+        ("qwen3_moe", &["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+        ("qwen3_moe", &["experts.down_proj"]),
+        ("muse_spark", &["experts.gate_up_proj", "experts.down_proj"]),
+    ];
+    for (i, (base, parameters)) in cases.into_iter().enumerate() {
+        let base = fixture(base);
+        let ours = std::env::temp_dir().join(format!("treetrain-expert-lora-{}-{i}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&ours);
+        let mut m = load_f32(&base);
+        m.add_lora(expert_lora(&["o_proj"], parameters)).unwrap();
+        tch::manual_seed(i as i64);
+        for (_, t) in m.trainable().variables() {
+            tch::no_grad(|| t.shallow_clone().copy_(&(&t + t.randn_like() * 0.2)));
+        }
+        m.save_adapter(&ours).unwrap();
+        let v = run(&[
+            scripts.join("peft_logits.py").as_os_str(),
+            base.as_os_str(),
+            ours.as_os_str(),
+            rows_json.as_ref(),
+        ]);
+        assert_eq!(
+            v["trainable"].as_i64().unwrap(),
+            m.adapter.as_ref().unwrap().num_parameters()
+        );
+        for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+            let d = max_diff(&row_logits(&m, row), &tensor(want));
+            assert!(d <= 1e-4, "case {i}: treetrain's adapter in PEFT: {d:e}");
+        }
+        let theirs = std::env::temp_dir().join(format!("treetrain-peft-experts-{}-{i}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&theirs);
+        let config =
+            serde_json::json!({"r": 3, "lora_alpha": 7, "target_modules": ["o_proj"], "target_parameters": parameters})
+                .to_string();
+        let v = run(&[
+            scripts.join("peft_make_adapter.py").as_os_str(),
+            base.as_os_str(),
+            theirs.as_os_str(),
+            config.as_ref(),
+            rows_json.as_ref(),
+        ]);
+        let mut m = load_f32(&base);
+        m.load_adapter(&theirs).unwrap();
+        for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+            let d = max_diff(&row_logits(&m, row), &tensor(want));
+            assert!(d <= 1e-4, "case {i}: PEFT's adapter in treetrain: {d:e}");
+        }
+        for dir in [ours, theirs] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }

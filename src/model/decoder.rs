@@ -258,6 +258,19 @@ impl CausalLm {
         out
     }
 
+    /// Every sparse layer's experts under their `state_dict` prefix
+    /// (`model.layers.1.mlp.experts`), in the order of the stack.
+    pub(crate) fn experts_mut(&mut self) -> Vec<(String, &mut super::moe::Experts)> {
+        let prefix = self.prefix();
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            if let FeedForward::Sparse(m) = &mut layer.mlp {
+                out.push((format!("{prefix}.layers.{i}.mlp.experts"), &mut m.experts));
+            }
+        }
+        out
+    }
+
     /// The same model without any adapter, sharing every base tensor (no weights copied): the
     /// reference policy of LoRA training. Callers make sure no adapter is merged into the base.
     pub fn base_view(&self) -> CausalLm {

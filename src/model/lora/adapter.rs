@@ -93,15 +93,16 @@ fn select(lm: &mut CausalLm, config: &LoraConfig) -> Result<(Vec<String>, Vec<St
             "wraps `lm_head`: treetrain computes the LM head in chunks from its weight alone, so LoRA on it is not implemented (train it whole with modules_to_save = [\"lm_head\"])".into(),
         ));
     }
-    // PEFT moves a mixture model's MLP targets onto its experts (`target_parameters`), which
-    // treetrain does not implement: wrapping the dense layers' MLPs instead would differ.
+    // PEFT moves a mixture model's MLP module targets onto its experts with per-tensor ranks
+    // (`rank_pattern`), which treetrain does not implement: wrapping the dense layers' MLPs
+    // alone would differ. The experts are targeted by name instead.
     if lm.config.mixture.is_some()
         && let Some(mlp) = lora.iter().chain(&saved).find(|n| n.contains(".mlp."))
     {
         return Err(refuse(
             "target_modules",
             format!(
-                "wraps `{mlp}` of a mixture-of-experts model: LoRA on its feed-forward layers (PEFT's target_parameters on the experts) is not implemented; target q_proj, k_proj, v_proj and o_proj"
+                "wraps `{mlp}` of a mixture-of-experts model: PEFT would move feed-forward module targets onto the experts with per-tensor ranks; target the experts with target_parameters = [\"experts.gate_up_proj\", \"experts.down_proj\"] instead"
             ),
         ));
     }
@@ -115,7 +116,7 @@ fn select(lm: &mut CausalLm, config: &LoraConfig) -> Result<(Vec<String>, Vec<St
 }
 
 /// The var-store path of a PEFT tensor prefix: `base_model.model.<module>` split at its dots.
-fn path_of<'a>(root: &nn::Path<'a>, module: &str) -> nn::Path<'a> {
+pub(super) fn path_of<'a>(root: &nn::Path<'a>, module: &str) -> nn::Path<'a> {
     let mut path = root / "base_model";
     for part in format!("model.{module}").split('.') {
         path = &path / part;
@@ -174,7 +175,7 @@ impl LoraAdapter {
 
     fn attach(lm: &mut CausalLm, config: LoraConfig, base_model: &str, init: Init) -> Result<Self, ModelError> {
         config.validate()?;
-        let (modules, saved_modules) = select(lm, &config)?;
+        let (mut modules, saved_modules) = select(lm, &config)?;
         if let Some((name, _)) = lm.linears_mut().into_iter().find(|(_, l)| l.adapter.is_some()) {
             return Err(ModelError::Adapter {
                 place: format!("`{name}`"),
@@ -208,6 +209,13 @@ impl LoraAdapter {
                 linear.adapter = Some(trained_copy(&path, linear)?);
             }
         }
+        modules.extend(super::experts::attach(
+            lm,
+            &config,
+            &root,
+            init == Init::Peft,
+            &mut rng,
+        )?);
         for (_, mut var) in vs.variables() {
             lm.device().move_parameter(&mut var)?;
         }
@@ -228,6 +236,9 @@ impl LoraAdapter {
         let _ = self.unmerge(lm);
         for (_, linear) in lm.linears_mut() {
             linear.adapter = None;
+        }
+        for (_, experts) in lm.experts_mut() {
+            (experts.gate_up_lora, experts.down_lora) = (None, None);
         }
     }
 
@@ -293,6 +304,23 @@ impl LoraAdapter {
                 };
                 lora.merged = merge;
             }
+            for (_, experts) in lm.experts_mut() {
+                let e = experts.num_experts();
+                let pairs = [
+                    (&experts.gate_up_proj, &mut experts.gate_up_lora),
+                    (&experts.down_proj, &mut experts.down_lora),
+                ];
+                for (w, lora) in pairs {
+                    let Some(d) = lora else { continue };
+                    let delta = d.delta(e)?;
+                    let folded = match merge {
+                        true => super::experts::low_precision_add(w, &delta)?,
+                        false => super::experts::low_precision_add(w, &delta.f_neg()?)?,
+                    };
+                    w.shallow_clone().f_copy_(&folded)?;
+                    d.merged = merge;
+                }
+            }
             Ok(())
         })?;
         self.merged = merge;
@@ -313,13 +341,16 @@ impl LoraAdapter {
                 }
                 linear.adapter = None;
             }
+            for (_, experts) in lm.experts_mut() {
+                (experts.gate_up_lora, experts.down_lora) = (None, None);
+            }
             Ok(())
         })
     }
 }
 
 /// Fills `a` `[r, in]` with U(-1/sqrt(in), 1/sqrt(in)) from `rng`: `kaiming_uniform_(a=sqrt(5))`.
-fn kaiming_uniform(a: &Tensor, fan_in: i64, rng: &mut SplitMix64) -> Result<(), ModelError> {
+pub(super) fn kaiming_uniform(a: &Tensor, fan_in: i64, rng: &mut SplitMix64) -> Result<(), ModelError> {
     let bound = 1.0 / (fan_in as f64).sqrt();
     let values: Vec<f32> = (0..a.numel())
         .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)

@@ -81,6 +81,10 @@ pub struct LoraConfig {
     pub target_modules: TargetModules,
     /// rsLoRA: scale by `lora_alpha / sqrt(r)`.
     pub use_rslora: bool,
+    /// A mixture's 3-d expert tensors to adapt (PEFT's `target_parameters`: a parameter's
+    /// full name, `model.layers.1.mlp.experts.gate_up_proj`, or its dotted tail,
+    /// `experts.down_proj`); see `lora::experts` for the layout.
+    pub target_parameters: Vec<String>,
     /// Linear layers trained whole beside the adapters (their copy is saved with it).
     pub modules_to_save: Vec<String>,
     /// Seed of the initialisation of `A` and of the dropout masks.
@@ -95,6 +99,7 @@ impl Default for LoraConfig {
             lora_dropout: 0.0,
             target_modules: TargetModules::default(),
             use_rslora: false,
+            target_parameters: Vec::new(),
             modules_to_save: Vec::new(),
             seed: 0,
         }
@@ -124,8 +129,20 @@ impl LoraConfig {
         if !(0.0..1.0).contains(&self.lora_dropout) {
             return bad("lora.lora_dropout", self.lora_dropout.to_string(), "must be in [0, 1)");
         }
-        if matches!(&self.target_modules, TargetModules::Names(n) if n.is_empty()) {
-            return bad("lora.target_modules", "[]".into(), "names no module");
+        if matches!(&self.target_modules, TargetModules::Names(n) if n.is_empty()) && self.target_parameters.is_empty()
+        {
+            return bad(
+                "lora.target_modules",
+                "[]".into(),
+                "names no module (and target_parameters no parameter)",
+            );
+        }
+        if !self.target_parameters.is_empty() && self.lora_dropout != 0.0 {
+            return bad(
+                "lora.lora_dropout",
+                self.lora_dropout.to_string(),
+                "must be 0 with target_parameters (PEFT refuses dropout on expert tensors: it cannot be factored out of the fused update)",
+            );
         }
         Ok(())
     }
@@ -147,7 +164,6 @@ const MUST_EQUAL: &[(&str, &str)] = &[
     ("loftq_config", "{}"),
     ("use_qalora", "false"),
     ("layer_replication", "null"),
-    ("target_parameters", "null"),
     ("exclude_modules", "null"),
     ("trainable_token_indices", "null"),
     ("alora_invocation_tokens", "null"),
@@ -162,6 +178,7 @@ const UNDERSTOOD: &[&str] = &[
     "target_modules",
     "use_rslora",
     "modules_to_save",
+    "target_parameters",
     "task_type",
     "base_model_name_or_path",
     "revision",
@@ -205,6 +222,10 @@ impl LoraConfig {
             "target_modules": self.target_modules,
             "use_rslora": self.use_rslora,
             "modules_to_save": modules_to_save,
+            "target_parameters": match self.target_parameters.is_empty() {
+                true => serde_json::Value::Null,
+                false => serde_json::json!(self.target_parameters),
+            },
             "bias": "none",
             "use_dora": false,
             "fan_in_fan_out": false,
@@ -283,6 +304,10 @@ impl LoraConfig {
         if let Some(v) = field("target_modules") {
             cfg.target_modules =
                 serde_json::from_value(v.clone()).map_err(|e| refuse("target_modules", &v, e.to_string()))?;
+        }
+        if let Some(v) = field("target_parameters") {
+            cfg.target_parameters =
+                serde_json::from_value(v.clone()).map_err(|e| refuse("target_parameters", &v, e.to_string()))?;
         }
         if let Some(v) = field("modules_to_save") {
             cfg.modules_to_save =

@@ -4,6 +4,8 @@
 //! - A [`LoraConfig`] names the linear layers to wrap (`target_modules`: names matched as PEFT
 //!   does, whole or as the dotted tail, or `all-linear`, which leaves out `lm_head`), the rank
 //!   `r`, `lora_alpha`, `lora_dropout`, rsLoRA and `modules_to_save`.
+//! - `target_parameters` names a mixture's fused expert tensors instead, adapted as PEFT's
+//!   `ParamWrapper` adapts them ([`ExpertDelta`]: one adapter over all experts of a tensor).
 //! - A wrapped layer computes `W x + b + scale * B (A (dropout(x)))` with `A` `[r, in]`, `B`
 //!   `[out, r]`, `scale = lora_alpha / r` (`/ sqrt(r)` with rsLoRA). `A` starts
 //!   Kaiming-uniform, `B` at zero, so a new adapter leaves the model's outputs unchanged. The
@@ -23,6 +25,7 @@
 mod adapter;
 mod config;
 mod delta;
+mod experts;
 mod view;
 
 pub(crate) use adapter::ADAPTER_CONFIG;
@@ -30,3 +33,4 @@ pub use adapter::LoraAdapter;
 pub use config::{LoraConfig, TargetModules};
 pub(crate) use delta::DropoutStream;
 pub use delta::LoraDelta;
+pub use experts::ExpertDelta;

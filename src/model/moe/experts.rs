@@ -8,6 +8,7 @@
 use tch::{Kind, Tensor, nn};
 
 use crate::model::error::ModelError;
+use crate::model::lora::ExpertDelta;
 use crate::model::norm::{Norm, NormKind};
 
 /// `mlp.experts`: every expert's SwiGLU weights stacked.
@@ -21,6 +22,10 @@ pub struct Experts {
     /// `post_expert_norm`: one input-scaled norm over every expert's output, before its
     /// weighting (Muse Spark).
     pub post_norm: Option<Norm>,
+    /// LoRA on `gate_up_proj` (PEFT's `target_parameters`).
+    pub gate_up_lora: Option<ExpertDelta>,
+    /// LoRA on `down_proj`.
+    pub down_lora: Option<ExpertDelta>,
 }
 
 impl Experts {
@@ -30,6 +35,8 @@ impl Experts {
         Experts {
             post_norm: post_norm_eps
                 .map(|eps| Norm::new(NormKind::InputScaled, &path / "post_expert_norm", hidden, eps)),
+            gate_up_lora: None,
+            down_lora: None,
             gate_up_proj: path.var(
                 "gate_up_proj",
                 &[experts, 2 * expert_size, hidden],
@@ -39,12 +46,14 @@ impl Experts {
         }
     }
 
-    /// The same tensors (shared, not copied).
+    /// The same tensors (shared, not copied), without adapters.
     pub(crate) fn base_view(&self) -> Experts {
         Experts {
             gate_up_proj: self.gate_up_proj.shallow_clone(),
             down_proj: self.down_proj.shallow_clone(),
             post_norm: self.post_norm.as_ref().map(Norm::base_view),
+            gate_up_lora: None,
+            down_lora: None,
         }
     }
 
@@ -78,8 +87,8 @@ impl Experts {
         // 3. Each expert's SwiGLU over its contiguous rows, `[n k, hidden]`.
         let widths = [hidden, self.down_proj.size()[2]];
         let out = match Products::choose(x.device(), n * k, widths, x.kind()) {
-            Products::Grouped => self.grouped(&rows, &counts)?,
-            Products::PerExpert => self.per_expert(&rows, &counts)?,
+            Products::Grouped => Self::grouped(&self.weights()?, &rows, &counts)?,
+            Products::PerExpert => Self::per_expert(&self.weights()?, &rows, &counts)?,
         };
         // 4. Each output normed where the layer has a post-expert norm.
         let out = match &self.post_norm {
@@ -114,9 +123,22 @@ impl Experts {
         Ok((n, h, k))
     }
 
-    /// The experts' SwiGLU over `rows` sorted by expert (`counts` rows each) by libtorch's
+    /// `[gate_up, down]` as the experts run with them: each base tensor with its adapter's
+    /// update, where one is attached (differentiable in the adapter).
+    fn weights(&self) -> Result<[Tensor; 2], ModelError> {
+        let with = |base: &Tensor, lora: &Option<ExpertDelta>| match lora {
+            Some(d) => d.apply(base),
+            None => Ok(base.shallow_clone()),
+        };
+        Ok([
+            with(&self.gate_up_proj, &self.gate_up_lora)?,
+            with(&self.down_proj, &self.down_lora)?,
+        ])
+    }
+
+    /// The experts' SwiGLU with weights `[gate_up, down]` over `rows` sorted by expert (`counts` rows each) by libtorch's
     /// grouped matmul.
-    fn grouped(&self, rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
+    fn grouped([gate_up_w, down_w]: &[Tensor; 2], rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
         let ends: Vec<i32> = counts
             .iter()
             .scan(0i64, |at, c| {
@@ -125,18 +147,18 @@ impl Experts {
             })
             .collect::<Result<_, _>>()?;
         let offs = Tensor::from_slice(&ends).f_to_device(rows.device())?;
-        let gate_up = rows.f_internal_grouped_mm(&self.gate_up_proj.f_transpose(-2, -1)?, Some(&offs), None, None)?;
+        let gate_up = rows.f_internal_grouped_mm(&gate_up_w.f_transpose(-2, -1)?, Some(&offs), None, None)?;
         let [gate, up] = <[Tensor; 2]>::try_from(gate_up.chunk(2, -1)).expect("two halves");
-        let down = self.down_proj.f_transpose(-2, -1)?;
+        let down = down_w.f_transpose(-2, -1)?;
         Ok((gate.silu() * up).f_internal_grouped_mm(&down, Some(&offs), None, None)?)
     }
 
     /// The same, one product per expert. Rows and weights are split into per-expert views by
     /// one op each, whose backward joins the pieces' gradients once; a view taken per expert
     /// (`narrow`, `get`) would build a whole-size gradient for every expert.
-    fn per_expert(&self, rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
+    fn per_expert([gate_up_w, down_w]: &[Tensor; 2], rows: &Tensor, counts: &[i64]) -> Result<Tensor, ModelError> {
         let parts = rows.f_split_with_sizes(counts, 0)?;
-        let (gate_up_w, down_w) = (self.gate_up_proj.unbind(0), self.down_proj.unbind(0));
+        let (gate_up_w, down_w) = (gate_up_w.unbind(0), down_w.unbind(0));
         let mut outs = Vec::with_capacity(counts.len());
         for (e, part) in parts.iter().enumerate().filter(|(e, _)| counts[*e] > 0) {
             let gate_up = part.f_matmul(&gate_up_w[e].tr())?;
@@ -183,6 +205,8 @@ mod tests {
             gate_up_proj: Tensor::randn([e, 2 * i, h], opts).set_requires_grad(true),
             down_proj: Tensor::randn([e, h, i], opts).set_requires_grad(true),
             post_norm: None,
+            gate_up_lora: None,
+            down_lora: None,
         };
         let rows = Tensor::randn([n, h], opts).set_requires_grad(true);
         let counts = [3, 0, 5, 2];
@@ -194,8 +218,8 @@ mod tests {
                 }
             }
             let out = match products {
-                Products::Grouped => experts.grouped(&rows, &counts),
-                Products::PerExpert => experts.per_expert(&rows, &counts),
+                Products::Grouped => Experts::grouped(&experts.weights().unwrap(), &rows, &counts),
+                Products::PerExpert => Experts::per_expert(&experts.weights().unwrap(), &rows, &counts),
             }
             .expect("products");
             (&out * &out).sum(Kind::Float).backward();
@@ -224,6 +248,8 @@ mod tests {
             gate_up_proj: Tensor::zeros([4, 8, 6], opts),
             down_proj: Tensor::zeros([4, 6, 4], opts),
             post_norm: None,
+            gate_up_lora: None,
+            down_lora: None,
         };
         let x = Tensor::zeros([2, 6], opts);
         let w = Tensor::ones([2, 2], opts);
