@@ -1607,3 +1607,26 @@ fn logging_switches_and_disable_dropout() {
     };
     assert!(draws(false) > 0 && draws(true) == 0);
 }
+
+/// The tiny Muse Spark: a sync run resumed from its checkpoint continues bit-exactly, and an
+/// async run (rollouts from a generation thread's copy of the policy) trains.
+#[test]
+fn a_muse_spark_run_resumes_exactly_and_trains_with_async_rollouts() {
+    let dir = std::env::temp_dir().join(format!("treetrain-grpo-muse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = treetrain::shipped::tiny_muse_spark_dir().unwrap().display().to_string();
+    let mut cfg = with_output(Some(dir.clone()));
+    cfg.train.model = model.clone();
+    cfg.rollouts.prompts_per_step = 2;
+    cfg.max_steps = 3;
+    resume_is_exact(&cfg, 1, |_, _| {});
+    let mut c = async_without_staleness(2, 1);
+    c.train.model = model;
+    c.max_steps = 2;
+    let mut t = GrpoTrainer::new(c).unwrap();
+    for _ in 0..2 {
+        let m = t.step().unwrap();
+        assert!(m.update.loss.is_finite() && m.update.packing_ratio > 1.0, "{m:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

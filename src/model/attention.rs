@@ -363,8 +363,9 @@ impl Attention {
             for b in &s.blocks {
                 let qs = q.narrow(2, s.q_start + b.q_offset, b.q_len);
                 let causal = b.mask.is_none();
-                let (kb, gqa) = self.grouped_keys(&ks.narrow(2, 0, b.k_len), !causal);
-                let (vb, _) = self.grouped_keys(&vs.narrow(2, 0, b.k_len), !causal);
+                let keys = b.k_len - b.k_start;
+                let (kb, gqa) = self.grouped_keys(&ks.narrow(2, b.k_start, keys), !causal);
+                let (vb, _) = self.grouped_keys(&vs.narrow(2, b.k_start, keys), !causal);
                 let out = Tensor::scaled_dot_product_attention(&qs, &kb, &vb, b.mask.as_ref(), 0.0, causal, scale, gqa);
                 rows.push(out.transpose(1, 2).reshape([b.q_len, self.num_heads * self.head_dim]));
             }

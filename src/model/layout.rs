@@ -103,7 +103,7 @@ pub struct SegmentAttention {
     pub blocks: Vec<QueryBlock>,
 }
 
-/// A block of a segment's queries and the prefix of the path it attends to.
+/// A block of a segment's queries and the part of the path it attends to.
 ///
 /// A segment's queries see the whole path of their ancestors plus a causal part of their own
 /// tokens. One masked call over the full path would compute every (query, key) pair of that
@@ -115,9 +115,13 @@ pub struct QueryBlock {
     pub q_offset: i64,
     /// Queries in the block.
     pub q_len: i64,
-    /// Keys it attends to: the first `k_len` of the path.
+    /// Keys it attends to: path positions `k_start..k_len` (`k_start` > 0 only where a sliding
+    /// window hides the path's start from every query of the block).
+    pub k_start: i64,
+    /// End of those keys.
     pub k_len: i64,
-    /// Bottom-right causal mask `[q_len, k_len]`; `None` when `q_len == k_len` (plain causal).
+    /// Bottom-right causal mask `[q_len, k_len - k_start]` (cut to the window where there is
+    /// one); `None` for plain causal (`q_len == k_len`, no window).
     pub mask: Option<Tensor>,
 }
 
@@ -236,6 +240,7 @@ fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> Result<Segm
         vec![QueryBlock {
             q_offset: 0,
             q_len,
+            k_start: 0,
             k_len,
             mask: None,
         }]
@@ -249,6 +254,7 @@ fn single(q_start: i64, q_len: i64, path: &[i64], device: Device) -> Result<Segm
                 Ok(QueryBlock {
                     q_offset: off,
                     q_len: len,
+                    k_start: 0,
                     k_len: k,
                     mask: Some(mask),
                 })

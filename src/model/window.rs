@@ -14,7 +14,9 @@ use tch::{Kind, Tensor};
 use crate::device::Device;
 
 use super::error::ModelError;
-use super::layout::{AttentionLayout, KeySource, QueryBlock, SegmentAttention, SegmentBatch, SegmentLayout};
+use super::layout::{
+    AttentionLayout, KeySource, QUERY_BLOCK, QueryBlock, SegmentAttention, SegmentBatch, SegmentLayout,
+};
 
 /// `mask` (bool `[..., q, k]`, true = attend) cut to each query's last `window` visible keys.
 pub(crate) fn window_mask(mask: &Tensor, window: i64) -> Result<Tensor, tch::TchError> {
@@ -102,7 +104,10 @@ impl SegmentLayout {
                     .blocks
                     .iter()
                     .map(|b| windowed_block(b, window, device))
-                    .collect::<Result<_, _>>()?;
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 Ok(SegmentAttention {
                     q_start: s.q_start,
                     q_len: s.q_len,
@@ -141,21 +146,52 @@ impl SegmentLayout {
     }
 }
 
-/// A query block cut to the window: its bottom-right causal mask (made explicit for a plain
-/// causal block longer than the window) limited to the last `window` keys of each query.
-fn windowed_block(b: &QueryBlock, window: i64, device: Device) -> Result<QueryBlock, tch::TchError> {
-    let mask = match &b.mask {
-        Some(m) => Some(window_mask(m, window)?),
-        None if b.k_len <= window => None,
-        None => {
-            let causal = Tensor::f_ones([b.q_len, b.k_len], (Kind::Bool, device.host()))?.f_tril(b.k_len - b.q_len)?;
-            Some(device.put(&window_mask(&causal, window)?)?)
-        }
+/// A query block cut to the window: each query sees the last `window` path positions up to its
+/// own, so the block reads only the keys from its first query's window on (`k_start`), under
+/// a banded mask. A plain causal block longer than the window is cut into blocks of
+/// [`QUERY_BLOCK`] queries first, each reading its own stretch of keys: attention then costs
+/// about `queries x window` rather than the causal triangle.
+fn windowed_block(b: &QueryBlock, window: i64, device: Device) -> Result<Vec<QueryBlock>, tch::TchError> {
+    if b.k_len - b.k_start <= window && b.mask.is_none() {
+        return Ok(vec![copy_block(b)]);
+    }
+    // Path position of the block's first query.
+    let first = b.k_len - b.q_len;
+    let pieces: Vec<(i64, i64)> = match b.mask {
+        Some(_) => vec![(0, b.q_len)],
+        None => (0..b.q_len)
+            .step_by(QUERY_BLOCK as usize)
+            .map(|off| (off, QUERY_BLOCK.min(b.q_len - off)))
+            .collect(),
     };
-    Ok(QueryBlock {
+    pieces
+        .into_iter()
+        .map(|(off, len)| {
+            let (q0, k_len) = (first + off, first + off + len);
+            let k_start = (q0 - window + 1).max(b.k_start).max(0);
+            // Query i (path position q0 + i) sees key j (position k_start + j) when
+            // q0 + i - window < k_start + j <= q0 + i.
+            let lead = q0 - k_start;
+            let ones = Tensor::f_ones([len, k_len - k_start], (Kind::Bool, device.host()))?;
+            let band = ones.f_tril(lead)?.f_triu(lead - window + 1)?;
+            Ok(QueryBlock {
+                q_offset: b.q_offset + off,
+                q_len: len,
+                k_start,
+                k_len,
+                mask: Some(device.put(&band)?),
+            })
+        })
+        .collect()
+}
+
+/// The same block (its mask shared, not copied).
+fn copy_block(b: &QueryBlock) -> QueryBlock {
+    QueryBlock {
         q_offset: b.q_offset,
         q_len: b.q_len,
+        k_start: b.k_start,
         k_len: b.k_len,
-        mask,
-    })
+        mask: b.mask.as_ref().map(Tensor::shallow_clone),
+    }
 }
