@@ -206,7 +206,7 @@ fn backward_step(model: &Model, row: &PackedRow, args: &Args) -> GrpoLoss {
     };
     let weights = TermWeights::Uniform(1.0 / row.token_index.len().max(1) as f64);
     treetrain::train::zero_grads(&model.vs);
-    grpo_loss_backward(&model.lm, row, &cfg, (weights, Default::default()), None).expect("loss")
+    grpo_loss_backward(&model.lm, row, &cfg, (weights, Default::default()), (None, None)).expect("loss")
 }
 
 /// The loss and the gradient norm of one step over `row`.

@@ -123,7 +123,7 @@ fn grpo_grads(model: &Model, activations: Activations) -> (f64, Vec<(String, Ten
         &row,
         &objective,
         (TermWeights::Uniform(1.0 / n), Default::default()),
-        None,
+        (None, None),
     )
     .unwrap();
     (out.loss.double_value(&[]), take_grads(model))

@@ -161,6 +161,7 @@ fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
         input_ids: &ids,
         position_ids: &pos,
         layout: &AttentionLayout::Causal,
+        routing: None,
     };
     let (ce, aux) =
         m.lm.forward_backward_routed(inputs, activations, Some(&router), |hidden| {
@@ -721,6 +722,139 @@ fn lora_on_the_experts_round_trips_with_peft() {
         }
         for dir in [ours, theirs] {
             let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Routing replay's forward and backward against transformers with every sparse layer's
+/// experts fixed by hand (`scripts/fixtures/make_replay_fixture.py`): the same loss and
+/// gradients, the router's included (its weights are recomputed at the replayed experts), and
+/// no mismatch counted, kept or recomputed.
+#[test]
+fn replayed_routing_gives_the_gradients_of_a_routing_fixed_by_hand() {
+    use treetrain::model::moe::RecordedRouting;
+    let m = load_f32(&fixture("qwen3_moe"));
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_moe").join("replay.json")).unwrap()).unwrap();
+    let row: Vec<i64> = serde_json::from_value(exp["row"].clone()).unwrap();
+    let n = row.len() as i64;
+    for activations in [Activations::Kept, Activations::Recomputed] {
+        let experts = (0..m.lm.layers.len())
+            .map(|i| {
+                let chosen: Option<Vec<Vec<i64>>> = serde_json::from_value(exp["experts"][i.to_string()].clone()).ok();
+                chosen.map(|c| Tensor::from_slice(&c.concat()).view([n, -1]))
+            })
+            .collect();
+        let recorded = RecordedRouting::new(experts, true, Tensor::ones([n], (Kind::Bool, tch::Device::Cpu)));
+        let ids = Tensor::from_slice(&row).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+        let inputs = Inputs {
+            input_ids: &ids,
+            position_ids: &pos,
+            layout: &AttentionLayout::Causal,
+            routing: Some(&recorded),
+        };
+        let (loss, _) =
+            m.lm.forward_backward_routed(inputs, activations, None, |hidden| {
+                let logits = m.lm.logits(hidden).squeeze_dim(0);
+                let ce = logits
+                    .narrow(0, 0, n - 1)
+                    .log_softmax(-1, Kind::Float)
+                    .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
+                    .mean(Kind::Float)
+                    .neg();
+                let value = ce.double_value(&[]);
+                Ok((Some(ce), value))
+            })
+            .unwrap();
+        assert!(
+            (loss - exp["loss"].as_f64().unwrap()).abs() <= 1e-5,
+            "{activations:?}: loss {loss}"
+        );
+        assert_eq!(recorded.mismatch(), (0.0, 2.0 * n as f64), "{activations:?}");
+        let grads: std::collections::HashMap<String, Tensor> = common::take_grads(&m).into_iter().collect();
+        for (name, want) in exp["grads"].as_object().unwrap() {
+            let grad = match name.contains("experts") {
+                true => grads[name].narrow(0, 0, 2),
+                false => grads[name].shallow_clone(),
+            };
+            let want = tensor(want);
+            let d = max_diff(&grad, &want) / want.abs().max().double_value(&[]).max(1e-3);
+            assert!(d <= 1e-5, "{activations:?} {name}: off by {d:e} of its largest entry");
+        }
+    }
+}
+
+/// The generator's recorded routing of each completion is the routing a full forward of the
+/// prompt and completion gives (every token the generator forwarded: the prompt, then each
+/// sampled token fed back), prompts prefilled once and forked into a group.
+#[test]
+fn the_generator_records_the_routing_a_full_forward_gives() {
+    let m = load_f32(&fixture("qwen3_moe"));
+    let prompts = vec![vec![5i64, 17, 99, 3, 250, 42, 7], vec![1, 9, 4]];
+    let cfg = GenerationConfig {
+        max_new_tokens: 6,
+        prefill_chunk_size: 4,
+        ..Default::default()
+    };
+    let mut g = Generator::new();
+    g.record_routing(true);
+    let out = g.generate_groups(&m.lm, &prompts, 2, &cfg).unwrap();
+    let traces = g.take_routing().unwrap();
+    assert_eq!(traces.len(), out.len());
+    for (c, trace) in out.iter().zip(&traces) {
+        let ids: Vec<i64> = prompts[c.prompt_index].iter().chain(&c.output_ids).copied().collect();
+        let forwarded = trace.tokens();
+        assert!(
+            forwarded + 1 >= ids.len() && forwarded <= ids.len(),
+            "{forwarded} of {}",
+            ids.len()
+        );
+        let n = forwarded as i64;
+        let t = Tensor::from_slice(&ids[..forwarded]).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+        let (_, routes) = tch::no_grad(|| m.lm.forward_hidden_routed(&t, &pos, &AttentionLayout::Causal)).unwrap();
+        let want: Vec<i64> = Vec::try_from(
+            Tensor::stack(
+                &routes.iter().map(|r| r.experts.sort(-1, false).0).collect::<Vec<_>>(),
+                1,
+            )
+            .reshape([-1]),
+        )
+        .unwrap();
+        let mut got: Vec<i64> = trace.ids.iter().map(|&e| i64::from(e)).collect();
+        for token in got.chunks_mut(2) {
+            token.sort();
+        }
+        assert_eq!(got, want);
+    }
+    assert!(Generator::new().take_routing().is_none());
+}
+
+/// Tree-packed GRPO on the tiny mixture, two updates a batch (`num_iterations = 2`): without
+/// replay the update's routing is compared with the generator's and the mismatch logged (the
+/// second update of a batch, after an optimizer step, routes differently); with
+/// `routing_replay` the update routes every recorded token as the generator did, so none
+/// differs.
+#[test]
+fn grpo_logs_the_routing_mismatch_and_replay_removes_it() {
+    use treetrain::grpo::GrpoTrainer;
+    for replay in [false, true] {
+        let mut cfg = common::shipped_grpo();
+        cfg.train.model = common::tiny_mixture().display().to_string();
+        cfg.train.output.output_dir = None;
+        cfg.update.routing_replay = replay;
+        cfg.max_steps = 4;
+        cfg.loss.num_iterations = 2;
+        let mut t = GrpoTrainer::new(cfg).unwrap();
+        let mismatches: Vec<f64> = (0..4)
+            .map(|_| t.step().unwrap().update.routing_mismatch.expect("recorded routing"))
+            .collect();
+        assert!(mismatches.iter().all(|m| (0.0..=1.0).contains(m)), "{mismatches:?}");
+        match replay {
+            true => assert!(mismatches.iter().all(|&m| m == 0.0), "{mismatches:?}"),
+            // A batch's second update comes after an optimizer step has moved the routers.
+            false => assert!(mismatches[1] > 0.0 && mismatches[3] > 0.0, "{mismatches:?}"),
         }
     }
 }

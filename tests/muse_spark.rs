@@ -190,6 +190,7 @@ fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
         input_ids: &ids,
         position_ids: &pos,
         layout: &AttentionLayout::Causal,
+        routing: None,
     };
     let (ce, aux) =
         m.lm.forward_backward_routed(inputs, activations, None, |hidden| {

@@ -371,6 +371,7 @@ vespo_lambda_pos = 3.5
 vespo_k_neg = 3.5
 vespo_lambda_neg = 2.5
 disable_dropout = true
+routing_replay = true
 sync_ref_model = true
 ref_model_mixup_alpha = 0.5
 ref_model_sync_steps = 64
@@ -473,7 +474,7 @@ fn config_files_keep_every_setting_name() {
         serde_json::to_value(GrpoConfig::default()).unwrap(),
     );
     let grpo = keys(default.clone());
-    assert_eq!(grpo.len(), 98, "{grpo:?}");
+    assert_eq!(grpo.len(), 99, "{grpo:?}");
     for k in train.iter().chain(&["max_steps", "packing", "rewards"]) {
         assert!(grpo.contains(&k.to_string()), "{k}");
     }

@@ -10,7 +10,7 @@ use crate::model::{CausalLm, KvCache, StaticCache};
 
 use super::completion::Completion;
 use super::config::{GenerateError, GenerationConfig};
-use super::generator::Decoding;
+use super::decoding::Decoding;
 use super::generator::Generator;
 
 /// Conversations being decoded turn by turn: one cache row each.

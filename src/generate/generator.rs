@@ -8,54 +8,12 @@ use super::completion::{Completion, FinishReason};
 use super::config::{GenerateError, GenerationConfig};
 use super::cpu_sampler::choose_rows;
 use super::cuda_graph::GraphState;
+use super::decoding::Decoding;
 use super::device_sampling::seen_mask;
+use crate::model::moe::RoutingTrace;
 use crate::model::{CausalLm, DynamicCache, KvCache, StaticCache};
 use crate::shapes::ShapeLedger;
 use crate::util::SplitMix64;
-
-/// The decoding state after prefill: cache, which slots hold real tokens, per-row positions.
-pub(super) struct Decoding<C: KvCache> {
-    pub(super) cache: C,
-    /// `[batch, slots]` bool: slots holding real (non-pad) tokens.
-    pub(super) valid: Tensor,
-    /// Next position id per row (= real tokens in the cache so far).
-    pub(super) next_pos: Vec<i64>,
-    /// Logits `[batch, vocab]` that choose each row's next token.
-    pub(super) logits: Tensor,
-    /// `[batch, vocab]` bool: the tokens each row has seen (prompt and completion so far), for
-    /// the repetition penalty; only when one is set.
-    pub(super) seen: Option<Tensor>,
-}
-
-impl Decoding<StaticCache> {
-    /// Drops what row `row` holds past its first `kept.len()` tokens (`kept`: those tokens):
-    /// its later cache slots stop being attended, its next position and the tokens it has seen
-    /// go back. The slots themselves stay used (every row advances the same slots).
-    pub(super) fn rewind(&mut self, row: usize, kept: &[i64], vocab: i64) -> Result<(), GenerateError> {
-        let r = row as i64;
-        let valid = self.valid.f_get(r)?;
-        let within = valid.f_cumsum(0, Kind::Int64)?.f_le(kept.len() as i64)?;
-        let _ = valid.shallow_clone().f_logical_and_(&within)?;
-        self.next_pos[row] = kept.len() as i64;
-        if let Some(seen) = &self.seen {
-            let fresh = seen_mask(&[kept.to_vec()], vocab, Device::of(seen))?;
-            seen.f_get(r)?.f_copy_(&fresh.f_get(0)?)?;
-        }
-        Ok(())
-    }
-
-    /// The state of `rows` (indices into this one's rows, repeats allowed: a fork).
-    pub(super) fn fork(&self, rows: &[i64]) -> Result<Self, GenerateError> {
-        let index = Device::of(&self.valid).from_slice(rows)?;
-        Ok(Decoding {
-            cache: self.cache.fork(rows)?,
-            valid: self.valid.f_index_select(0, &index)?,
-            next_pos: rows.iter().map(|&r| self.next_pos[r as usize]).collect(),
-            logits: self.logits.f_index_select(0, &index)?,
-            seen: self.seen.as_ref().map(|s| s.f_index_select(0, &index)).transpose()?,
-        })
-    }
-}
 
 /// Generates with any model it is handed; records every forward's input shape in `ledger`.
 ///
@@ -65,12 +23,34 @@ impl Decoding<StaticCache> {
 pub struct Generator {
     /// Shapes fed to the `prefill` and `decode` graphs across calls.
     pub ledger: ShapeLedger,
+    /// Whether calls record the routing of a mixture model's tokens.
+    record_routing: bool,
+    /// The last call's traces, completion by completion, when recorded.
+    routing: Option<Vec<RoutingTrace>>,
 }
 
 impl Generator {
     /// A generator with an empty ledger.
     pub fn new() -> Self {
         Generator::default()
+    }
+
+    /// Records, in later calls on a mixture model, every forwarded token's routing (each sparse
+    /// layer's chosen experts): what GRPO's routing replay replays. CUDA graphs are not used
+    /// while recording.
+    pub fn record_routing(&mut self, on: bool) {
+        self.record_routing = on;
+    }
+
+    /// The routing the last call recorded, completion by completion (`None` when not
+    /// recording or for a dense model).
+    pub fn take_routing(&mut self) -> Option<Vec<RoutingTrace>> {
+        self.routing.take()
+    }
+
+    /// Whether this call records routing for `model`.
+    fn records(&self, model: &CausalLm) -> bool {
+        self.record_routing && model.config.mixture.is_some()
     }
 
     pub(super) fn check(
@@ -164,6 +144,9 @@ impl Generator {
                 true => Some(device.zeros(&[b, model.config.vocab_size], Kind::Bool)?),
                 false => None,
             },
+            routing: self
+                .records(model)
+                .then(|| vec![RoutingTrace::default(); prompts.len()]),
         };
         self.extend(model, &mut st, prompts, cfg)?;
         Ok(st)
@@ -203,12 +186,18 @@ impl Generator {
             self.ledger.record("prefill", &[b, chunk]);
             let slots = st.cache.slots_after(chunk);
             let mask = Self::mask(&st.valid, first + start, chunk, slots, device)?;
-            let h = model.forward_cached(
+            let (h, routes) = model.forward_cached_routed(
                 &ids.narrow(1, start, chunk),
                 &pos.narrow(1, start, chunk),
                 &mut st.cache,
                 &mask,
+                st.routing.is_some(),
             )?;
+            let real_chunk: Vec<bool> = (0..b as usize)
+                .flat_map(|r| (start..start + chunk).map(move |j| (r, j)))
+                .map(|(r, j)| real[r * padded as usize + j as usize])
+                .collect();
+            st.record(&routes, &real_chunk)?;
             last = Some(h.select(1, chunk - 1));
         }
         let last = last.ok_or_else(|| GenerateError::Config("nothing to prefill".into()))?;
@@ -292,13 +281,17 @@ impl Generator {
         // token may see: no causal term needed (fewer ops on the hot path).
         let mask = st.valid.narrow(1, 0, slots).view([b, 1, 1, slots]);
         self.ledger.record("decode", &[b, 1]);
-        if let Some(logits) = graph.step(model, &mut st.cache, &mask, next, &pos)? {
+        if st.routing.is_none()
+            && let Some(logits) = graph.step(model, &mut st.cache, &mask, next, &pos)?
+        {
             st.logits = logits;
             return Ok(());
         }
         let ids = device.from_slice(next)?.f_view([b, 1])?;
         let pos = device.from_slice(&pos)?.f_view([b, 1])?;
-        let h = model.forward_cached(&ids, &pos, &mut st.cache, &mask)?;
+        let recording = st.routing.is_some();
+        let (h, routes) = model.forward_cached_routed(&ids, &pos, &mut st.cache, &mask, recording)?;
+        st.record(&routes, fresh)?;
         st.logits = model.decode_logits(&h.select(1, 0)).to_kind(Kind::Float);
         Ok(())
     }
@@ -374,7 +367,9 @@ impl Generator {
     ) -> Result<Vec<Completion>, GenerateError> {
         let mut st = tch::no_grad(|| self.prefill(model, prompts, cfg, cache, slots))?;
         let index: Vec<usize> = (0..prompts.len()).collect();
-        tch::no_grad(|| self.decode(model, &mut st, &index, cfg))
+        let out = tch::no_grad(|| self.decode(model, &mut st, &index, cfg));
+        self.routing = st.routing.take();
+        out
     }
 
     /// `group` completions per prompt (GRPO), prefix-shared: each prompt is prefilled once and
@@ -392,7 +387,9 @@ impl Generator {
         }
         privateuse1::checked(model.device(), || {
             let (mut forked, prompt_index) = self.prefill_groups(model, prompts, group, cfg)?;
-            tch::no_grad(|| self.decode(model, &mut forked, &prompt_index, cfg))
+            let out = tch::no_grad(|| self.decode(model, &mut forked, &prompt_index, cfg));
+            self.routing = forked.routing.take();
+            out
         })
     }
 

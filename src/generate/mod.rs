@@ -37,6 +37,7 @@ mod config;
 mod conversation;
 mod cpu_sampler;
 pub mod cuda_graph;
+mod decoding;
 mod device_sampling;
 mod generator;
 mod sampling;

@@ -141,6 +141,11 @@ pub struct UpdateMetrics {
     /// `router_aux_loss_coef = 0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aux_loss: Option<f64>,
+    /// A mixture model's share of (trained token, sparse layer) pairs whose experts in the
+    /// update differ as a set from those the generator chose (`train/routing_mismatch`): 0
+    /// under `routing_replay`. `None` for a dense model or rollouts without recorded routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_mismatch: Option<f64>,
 }
 
 /// Where a step's wall time went, and the throughputs ([`GrpoStepMetrics::times`]).
@@ -279,6 +284,7 @@ impl UpdateMetrics {
             raw_tokens: stats.raw_tokens,
             rows,
             aux_loss: routed.then_some(stats.aux_loss),
+            routing_mismatch: (stats.routing_compared > 0.0).then(|| stats.routing_mismatched / stats.routing_compared),
         }
     }
 }

@@ -124,6 +124,7 @@ mod producer;
 mod reference;
 mod reward;
 mod rollouts;
+mod routing_replay;
 mod row_loss;
 mod row_terms;
 mod talk;

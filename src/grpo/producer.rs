@@ -160,7 +160,10 @@ impl RolloutProducer {
     ) -> Result<RolloutBatch, TrainError> {
         let prompt_ids: Vec<Vec<i64>> = picked.iter().map(|&i| self.prompts.prompts[i].ids.clone()).collect();
         let start = Instant::now();
+        // A mixture's routing is recorded for the update to replay or compare.
+        self.generator.record_routing(model.config.mixture.is_some());
         let completions = self.generator.generate_groups(model, &prompt_ids, self.group, cfg)?;
+        let mut traces = self.generator.take_routing().unwrap_or_default().into_iter();
         let generation_s = start.elapsed().as_secs_f64();
         let generated_tokens = completions.iter().map(|c| c.output_ids.len()).sum();
         let start = Instant::now();
@@ -168,11 +171,13 @@ impl RolloutProducer {
         let groups = picked
             .iter()
             .map(|&p| {
-                self.score_completions(
+                let mut group = self.score_completions(
                     p,
                     chunks.next().map(<[Completion]>::to_vec).unwrap_or_default(),
                     version,
-                )
+                );
+                group.routing = traces.by_ref().take(self.group).collect();
+                group
             })
             .collect();
         Ok(self.batch(version, groups, generation_s, start, generated_tokens))
@@ -271,6 +276,7 @@ impl RolloutProducer {
             trained_masks,
             forked_rows: Vec::new(),
             drift: Default::default(),
+            routing: Vec::new(),
         }
     }
 }

@@ -197,6 +197,10 @@ pub struct ScoredGroup {
     /// Multi-turn: how its conversations' tokens followed the re-rendered history.
     #[serde(default)]
     pub drift: DriftTally,
+    /// A mixture model's routing of each completion's tokens as the generator recorded it (see
+    /// `Generator::record_routing`); empty when not recorded (multi-turn conversations).
+    #[serde(skip)]
+    pub routing: Vec<crate::model::moe::RoutingTrace>,
 }
 
 /// Over a group's turn transitions (an environment message after an assistant turn): how
@@ -326,6 +330,18 @@ impl RolloutBatch {
                     group_id: format!("{}/{}", g.origin, g.dataset_row),
                 });
             }
+        }
+        out
+    }
+
+    /// The recorded routing of each rollout [`RolloutBatch::rollouts_for_update`] gives, in
+    /// its order (`None` where none was recorded: a forked multi-turn row, say).
+    pub(crate) fn routing_for_update(&self, mask_truncated: bool) -> Vec<Option<&crate::model::moe::RoutingTrace>> {
+        let mut out = Vec::new();
+        for g in &self.groups {
+            let kept = |i: usize| !(mask_truncated && g.completions[i].finish_reason == FinishReason::Length);
+            out.extend((0..g.completions.len()).filter(|&i| kept(i)).map(|i| g.routing.get(i)));
+            out.extend(g.forked_rows.iter().filter(|f| kept(f.conversation)).map(|_| None));
         }
         out
     }

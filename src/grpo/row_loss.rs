@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 use super::objective::{GrpoObjective, LmHead};
 use super::row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
 use crate::device::Device;
-use crate::model::moe::RouterLoss;
+use crate::model::moe::{RecordedRouting, RouterLoss};
 use crate::model::{CausalLm, Inputs, ModelError};
 use crate::pack::{DistinctTerms, PackedRow, TermPairs, distinct_terms, weighted_sum};
 
@@ -58,13 +58,14 @@ pub(crate) fn grpo_loss_with_reference(
 /// `grpo_loss_with_reference`, back-propagated into the policy's gradients (accumulated;
 /// layer activations kept or recomputed as `cfg.activations` says, the LM head as
 /// `cfg.lm_head`), with `router`'s load-balancing loss of a mixture model added. Under
-/// `tch::no_grad` only the loss and its statistics are computed.
+/// `tch::no_grad` only the loss and its statistics are computed. `recorded`: the routing the
+/// generator recorded for the row's tokens, replayed or compared (GRPO's routing replay).
 pub fn grpo_loss_backward(
     model: &CausalLm,
     row: &PackedRow,
     cfg: &GrpoObjective,
     (weights, other): (TermWeights, TermLogprobs<'_>),
-    router: Option<&RouterLoss>,
+    (router, recorded): (Option<&RouterLoss>, Option<&RecordedRouting>),
 ) -> Result<GrpoLoss, ModelError> {
     let pairs = TermPairs::of(row)?;
     let (ids, pos, layout) = row.layout(model.device())?;
@@ -72,6 +73,7 @@ pub fn grpo_loss_backward(
         input_ids: &ids,
         position_ids: &pos,
         layout: &layout,
+        routing: recorded,
     };
     let (mut out, aux) = model.forward_backward_routed(inputs, cfg.activations, router, |hidden| {
         let terms = pairs.select(hidden, cfg.temperature)?;

@@ -14,6 +14,7 @@ use super::producer::RolloutProducer;
 use super::reward::RewardFailure;
 use super::reward::RewardFn;
 use super::rollouts::{PromptSet, RolloutBatch};
+use super::routing_replay::StepRouting;
 use super::update::{
     UpdateStats, accumulate_gradients, accumulate_share, idle_rows, idle_share, pack_rollouts, plan_rank_update,
     with_entropy_floor,
@@ -299,7 +300,17 @@ impl GrpoTrainer {
             // One backward pass a row, idle ones included: the same count on every rank.
             lm.expect_backward_passes(update.rows.len() + idle);
             let objective = with_entropy_floor(lm, (&update.rows, idle), objective, world)?;
-            let stats = accumulate_share(lm, self.reference(), &update.rows, update.totals, &objective)?;
+            let routing = StepRouting::new(
+                batch.routing_for_update(self.config.loss.mask_truncated_completions),
+                self.config.update.routing_replay,
+            );
+            let stats = accumulate_share(
+                lm,
+                self.reference(),
+                &update.rows,
+                update.totals,
+                (&objective, &routing),
+            )?;
             idle_share(lm, idle, &objective)?;
             Ok(stats)
         });

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::objective::GrpoObjective;
+use super::routing_replay::StepRouting;
 use super::row_loss::{grpo_loss_backward, row_router_loss};
 use super::row_terms::TermLogprobs;
 use crate::device::Device;
@@ -126,6 +127,12 @@ pub struct UpdateStats {
     /// rollouts (0 for a dense model).
     #[serde(default)]
     pub aux_loss: f64,
+    /// (Trained token, sparse layer) pairs whose experts differed from the generator's.
+    #[serde(default)]
+    pub routing_mismatched: f64,
+    /// Such pairs compared (those with recorded routing).
+    #[serde(default)]
+    pub routing_compared: f64,
     /// Seconds in forward + backward.
     pub forward_backward_s: f64,
 }
@@ -162,7 +169,7 @@ impl UpdateStats {
     }
 
     /// The statistics every rank holds a share of: means (shares of the step's) and counts.
-    fn shared_by_ranks(&mut self) -> ([&mut f64; 10], [&mut usize; 3]) {
+    fn shared_by_ranks(&mut self) -> ([&mut f64; 12], [&mut usize; 3]) {
         let UpdateStats {
             loss,
             terms: _,
@@ -178,6 +185,8 @@ impl UpdateStats {
             entropy_trained,
             sampling_correction,
             aux_loss,
+            routing_mismatched,
+            routing_compared,
             forward_backward_s: _,
         } = self;
         (
@@ -192,6 +201,8 @@ impl UpdateStats {
                 entropy_trained,
                 sampling_correction,
                 aux_loss,
+                routing_mismatched,
+                routing_compared,
             ],
             [forwarded_tokens, raw_tokens, rows],
         )
@@ -213,7 +224,8 @@ pub fn accumulate_gradients(
         Some(_) => *objective,
         None => floored(&term_entropies(policy, rows, objective)?, *objective),
     };
-    accumulate_share(policy, reference, rows, StepTotals::of(rows), &objective)
+    let routing = StepRouting::default();
+    accumulate_share(policy, reference, rows, StepTotals::of(rows), (&objective, &routing))
 }
 
 /// `objective` with the step's entropy floor set from every rank's rows when
@@ -325,7 +337,7 @@ pub(crate) fn accumulate_share(
     reference: Option<&CausalLm>,
     rows: &[PackedRow],
     totals: StepTotals,
-    objective: &GrpoObjective,
+    (objective, routing): (&GrpoObjective, &StepRouting<'_>),
 ) -> Result<UpdateStats, TrainError> {
     let start = Instant::now();
     let StepTotals { terms, .. } = totals;
@@ -358,7 +370,19 @@ pub(crate) fn accumulate_share(
         };
         // Under `tch::no_grad` (evaluation) nothing is back-propagated.
         let router = row_router_loss(row, objective.router_aux_loss_coef, totals.rollouts);
-        let out = grpo_loss_backward(policy, row, objective, (weights, other), router.as_ref())?;
+        let recorded = routing.of_row(policy, row)?;
+        let out = grpo_loss_backward(
+            policy,
+            row,
+            objective,
+            (weights, other),
+            (router.as_ref(), recorded.as_ref()),
+        )?;
+        if let Some(r) = &recorded {
+            let (mismatched, compared) = r.mismatch();
+            stats.routing_mismatched += mismatched;
+            stats.routing_compared += compared;
+        }
         if let Some(aux) = out.aux_loss {
             stats.aux_loss += aux * row.rollouts as f64 / totals.rollouts.max(1) as f64;
         }

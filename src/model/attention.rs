@@ -22,6 +22,9 @@ pub enum KeyValues<'a> {
         full: Masked<'a>,
         /// What sliding-window layers read (`None` in a model without them).
         sliding: Option<Masked<'a>>,
+        /// The routing recorded when these tokens were generated, replayed or compared by the
+        /// sparse layers (GRPO's routing replay).
+        routing: Option<&'a super::moe::RecordedRouting>,
     },
     /// A KV cache: the chunk's keys and values are stored, then its queries attend over the
     /// cache's slots under `mask` `[batch, 1, t, slots]`.
@@ -35,7 +38,15 @@ pub enum KeyValues<'a> {
     },
 }
 
-impl KeyValues<'_> {
+impl<'a> KeyValues<'a> {
+    /// The routing recorded for this forward's tokens, if any.
+    pub(crate) fn routing(&self) -> Option<&'a super::moe::RecordedRouting> {
+        match self {
+            KeyValues::Layout { routing, .. } => *routing,
+            KeyValues::Cache { .. } => None,
+        }
+    }
+
     /// The CPU ops a forward over these keys and values uses: the decode kernels in cached
     /// (generation) forwards, libtorch's elsewhere (see `super::cpu_kernels`).
     pub(crate) fn cpu_ops(&self) -> CpuOps {
@@ -277,7 +288,7 @@ impl Attention {
         // 2. Attention under the layout (or its windowed form), or over the cache after
         //    storing this chunk: the heads merged, `[b, t, heads * d]`.
         let (merged, out_ops) = match kv {
-            KeyValues::Layout { full, sliding } => {
+            KeyValues::Layout { full, sliding, .. } => {
                 let seen = match self.window {
                     Some(_) => sliding.ok_or_else(unwindowed)?,
                     None => *full,

@@ -17,6 +17,7 @@ use super::logprobs::LmHead;
 use super::moe::Routing;
 use super::norm::Norm;
 use super::parts::LayerNorms;
+use super::recompute::Inputs;
 use super::residual::Residual;
 use super::rope;
 use super::window::LayoutMasks;
@@ -111,10 +112,16 @@ impl DecoderLayer {
             .self_attn
             .forward(&self.input_layernorm.forward_with(x, ops), cos, sin, index, kv)?;
         let h = self.attention_residual.join(x, &post(&self.post_attention_norm, a));
-        // 2. The same for the feed-forward block (dense or routed).
+        // 2. The same for the feed-forward block (dense or routed; to the experts recorded at
+        //    generation where they are replayed, and compared with them where recorded).
+        let recorded = kv.routing();
+        let replayed = recorded.filter(|r| r.replays()).and_then(|r| r.layer(index));
         let (f, routing) = self
             .mlp
-            .forward_with(&self.pre_feedforward_norm.forward_with(&h, ops), ops)?;
+            .forward_with(&self.pre_feedforward_norm.forward_with(&h, ops), ops, replayed)?;
+        if let (Some(r), Some(routing)) = (recorded, &routing) {
+            r.count(index, &routing.experts)?;
+        }
         let out = self
             .feedforward_residual
             .join(&h, &post(&self.post_feedforward_norm, f));
@@ -307,7 +314,7 @@ impl CausalLm {
     ) -> Result<Tensor, ModelError> {
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
         let masks = self.layout_masks(layout, batch, seq)?;
-        self.run_layers(&ids, position_ids, masks.key_values(layout), None)
+        self.run_layers(&ids, position_ids, masks.key_values(layout, None), None)
     }
 
     /// The masks a forward of `[batch, seq]` tokens under `layout` needs, the sliding
@@ -330,10 +337,22 @@ impl CausalLm {
         position_ids: &Tensor,
         layout: &AttentionLayout,
     ) -> Result<(Tensor, Vec<Routing>), ModelError> {
-        let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
-        let masks = self.layout_masks(layout, batch, seq)?;
+        self.forward_hidden_recorded(Inputs {
+            input_ids,
+            position_ids,
+            layout,
+            routing: None,
+        })
+    }
+
+    /// [`CausalLm::forward_hidden_routed`] of `inputs`, with their recorded routing replayed or
+    /// compared where they carry one.
+    pub(crate) fn forward_hidden_recorded(&self, inputs: Inputs<'_>) -> Result<(Tensor, Vec<Routing>), ModelError> {
+        let (ids, batch, seq) = self.checked_ids(inputs.input_ids, inputs.position_ids)?;
+        let masks = self.layout_masks(inputs.layout, batch, seq)?;
         let mut routes = Vec::new();
-        let hidden = self.run_layers(&ids, position_ids, masks.key_values(layout), Some(&mut routes))?;
+        let kv = masks.key_values(inputs.layout, inputs.routing);
+        let hidden = self.run_layers(&ids, inputs.position_ids, kv, Some(&mut routes))?;
         Ok((hidden, routes))
     }
 
@@ -445,6 +464,21 @@ impl CausalLm {
         cache: &mut dyn KvCache,
         mask: &Tensor,
     ) -> Result<Tensor, ModelError> {
+        Ok(self
+            .forward_cached_routed(input_ids, position_ids, cache, mask, false)?
+            .0)
+    }
+
+    /// [`CausalLm::forward_cached`], with every sparse layer's routing of the chunk when
+    /// `routed` (what the generator records for routing replay).
+    pub fn forward_cached_routed(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        cache: &mut dyn KvCache,
+        mask: &Tensor,
+        routed: bool,
+    ) -> Result<(Tensor, Vec<Routing>), ModelError> {
         let size = input_ids.size();
         let [batch, t] = size[..] else {
             return Err(ModelError::Input(format!("input_ids must be [batch, t], got {size:?}")));
@@ -459,6 +493,7 @@ impl CausalLm {
         let ids = self.device.put(input_ids)?.f_to_kind(Kind::Int64)?;
         let window = self.config.parts.window();
         let sliding_mask = window.map(|w| super::window::window_mask(mask, w)).transpose()?;
+        let mut routes = Vec::new();
         let hidden = self.run_layers(
             &ids,
             position_ids,
@@ -467,10 +502,10 @@ impl CausalLm {
                 mask,
                 sliding_mask: sliding_mask.as_ref(),
             },
-            None,
+            routed.then_some(&mut routes),
         )?;
         cache.advance(t);
-        Ok(hidden)
+        Ok((hidden, routes))
     }
 
     /// Logits `[..., vocab]` of hidden states `[..., hidden]` (full vocabulary: prefer

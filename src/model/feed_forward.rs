@@ -87,11 +87,17 @@ impl FeedForward {
         }
     }
 
-    /// `x` `[..., hidden]` -> `[..., hidden]`, with the routing when the block is sparse.
-    pub fn forward_with(&self, x: &Tensor, ops: CpuOps) -> Result<(Tensor, Option<Routing>), ModelError> {
+    /// `x` `[..., hidden]` -> `[..., hidden]`, with the routing when the block is sparse
+    /// (routed to `replayed` experts where given: [`SparseMoe::forward_routed_by`]).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        ops: CpuOps,
+        replayed: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Routing>), ModelError> {
         match self {
             FeedForward::Dense(m) => Ok((m.forward_with(x, ops), None)),
-            FeedForward::Sparse(m) => m.forward(x).map(|(y, r)| (y, Some(r))),
+            FeedForward::Sparse(m) => m.forward_routed_by(x, replayed).map(|(y, r)| (y, Some(r))),
         }
     }
 }

@@ -54,6 +54,7 @@ impl CausalLm {
             input_ids,
             position_ids,
             layout,
+            routing: None,
         };
         Ok(self.forward_backward_routed(pass, activations, None, head)?.0)
     }
@@ -73,12 +74,13 @@ impl CausalLm {
             input_ids,
             position_ids,
             layout,
+            routing,
         } = pass;
         self.check_activations_fit(input_ids, activations)?;
         self.begin_pass(super::Pass::ForwardBackward)?;
         let mut tally = self.router_tally(router, input_ids.numel() as i64)?;
         if activations == Activations::Kept && !self.in_lockstep() {
-            let (hidden, routes) = self.forward_hidden_routed(input_ids, position_ids, layout)?;
+            let (hidden, routes) = self.forward_hidden_recorded(pass)?;
             let (loss, out) = head(&hidden)?;
             let aux = tally.as_mut().map(|t| t.whole_term(&routes)).transpose()?;
             if let Some(loss) = sum_of(loss, aux) {
@@ -94,7 +96,7 @@ impl CausalLm {
         let (ids, batch, seq) = self.checked_ids(input_ids, position_ids)?;
         let masks = self.layout_masks(layout, batch, seq)?;
         let (cos, sin) = self.rope(position_ids)?;
-        let kv = || masks.key_values(layout);
+        let kv = || masks.key_values(layout, routing);
         // 2. The stack, keeping each layer's input [batch, seq, hidden] (a leaf, with the
         //    layer's output when kept) and where the dropout stream stood when it ran; every
         //    sparse layer's choices counted.
@@ -312,6 +314,9 @@ pub struct Inputs<'a> {
     pub position_ids: &'a Tensor,
     /// How the tokens attend.
     pub layout: &'a AttentionLayout,
+    /// The routing recorded when the tokens were generated, replayed or compared by the
+    /// sparse layers (GRPO's routing replay); `None` routes as usual.
+    pub routing: Option<&'a super::moe::RecordedRouting>,
 }
 
 /// The head's loss plus the router's term, when there is either.

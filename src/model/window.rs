@@ -68,11 +68,17 @@ impl LayoutMasks {
         Ok(LayoutMasks { mask, sliding })
     }
 
-    /// The keys and values of a forward over `layout` (the layout these masks were made for).
-    pub(crate) fn key_values<'a>(&'a self, layout: &'a AttentionLayout) -> super::KeyValues<'a> {
+    /// The keys and values of a forward over `layout` (the layout these masks were made for),
+    /// with the routing recorded for its tokens.
+    pub(crate) fn key_values<'a>(
+        &'a self,
+        layout: &'a AttentionLayout,
+        routing: Option<&'a super::moe::RecordedRouting>,
+    ) -> super::KeyValues<'a> {
         super::KeyValues::Layout {
             full: self.full(layout),
             sliding: self.sliding(layout),
+            routing,
         }
     }
 

@@ -529,6 +529,7 @@ fn backward_nll(
         input_ids: &ids,
         position_ids: &pos,
         layout: &layout,
+        routing: None,
     };
     Ok(model
         .lm

@@ -284,6 +284,10 @@ pub struct Update {
     /// sets LoRA's `lora_dropout` to 0, and the log-probs of a rollout no longer depend on the
     /// dropout draws.
     pub disable_dropout: bool,
+    /// A mixture model's update routes each generated token to the experts the generator chose
+    /// for it, with the routing weights recomputed from the current router (routing replay,
+    /// the R3 method). Off by default; `routing_mismatch` is logged either way.
+    pub routing_replay: bool,
 }
 
 impl Default for Update {
@@ -292,6 +296,7 @@ impl Default for Update {
             packing: Packing::Tree,
             token_budget: 4096,
             disable_dropout: false,
+            routing_replay: false,
         }
     }
 }

@@ -87,11 +87,21 @@ impl SparseMoe {
 
     /// `x` `[..., hidden]` -> `[..., hidden]`, with the routing it used.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Routing), ModelError> {
+        self.forward_routed_by(x, None)
+    }
+
+    /// [`SparseMoe::forward`], each token routed to `replayed` `[tokens, k]` where that has a
+    /// row for it (see [`Router::route_recorded`]).
+    pub fn forward_routed_by(&self, x: &Tensor, replayed: Option<&Tensor>) -> Result<(Tensor, Routing), ModelError> {
         let size = x.size();
         let hidden = *size.last().unwrap_or(&0);
-        // 1. Tokens as rows `[n, hidden]`, routed at the model's width.
+        // 1. Tokens as rows `[n, hidden]`, routed at the model's width (or to the replayed
+        //    experts).
         let flat = x.f_reshape([-1, hidden])?;
-        let routing = self.router.route(&flat);
+        let routing = match replayed {
+            Some(r) => self.router.route_recorded(&flat, r)?,
+            None => self.router.route(&flat),
+        };
         // 2. Down to the experts' width and normed, where the block projects (`[n, width]`).
         let rows = match &self.projections {
             Some(p) => p.norm.forward(&p.pre.forward(&flat)),

@@ -1,5 +1,5 @@
-//! Mixture-of-experts feed-forward blocks (Qwen3-MoE), exact against transformers 5.23's
-//! `modeling_qwen3_moe.py`.
+//! Mixture-of-experts feed-forward blocks (Qwen3-MoE; Muse Spark's sigmoid-routed experts),
+//! exact against transformers 5.23's `modeling_qwen3_moe.py` and `modeling_muse_spark.py`.
 //!
 //! - [`MixtureConfig`]: the mixture fields of `config.json`, which layers are sparse.
 //! - [`SparseMoe`]: a sparse layer's `mlp`, the [`Router`] (fp32 softmax over every expert, top
@@ -8,6 +8,8 @@
 //! - [`load_balancing_loss`]: the router's auxiliary loss as transformers computes it;
 //!   [`RouterLoss`]: what a training pass adds of it.
 //! - [`ExpertLoad`]: how scored tokens spread over the experts, drawn as a heatmap.
+//! - [`RoutingTrace`], [`RecordedRouting`]: the routing the generator recorded, replayed or
+//!   compared in a training forward (GRPO's routing replay).
 //! - Checkpoints in the hub's per-expert layout load into the fused parameters
 //!   (`checkpoint`); saves write the fused layout.
 //!
@@ -21,6 +23,7 @@ pub(crate) mod checkpoint;
 mod config;
 mod experts;
 mod load;
+mod replay;
 mod router;
 
 pub(crate) use aux_loss::RouterTally;
@@ -29,4 +32,5 @@ pub use block::{ExpertProjections, SparseMoe};
 pub use config::{ExpertProjection, MixtureConfig, SigmoidRouting};
 pub use experts::Experts;
 pub use load::ExpertLoad;
+pub use replay::{RecordedRouting, RoutingTrace};
 pub use router::{Router, Routing};

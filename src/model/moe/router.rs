@@ -108,6 +108,34 @@ impl Router {
         }
     }
 
+    /// Routes `x` `[n, hidden]` to `recorded` `[n, k]` (int64; a row of -1 routes as usual):
+    /// the recorded experts with weights recomputed from this router's scores, as they would
+    /// weigh had it chosen them (its gradient flows through them).
+    pub fn route_recorded(&self, x: &Tensor, recorded: &Tensor) -> Result<Routing, tch::TchError> {
+        let own = self.route(x);
+        let recorded = recorded.f_to_device(x.device())?;
+        let valid = recorded.f_ge(0)?.f_all_dim(-1, true)?;
+        let experts = recorded.f_where_self(&valid, &own.experts)?;
+        let weights = match &self.sigmoid {
+            Some(s) => {
+                let top = own.logits.f_sigmoid()?.f_gather(1, &experts, false)?;
+                (&top / (top.f_sum_dim_intlist(-1, true, Kind::Float)? + 1e-15)) * s.settings.routed_scaling_factor
+            }
+            None => {
+                let mut top = own.logits.f_softmax(-1, Kind::Float)?.f_gather(1, &experts, false)?;
+                if self.norm_topk_prob {
+                    top = &top / top.f_sum_dim_intlist(-1, true, Kind::Float)?;
+                }
+                top.f_to_kind(x.kind())?
+            }
+        };
+        Ok(Routing {
+            logits: own.logits,
+            experts,
+            weights,
+        })
+    }
+
     /// Experts each token is sent to.
     pub fn top_k(&self) -> i64 {
         self.top_k
