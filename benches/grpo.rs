@@ -2,12 +2,19 @@
 //! shipped recipe, and tree vs flat packing of the update on the same real rollouts.
 //!
 //! cargo bench --bench grpo -- [--steps 20] [--prompts 16] [--config config.json | --model DIR]
+//!     [--trl-pairs N [--python PATH]]
 //!
 //! The shipped SFT model (or a random model of a published config, with the shipped tokenizer)
 //! and prompts, 16 prompts x 8 completions a step, completions of at most 16 tokens, sync
 //! rollouts, fp32, CPU. After every trainer step (tree-packed), the step's
 //! rollouts are packed both ways and one forward + backward of each is timed on the trainer's
-//! policy (`GrpoTrainer::measure_update`, gradients cleared after), alternating which goes first. Under `cargo test` a 2-step smoke run.
+//! policy (`GrpoTrainer::measure_update`, gradients cleared after), alternating which goes
+//! first. Under `cargo test` a 2-step smoke run.
+//!
+//! `--trl-pairs N`: then N pairs of whole runs, treetrain's trainer and TRL 1.16's
+//! `GRPOTrainer` (`scripts/bench/trl_grpo.py`: the same model, prompts, completions, rewards and
+//! learning rate, generation by transformers' `generate`) one after the other, each timed per
+//! step after 2 warm-up steps.
 
 mod common;
 
@@ -15,7 +22,7 @@ use clap::Parser;
 
 use treetrain::grpo::{BuiltinReward, GrpoConfig, GrpoTrainer, RewardSpec};
 use treetrain::pack::Packing;
-use treetrain::train::{DataSettings, OptimizerSettings, TrainConfig};
+use treetrain::train::{DataSettings, OptimizerSettings, TrainConfig, Trainer};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -29,6 +36,53 @@ struct Cli {
     /// Prompts per step.
     #[arg(long, default_value_t = 16)]
     prompts: usize,
+    /// Pairs of whole runs against TRL's GRPOTrainer (0: none).
+    #[arg(long, default_value_t = 0)]
+    trl_pairs: usize,
+}
+
+/// Seconds per step of a fresh trainer of `cfg` over `steps` steps after 2 warm-up steps.
+fn treetrain_step_s(cfg: &GrpoConfig, steps: u64) -> f64 {
+    let mut c = cfg.clone();
+    c.max_steps = steps + 2;
+    let mut t = GrpoTrainer::new(c).expect("trainer");
+    t.train_for(steps + 2).expect("train");
+    mean(&t.state.history[2..].iter().map(|m| m.times.step_s).collect::<Vec<_>>())
+}
+
+/// Seconds per step of TRL's GRPOTrainer on the same recipe (`None`, said, when it fails).
+fn trl_step_s(py: &str, model_dir: &std::path::Path, prompts: usize, steps: u64) -> Option<f64> {
+    let data = common::root().join("datasets/grpo/train.parquet");
+    let (prompts, steps) = (prompts.to_string(), steps.to_string());
+    let args = [
+        model_dir.as_os_str(),
+        data.as_os_str(),
+        prompts.as_ref(),
+        steps.as_ref(),
+    ];
+    common::python_result(py, "scripts/bench/trl_grpo.py", &args).and_then(|v| v["step_s"].as_f64())
+}
+
+/// `pairs` pairs of whole runs, treetrain then TRL: each side's seconds per step and the ratio.
+fn against_trl(
+    cfg: &GrpoConfig,
+    py: &str,
+    (model_dir, prompts, steps): (&std::path::Path, usize, u64),
+    pairs: usize,
+) -> serde_json::Value {
+    let mut runs = Vec::new();
+    for pair in 0..pairs {
+        let ours = treetrain_step_s(cfg, steps);
+        let Some(theirs) = trl_step_s(py, model_dir, prompts, steps) else {
+            break;
+        };
+        println!(
+            "pair {pair}: treetrain {ours:.3} s/step, TRL {theirs:.3} s/step: {:.2}x",
+            theirs / ours
+        );
+        runs.push(serde_json::json!({"treetrain_step_s": ours, "trl_step_s": theirs, "ratio": theirs / ours}));
+    }
+    serde_json::Value::Array(runs)
 }
 
 /// Tree and flat updates of every step's rollouts: seconds and tokens forwarded per step,
@@ -170,5 +224,12 @@ fn main() {
         "reward_first": h.first().map(|m| m.rollouts.reward_mean),
         "reward_last": h.last().map(|m| m.rollouts.reward_mean),
     });
+    let mut result = result;
+    if cli.trl_pairs > 0 {
+        match common::python(args.python.clone(), "trl, datasets") {
+            Some(py) => result["against_trl"] = against_trl(&cfg, &py, (&model_dir, prompts, steps), cli.trl_pairs),
+            None => println!("TRL: no Python with trl and datasets (scripts/fixtures/venv.sh makes one)"),
+        }
+    }
     args.write_result("grpo", &result);
 }

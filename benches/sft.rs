@@ -18,7 +18,6 @@ mod common;
 use clap::Parser;
 
 use std::path::Path;
-use std::process::Command;
 
 use treetrain::model::ModelConfig;
 use treetrain::sft::{PackingStrategy, SftConfig, SftTrainer, TokenizeOptions};
@@ -145,25 +144,10 @@ fn treetrain_rate(model_dir: &Path, data: &Path, steps: u64, checkpointing: bool
 /// Tokens/s of TRL's SFTTrainer on the same model, data and settings (`None`, said, when it
 /// fails).
 fn trl_rate(py: &str, model_dir: &Path, data: &Path, steps: u64, checkpointing: bool) -> Option<f64> {
-    let script = common::root().join("scripts/bench/trl_sft.py");
-    let out = Command::new(py)
-        .arg(script)
-        .arg(model_dir)
-        .arg(data)
-        .arg(steps.to_string())
-        .arg(if checkpointing { "checkpointing" } else { "kept" })
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let parsed = stdout
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
-    if parsed.is_none() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!("TRL: failed: {}", err.lines().last().unwrap_or(""));
-    }
-    parsed.and_then(|v| v["tokens_per_s"].as_f64())
+    let steps = steps.to_string();
+    let mode = if checkpointing { "checkpointing" } else { "kept" };
+    let args = [model_dir.as_os_str(), data.as_os_str(), steps.as_ref(), mode.as_ref()];
+    common::python_result(py, "scripts/bench/trl_sft.py", &args).and_then(|v| v["tokens_per_s"].as_f64())
 }
 
 /// Parameters of the decoder layers' linear maps (q, k, v, o, gate, up, down).

@@ -4,61 +4,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::fixture_models::*;
 use common::row_logits;
 use tch::{Kind, Tensor};
-use treetrain::device::Device;
 use treetrain::generate::{GenerationConfig, Generator};
 use treetrain::model::moe::{RouterLoss, load_balancing_loss};
-use treetrain::model::{Activations, AttentionLayout, Inputs, LoadOptions, LogprobChunks, Model};
-use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
+use treetrain::model::{Activations, AttentionLayout, LoadOptions, LogprobChunks, Model};
+use treetrain::pack::{PackedRow, PrefixTree, pack_flat, row_logprobs};
 
 const CASES: [&str; 2] = ["qwen3_moe", "qwen3_moe_fused_bf16"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-fn expected(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
-}
-
-fn load_f32(dir: &Path) -> Model {
-    let opts = LoadOptions {
-        dtype: Some(Kind::Float),
-        device: Device::Cpu,
-    };
-    Model::load(dir, opts).unwrap()
-}
-
-fn rows(exp: &serde_json::Value) -> Vec<Vec<i64>> {
-    serde_json::from_value(exp["rows"].clone()).unwrap()
-}
-
-fn tensor(v: &serde_json::Value) -> Tensor {
-    let flat: Vec<f32> = flatten(v);
-    let mut shape = Vec::new();
-    let mut at = v;
-    while let Some(a) = at.as_array() {
-        shape.push(a.len() as i64);
-        at = &a[0];
-    }
-    Tensor::from_slice(&flat).view(shape.as_slice())
-}
-
-fn flatten(v: &serde_json::Value) -> Vec<f32> {
-    match v.as_array() {
-        Some(a) => a.iter().flat_map(flatten).collect(),
-        None => vec![v.as_f64().unwrap() as f32],
-    }
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
-}
 
 #[test]
 fn logits_and_logprobs_match_transformers() {
@@ -77,33 +33,6 @@ fn logits_and_logprobs_match_transformers() {
             );
         }
     }
-}
-
-fn rollout(ids: Vec<i64>, prompt: usize) -> Rollout {
-    let n = ids.len();
-    let mut completion_mask = vec![0u8; prompt];
-    completion_mask.resize(n, 1);
-    Rollout {
-        input_ids: ids,
-        completion_mask,
-        old_log_probs: vec![0.0; n],
-        advantage: 1.0,
-        group_id: "g".into(),
-    }
-}
-
-/// The log-prob of every trained token, each rollout forwarded alone.
-fn separate_logprobs(m: &Model, rs: &[Rollout]) -> Tensor {
-    let mut out = Vec::new();
-    for r in rs {
-        let lsm = row_logits(m, &r.input_ids).log_softmax(-1, Kind::Float);
-        for p in 1..r.input_ids.len() {
-            if r.completion_mask[p] == 1 {
-                out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
-            }
-        }
-    }
-    Tensor::stack(&out, 0)
 }
 
 #[test]
@@ -150,32 +79,11 @@ fn aux_of(m: &Model, row: &[i64]) -> f64 {
 /// loss, back-propagated as a training pass does (transformers' `Qwen3MoeForCausalLM` loss with
 /// `labels = row`); returns the loss.
 fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
-    let n = row.len() as i64;
-    let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
     let router = RouterLoss {
         coef: m.lm.config.mixture.as_ref().unwrap().router_aux_loss_coef,
-        token_weights: Tensor::ones([n], (Kind::Float, tch::Device::Cpu)),
+        token_weights: Tensor::ones([row.len() as i64], (Kind::Float, tch::Device::Cpu)),
     };
-    let inputs = Inputs {
-        input_ids: &ids,
-        position_ids: &pos,
-        layout: &AttentionLayout::Causal,
-        routing: None,
-    };
-    let (ce, aux) =
-        m.lm.forward_backward_routed(inputs, activations, Some(&router), |hidden| {
-            let logits = m.lm.logits(hidden).squeeze_dim(0);
-            let ce = logits
-                .narrow(0, 0, n - 1)
-                .log_softmax(-1, Kind::Float)
-                .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
-                .mean(Kind::Float)
-                .neg();
-            let value = ce.double_value(&[]);
-            Ok((Some(ce), value))
-        })
-        .unwrap();
+    let (ce, aux) = ce_pass(m, row, activations, (Some(&router), None));
     ce + router.coef * aux.unwrap()
 }
 
@@ -665,11 +573,7 @@ fn lora_on_the_experts_round_trips_with_peft() {
     let python = std::env::var("TREETRAIN_PEFT_PYTHON")
         .expect("set TREETRAIN_PEFT_PYTHON to a python with peft (scripts/setup-peft.sh prints it)");
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
-    let run = |args: &[&std::ffi::OsStr]| {
-        let out = std::process::Command::new(&python).args(args).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let run = |args: &[&std::ffi::OsStr]| python_json(&python, args);
     let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
     let rows_json = serde_json::to_string(&rows).unwrap();
     let cases: [(&str, &[&str]); 3] = [
@@ -746,27 +650,7 @@ fn replayed_routing_gives_the_gradients_of_a_routing_fixed_by_hand() {
             })
             .collect();
         let recorded = RecordedRouting::new(experts, true, Tensor::ones([n], (Kind::Bool, tch::Device::Cpu)));
-        let ids = Tensor::from_slice(&row).view([1, n]);
-        let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
-        let inputs = Inputs {
-            input_ids: &ids,
-            position_ids: &pos,
-            layout: &AttentionLayout::Causal,
-            routing: Some(&recorded),
-        };
-        let (loss, _) =
-            m.lm.forward_backward_routed(inputs, activations, None, |hidden| {
-                let logits = m.lm.logits(hidden).squeeze_dim(0);
-                let ce = logits
-                    .narrow(0, 0, n - 1)
-                    .log_softmax(-1, Kind::Float)
-                    .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
-                    .mean(Kind::Float)
-                    .neg();
-                let value = ce.double_value(&[]);
-                Ok((Some(ce), value))
-            })
-            .unwrap();
+        let (loss, _) = ce_pass(&m, &row, activations, (None, Some(&recorded)));
         assert!(
             (loss - exp["loss"].as_f64().unwrap()).abs() <= 1e-5,
             "{activations:?}: loss {loss}"

@@ -5,58 +5,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::fixture_models::*;
 use common::row_logits;
 use tch::{Kind, Tensor};
-use treetrain::device::Device;
 use treetrain::generate::{GenerationConfig, Generator};
-use treetrain::model::{Activations, AttentionLayout, Inputs, LoadOptions, LogprobChunks, Model};
-use treetrain::pack::{PackedRow, PrefixTree, Rollout, pack_flat, row_logprobs};
+use treetrain::model::{Activations, AttentionLayout, LogprobChunks, Model};
+use treetrain::pack::{PackedRow, PrefixTree, pack_flat, row_logprobs};
 
 const CASES: [&str; 2] = ["muse_spark", "muse_spark_bf16"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-fn expected(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
-}
-
-fn load_f32(dir: &Path) -> Model {
-    let opts = LoadOptions {
-        dtype: Some(Kind::Float),
-        device: Device::Cpu,
-    };
-    Model::load(dir, opts).unwrap()
-}
-
-fn rows(exp: &serde_json::Value) -> Vec<Vec<i64>> {
-    serde_json::from_value(exp["rows"].clone()).unwrap()
-}
-
-fn tensor(v: &serde_json::Value) -> Tensor {
-    fn flatten(v: &serde_json::Value) -> Vec<f32> {
-        match v.as_array() {
-            Some(a) => a.iter().flat_map(flatten).collect(),
-            None => vec![v.as_f64().unwrap() as f32],
-        }
-    }
-    let mut shape = Vec::new();
-    let mut at = v;
-    while let Some(a) = at.as_array() {
-        shape.push(a.len() as i64);
-        at = &a[0];
-    }
-    Tensor::from_slice(&flatten(v)).view(shape.as_slice())
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
-}
 
 /// transformers' own fp32 error on a fixture number (from its float64 forward): two fp32
 /// computations as exact as each other differ by up to twice it.
@@ -125,19 +83,6 @@ fn a_padded_batch_equals_each_row_alone() {
     }
 }
 
-fn rollout(ids: Vec<i64>, prompt: usize) -> Rollout {
-    let n = ids.len();
-    let mut completion_mask = vec![0u8; prompt];
-    completion_mask.resize(n, 1);
-    Rollout {
-        input_ids: ids,
-        completion_mask,
-        old_log_probs: vec![0.0; n],
-        advantage: 1.0,
-        group_id: "g".into(),
-    }
-}
-
 /// Tree and flat packing equal each rollout forwarded alone, with a shared prefix longer than
 /// the window and branches that fork and run past it.
 #[test]
@@ -160,18 +105,7 @@ fn tree_and_flat_packing_apply_the_window_along_each_path() {
     let chunks = LogprobChunks { tokens: 7, vocab: 100 };
     for case in CASES {
         let m = load_f32(&fixture(case));
-        let want = tch::no_grad(|| {
-            let mut out = Vec::new();
-            for r in &rs {
-                let lsm = row_logits(&m, &r.input_ids).log_softmax(-1, Kind::Float);
-                for p in 1..r.input_ids.len() {
-                    if r.completion_mask[p] == 1 {
-                        out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
-                    }
-                }
-            }
-            Tensor::stack(&out, 0)
-        });
+        let want = separate_logprobs(&m, &rs);
         for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
             let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
             let d = max_diff(&got, &want);
@@ -183,28 +117,7 @@ fn tree_and_flat_packing_apply_the_window_along_each_path() {
 /// Mean next-token cross-entropy of `row`, back-propagated as a training pass does
 /// (transformers' loss with `labels = row`; Muse Spark's code adds no router loss).
 fn training_pass(m: &Model, row: &[i64], activations: Activations) -> f64 {
-    let n = row.len() as i64;
-    let ids = Tensor::from_slice(row).view([1, n]);
-    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
-    let inputs = Inputs {
-        input_ids: &ids,
-        position_ids: &pos,
-        layout: &AttentionLayout::Causal,
-        routing: None,
-    };
-    let (ce, aux) =
-        m.lm.forward_backward_routed(inputs, activations, None, |hidden| {
-            let logits = m.lm.logits(hidden).squeeze_dim(0);
-            let ce = logits
-                .narrow(0, 0, n - 1)
-                .log_softmax(-1, Kind::Float)
-                .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
-                .mean(Kind::Float)
-                .neg();
-            let value = ce.double_value(&[]);
-            Ok((Some(ce), value))
-        })
-        .unwrap();
+    let (ce, aux) = ce_pass(m, row, activations, (None, None));
     assert!(aux.is_none());
     ce
 }
@@ -333,11 +246,7 @@ fn lora_on_the_attention_round_trips_with_peft() {
     let targets = ["q_proj", "k_proj", "v_proj", "o_proj"];
     let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
-    let run = |args: &[&std::ffi::OsStr]| {
-        let out = std::process::Command::new(&python).args(args).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let run = |args: &[&std::ffi::OsStr]| python_json(&python, args);
     let rows_json = serde_json::to_string(&rows).unwrap();
     // treetrain's adapter, every tensor moved off its initial value, read by PEFT.
     let mut m = load_f32(&fixture("muse_spark"));
@@ -499,18 +408,7 @@ fn long_segments_read_only_their_windows_keys_and_stay_exact() {
         tokens: 256,
         vocab: 2048,
     };
-    let want = tch::no_grad(|| {
-        let mut out = Vec::new();
-        for r in &rs {
-            let lsm = row_logits(&m, &r.input_ids).log_softmax(-1, Kind::Float);
-            for p in 1..r.input_ids.len() {
-                if r.completion_mask[p] == 1 {
-                    out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
-                }
-            }
-        }
-        Tensor::stack(&out, 0)
-    });
+    let want = separate_logprobs(&m, &rs);
     for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
         let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
         let d = max_diff(&got, &want);

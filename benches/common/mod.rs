@@ -25,6 +25,27 @@ pub fn python(arg: Option<String>, modules: &str) -> Option<String> {
     })
 }
 
+/// The JSON line `py script args...` prints last (`None`, the script's last error line said,
+/// when there is none): how a bench reads its Python reference's result.
+#[allow(dead_code)]
+pub fn python_result(py: &str, script: &str, args: &[&std::ffi::OsStr]) -> Option<serde_json::Value> {
+    let out = Command::new(py)
+        .arg(root().join(script))
+        .args(args)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let parsed = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    if parsed.is_none() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        println!("{script}: failed: {}", err.lines().last().unwrap_or(""));
+    }
+    parsed
+}
+
 /// The checkout the benches read data and scripts from and write `target/bench/` into:
 /// `$TREETRAIN_BENCH_ROOT` when set (a bench binary carried to another machine, as
 /// scripts/gpu-check.sh does), else the checkout it was built in.

@@ -188,13 +188,19 @@ pub fn mixture_config(eos_id: i64, pad_id: i64) -> serde_json::Value {
 
 /// Writes the tiny mixture's files into `dir`: the tiny model's, with [`mixture_config`].
 pub fn write_mixture_files(dir: &Path) -> Result<(), String> {
+    write_variant_files(dir, mixture_config)
+}
+
+/// Writes the tiny model's files into `dir` with the `config.json` that `config` makes of its
+/// EOS and padding ids.
+fn write_variant_files(dir: &Path, config: fn(i64, i64) -> serde_json::Value) -> Result<(), String> {
     write_model_files(dir)?;
-    let config: serde_json::Value =
+    let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
-    let id = |key: &str| config[key].as_i64().ok_or_else(|| format!("config.json lacks {key}"));
-    let text = serde_json::to_string_pretty(&mixture_config(id("eos_token_id")?, id("pad_token_id")?))
-        .map_err(|e| e.to_string())?;
+    let id = |key: &str| base[key].as_i64().ok_or_else(|| format!("config.json lacks {key}"));
+    let text =
+        serde_json::to_string_pretty(&config(id("eos_token_id")?, id("pad_token_id")?)).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("config.json"), text + "\n").map_err(|e| e.to_string())
 }
 
@@ -248,14 +254,7 @@ pub fn muse_spark_config(eos_id: i64, pad_id: i64) -> serde_json::Value {
 
 /// Writes the tiny Muse Spark's files into `dir`: the tiny model's, with [`muse_spark_config`].
 pub fn write_muse_spark_files(dir: &Path) -> Result<(), String> {
-    write_model_files(dir)?;
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    let id = |key: &str| config[key].as_i64().ok_or_else(|| format!("config.json lacks {key}"));
-    let text = serde_json::to_string_pretty(&muse_spark_config(id("eos_token_id")?, id("pad_token_id")?))
-        .map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("config.json"), text + "\n").map_err(|e| e.to_string())
+    write_variant_files(dir, muse_spark_config)
 }
 
 /// The tiny model's folder, checked loadable (its weights are made from the seed in

@@ -1,5 +1,8 @@
 //! Shared by the integration tests that train on the shipped data.
 
+#[allow(dead_code)]
+pub mod fixture_models;
+
 use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};

@@ -94,6 +94,19 @@ fn positive(extra: &BTreeMap<String, Value>, name: &str) -> Result<i64, ModelErr
     }
 }
 
+/// `num_experts_per_tok`: positive and at most `num_experts`.
+fn top_k(extra: &BTreeMap<String, Value>, num_experts: i64) -> Result<i64, ModelError> {
+    let k = positive(extra, "num_experts_per_tok")?;
+    if k > num_experts {
+        return Err(ModelError::unsupported(
+            "num_experts_per_tok",
+            k,
+            &format!("exceeds the {num_experts} experts"),
+        ));
+    }
+    Ok(k)
+}
+
 impl MixtureConfig {
     /// Reads Qwen3-MoE's mixture fields from a config's `extra` fields, for a stack of
     /// `num_layers` layers.
@@ -111,14 +124,7 @@ impl MixtureConfig {
             true => positive(extra, "num_local_experts")?,
             false => positive(extra, "num_experts")?,
         };
-        let experts_per_token = positive(extra, "num_experts_per_tok")?;
-        if experts_per_token > num_experts {
-            return Err(ModelError::unsupported(
-                "num_experts_per_tok",
-                experts_per_token,
-                &format!("exceeds the {num_experts} experts"),
-            ));
-        }
+        let experts_per_token = top_k(extra, num_experts)?;
         let step = field::<i64>(extra, "decoder_sparse_step")?.unwrap_or(1);
         if step <= 0 {
             return Err(ModelError::unsupported("decoder_sparse_step", step, "must be positive"));
@@ -163,14 +169,7 @@ impl MixtureConfig {
         rms_norm_eps: f64,
     ) -> Result<Self, ModelError> {
         let num_experts = positive(extra, "num_local_experts")?;
-        let experts_per_token = positive(extra, "num_experts_per_tok")?;
-        if experts_per_token > num_experts {
-            return Err(ModelError::unsupported(
-                "num_experts_per_tok",
-                experts_per_token,
-                &format!("exceeds the {num_experts} experts"),
-            ));
-        }
+        let experts_per_token = top_k(extra, num_experts)?;
         let kinds: Vec<String> = field(extra, "mlp_layer_types")?.unwrap_or_default();
         if kinds.len() as i64 != num_layers {
             return Err(ModelError::unsupported(

@@ -1,0 +1,130 @@
+//! The tiny checkpoints transformers saved under `tests/fixtures/models` and what the parity
+//! tests do with them: load, read the expected numbers, forward rows alone, back-propagate a
+//! row's next-token cross-entropy, run a Python reference.
+
+use std::path::{Path, PathBuf};
+
+use tch::{Kind, Tensor};
+use treetrain::device::Device;
+use treetrain::model::moe::{RecordedRouting, RouterLoss};
+use treetrain::model::{Activations, AttentionLayout, Inputs, LoadOptions, Model};
+use treetrain::pack::Rollout;
+
+use super::row_logits;
+
+/// `tests/fixtures/models/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// The fixture's `expected.json`.
+pub fn expected(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
+}
+
+/// The checkpoint in `dir`, in fp32 on the CPU.
+pub fn load_f32(dir: &Path) -> Model {
+    let opts = LoadOptions {
+        dtype: Some(Kind::Float),
+        device: Device::Cpu,
+    };
+    Model::load(dir, opts).unwrap()
+}
+
+/// The rows of an `expected.json`.
+pub fn rows(exp: &serde_json::Value) -> Vec<Vec<i64>> {
+    serde_json::from_value(exp["rows"].clone()).unwrap()
+}
+
+/// A nested JSON array of numbers as an f32 tensor of its shape.
+pub fn tensor(v: &serde_json::Value) -> Tensor {
+    fn flatten(v: &serde_json::Value) -> Vec<f32> {
+        match v.as_array() {
+            Some(a) => a.iter().flat_map(flatten).collect(),
+            None => vec![v.as_f64().unwrap() as f32],
+        }
+    }
+    let mut shape = Vec::new();
+    let mut at = v;
+    while let Some(a) = at.as_array() {
+        shape.push(a.len() as i64);
+        at = &a[0];
+    }
+    Tensor::from_slice(&flatten(v)).view(shape.as_slice())
+}
+
+/// The largest absolute difference.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+/// A rollout of `ids` whose first `prompt` tokens are the prompt.
+pub fn rollout(ids: Vec<i64>, prompt: usize) -> Rollout {
+    let n = ids.len();
+    let mut completion_mask = vec![0u8; prompt];
+    completion_mask.resize(n, 1);
+    Rollout {
+        input_ids: ids,
+        completion_mask,
+        old_log_probs: vec![0.0; n],
+        advantage: 1.0,
+        group_id: "g".into(),
+    }
+}
+
+/// The log-prob of every trained token, each rollout forwarded alone.
+pub fn separate_logprobs(m: &Model, rs: &[Rollout]) -> Tensor {
+    tch::no_grad(|| {
+        let mut out = Vec::new();
+        for r in rs {
+            let lsm = row_logits(m, &r.input_ids).log_softmax(-1, Kind::Float);
+            for p in 1..r.input_ids.len() {
+                if r.completion_mask[p] == 1 {
+                    out.push(lsm.get(p as i64 - 1).get(r.input_ids[p]));
+                }
+            }
+        }
+        Tensor::stack(&out, 0)
+    })
+}
+
+/// The mean next-token cross-entropy of `row` (transformers' loss with `labels = row`),
+/// back-propagated as a training pass does, with `router`'s load-balancing loss and the
+/// `recorded` routing where given; returns the cross-entropy and the router loss's value.
+pub fn ce_pass(
+    m: &Model,
+    row: &[i64],
+    activations: Activations,
+    (router, recorded): (Option<&RouterLoss>, Option<&RecordedRouting>),
+) -> (f64, Option<f64>) {
+    let n = row.len() as i64;
+    let ids = Tensor::from_slice(row).view([1, n]);
+    let pos = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, n]);
+    let inputs = Inputs {
+        input_ids: &ids,
+        position_ids: &pos,
+        layout: &AttentionLayout::Causal,
+        routing: recorded,
+    };
+    m.lm.forward_backward_routed(inputs, activations, router, |hidden| {
+        let logits = m.lm.logits(hidden).squeeze_dim(0);
+        let ce = logits
+            .narrow(0, 0, n - 1)
+            .log_softmax(-1, Kind::Float)
+            .gather(1, &ids.squeeze_dim(0).narrow(0, 1, n - 1).unsqueeze(1), false)
+            .mean(Kind::Float)
+            .neg();
+        let value = ce.double_value(&[]);
+        Ok((Some(ce), value))
+    })
+    .unwrap()
+}
+
+/// The JSON line `python args...` prints (a reference script under `scripts/fixtures`).
+pub fn python_json(python: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let out = std::process::Command::new(python).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
