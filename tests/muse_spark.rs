@@ -325,21 +325,7 @@ fn transformers_loads_a_saved_muse_spark_checkpoint() {
         vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31],
         vec![1, 33, 3, 4, 5, 6, 7, 8, 9, 10],
     ];
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/hf_logits.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .arg(&dir)
-        .arg(serde_json::to_string(&rows).unwrap())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["missing_keys"], serde_json::json!([]), "{v:?}");
-    assert_eq!(v["unexpected_keys"], serde_json::json!([]));
-    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
-        let d = max_diff(&row_logits(&m, row), &tensor(want));
-        assert!(d <= 1e-4, "treetrain vs transformers: {d:e}");
-    }
+    assert_transformers_loads(&python, &dir, &m, &rows);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

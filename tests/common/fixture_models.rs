@@ -128,3 +128,17 @@ pub fn python_json(python: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// transformers (`python`, `scripts/fixtures/hf_logits.py`) loads the folder `dir` that `m` was
+/// saved to with no tensor missing or left over, and gives `m`'s logits on `rows`.
+pub fn assert_transformers_loads(python: &str, dir: &Path, m: &Model, rows: &[Vec<i64>]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures/hf_logits.py");
+    let rows_json = serde_json::to_string(rows).unwrap();
+    let v = python_json(python, &[script.as_os_str(), dir.as_os_str(), rows_json.as_ref()]);
+    assert_eq!(v["missing_keys"], serde_json::json!([]), "{v:?}");
+    assert_eq!(v["unexpected_keys"], serde_json::json!([]));
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(m, row), &tensor(want));
+        assert!(d <= 1e-4, "treetrain vs transformers: {d:e}");
+    }
+}
