@@ -158,3 +158,30 @@ fn schedules_match_transformers() {
         3
     );
 }
+
+/// `zero_grad` frees the gradients, as PyTorch's `zero_grad()` (`set_to_none=True`) does: the
+/// next backward's gradient is exactly that backward's, and a step leaves a parameter that got
+/// no gradient untouched (no weight decay, no moment update), as `torch.optim.AdamW` skips a
+/// parameter whose `grad` is `None`.
+#[test]
+fn zero_grad_frees_gradients_and_the_step_skips_unused_parameters() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let used = vs.root().var("used", &[3, 2], nn::Init::Const(0.5));
+    let unused = vs.root().var("unused", &[3, 2], nn::Init::Const(0.5));
+    let config = AdamWConfig {
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(&vs, config);
+    (&used * &unused).sum(Kind::Float).backward();
+    opt.step(1e-2).unwrap();
+    opt.zero_grad();
+    assert!(!used.grad().defined() && !unused.grad().defined());
+    let unused_before = unused.copy();
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).view([3, 2]);
+    (&used * &x).sum(Kind::Float).backward();
+    assert_eq!(used.grad(), x, "the fresh gradient, not added into an old one");
+    assert!(!unused.grad().defined());
+    opt.step(1e-2).unwrap();
+    assert_eq!(unused, unused_before, "a parameter without a gradient is skipped");
+}

@@ -41,20 +41,23 @@ pub(crate) fn adam_update(
     decayed.f_sub(&m.f_div(&denom)?.f_mul_scalar(lr / bias1)?)
 }
 
-/// Zeroes the gradient of every tensor that has one.
-fn clear_grads<'a>(params: impl IntoIterator<Item = &'a Tensor>) {
-    for p in params {
-        let mut g = p.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
+unsafe extern "C" {
+    /// c10d_shim.cpp: resets the tensor's gradient to undefined.
+    fn tt_free_grad(t: *mut std::ffi::c_void);
 }
 
-/// Zeroes the gradients of every variable of `vs` (after a forward/backward that is measured or
-/// inspected but not applied).
+/// Frees `p`'s gradient, as `p.grad = None` does: the next backward's gradient becomes it
+/// instead of being added into a zeroed one, which saves a pass over every gradient and a
+/// gradient-sized temporary at the peak (the `moe` bench).
+pub(crate) fn free_grad(p: &Tensor) {
+    // SAFETY: a live tensor; resetting its gradient slot is what `p.grad = None` does.
+    unsafe { tt_free_grad(p.as_ptr() as *mut std::ffi::c_void) }
+}
+
+/// Frees the gradients of every variable of `vs`, PyTorch's `zero_grad()` (`set_to_none`):
+/// after a forward/backward that is measured or inspected but not applied.
 pub fn zero_grads(vs: &nn::VarStore) {
-    clear_grads(vs.variables().values());
+    vs.variables().values().for_each(free_grad);
 }
 
 /// AdamW hyper-parameters (PyTorch's defaults except the learning rate, which the schedule sets).
@@ -248,9 +251,10 @@ impl AdamW {
         first_non_finite(self.params.iter())
     }
 
-    /// Clears every parameter's gradient.
+    /// Frees every parameter's gradient (PyTorch's `zero_grad()`, `set_to_none`); the step
+    /// skips a parameter that then gets none, as PyTorch's AdamW does.
     pub fn zero_grad(&mut self) {
-        clear_grads(self.params.values());
+        self.params.values().for_each(free_grad);
     }
 }
 

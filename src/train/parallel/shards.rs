@@ -13,18 +13,7 @@ use tch::{Kind, Tensor};
 use super::units::Unit;
 use crate::distributed::{DistError, Flat, Pending, World};
 use crate::model::ModelError;
-use crate::train::adamw::{AdamWConfig, adam_update, decays, squared_norm};
-
-unsafe extern "C" {
-    /// c10d_shim.cpp: resets the tensor's gradient to undefined.
-    fn tt_free_grad(t: *mut std::ffi::c_void);
-}
-
-/// Frees `p`'s gradient (the next backward allocates a new one).
-fn free_grad(p: &Tensor) {
-    // SAFETY: a live tensor; resetting its gradient slot is what `p.grad = None` does.
-    unsafe { tt_free_grad(p.as_ptr() as *mut std::ffi::c_void) }
-}
+use crate::train::adamw::{AdamWConfig, adam_update, decays, free_grad, squared_norm};
 
 /// A mapping of a unit's parameters (name, parameter) to the tensors to flatten.
 pub(crate) type PerParam<'a> = &'a dyn Fn(&str, &Tensor) -> Result<Tensor, tch::TchError>;
