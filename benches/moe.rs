@@ -3,7 +3,7 @@
 //!
 //! cargo bench --bench moe -- [--tokens 2048] [--hidden 2048] [--experts 128] [--top-k 8]
 //!     [--width 768] [--dtype fp32|bf16] [--pairs 3] [--iters 3]
-//!     [--implementations grouped_mm,eager] [--their-grads keep|none] [--python PATH]
+//!     [--implementations grouped_mm,eager] [--grads none|keep] [--python PATH]
 //!
 //! Default: a Qwen3-30B-A3B-shaped sparse layer (hidden 2048, 128 experts, top 8, expert width
 //! 768) on 2,048 tokens, on the CPU. Both sides draw the router, the fused experts, the input
@@ -13,13 +13,18 @@
 //! implementations (`scripts/bench/transformers_moe.py`, a process each) run interleaved
 //! (`--pairs` rounds: ours, then each of theirs); each side times `--iters` passes after one
 //! untimed, and the median over rounds of the per-round ratio against the fastest of theirs is
-//! reported. Both keep their gradients and zero them between passes (as treetrain's trainers
-//! do), so both accumulate into existing gradients (`--their-grads none` sets transformers'
-//! to `None` instead, PyTorch's `zero_grad` default); both use libtorch's default thread count.
+//! reported. Both set their gradients to `None` between passes, as treetrain's trainers and
+//! PyTorch's `zero_grad` do (`--grads keep` keeps them and zeroes them instead on both sides,
+//! so both backward passes add into existing gradients); both use libtorch's default thread
+//! count.
 //! By default theirs is `grouped_mm`, their fastest on the CPU: `eager` (a loop over the
 //! experts with a gather and an index-add each) is far slower at this shape
 //! (`--implementations eager,grouped_mm` times both), and `batched_mm` gathers an
 //! `[hidden x 2 width]` weight for every (token, expert) pair, hundreds of GB here.
+//!
+//! Time against a physical bound: the pass's expert products as dense GEMMs over all routed
+//! rows at libtorch's dense matmul rate (`dense_gemm_s`); each side's fraction of that rate is
+//! printed, and the ratio of the two fractions caps what any grouped implementation could gain.
 //!
 //! Both sides time with glibc keeping freed memory (steady-state speed), then measure one more
 //! pass with every large tensor mapped on its own, so resident memory follows live tensors.
@@ -66,10 +71,10 @@ struct Cli {
     /// Timed passes per side and round.
     #[arg(long, default_value_t = 3)]
     iters: usize,
-    /// How transformers' side resets gradients between passes: `keep` (zeroed, as treetrain's
-    /// trainers and side do) or `none` (set to `None`, PyTorch's `zero_grad` default).
-    #[arg(long, default_value = "keep")]
-    their_grads: String,
+    /// How both sides reset gradients between passes: `none` (freed, as treetrain's trainers
+    /// and PyTorch's `zero_grad` do) or `keep` (kept and zeroed).
+    #[arg(long, value_parser = ["none", "keep"], default_value = "none")]
+    grads: String,
     /// transformers' experts implementations to run, comma-separated.
     #[arg(long, default_value = "grouped_mm")]
     implementations: String,
@@ -130,7 +135,7 @@ fn main() {
     );
     let py = common::python(args.python.clone(), "transformers, torch");
     let implementations: Vec<&str> = cli.implementations.split(',').filter(|s| !s.is_empty()).collect();
-    let mut ours = Ours::new(shape, kind);
+    let mut ours = Ours::new(shape, kind, cli.grads == "keep");
     let mut rounds: Vec<(Side, Vec<Option<Side>>)> = Vec::new();
     for round in 0..pairs {
         let mine = ours.run(iters);
@@ -140,7 +145,7 @@ fn main() {
             .map(|imp| {
                 let side = py
                     .as_deref()
-                    .and_then(|py| transformers(py, shape, kind, (imp, &cli.their_grads), iters));
+                    .and_then(|py| transformers(py, shape, kind, (imp, &cli.grads), iters));
                 if let Some(s) = &side {
                     print_side(&format!("round {round}: transformers {imp}"), s, bound);
                     check_sums(&mine, s, kind, imp);
@@ -150,9 +155,12 @@ fn main() {
             .collect();
         rounds.push((mine, theirs));
     }
+    let gemm_s = dense_gemm_s(shape, kind, iters);
+    println!("the pass's products as dense GEMMs: {gemm_s:.3} s");
     report(
         &rounds,
-        (&implementations, &cli.their_grads),
+        gemm_s,
+        (&implementations, &cli.grads),
         bound,
         args,
         (shape, py.is_some()),
@@ -166,12 +174,14 @@ struct Ours {
     x0: Tensor,
     dy: Tensor,
     before_kib: f64,
+    /// Gradients kept and zeroed between passes instead of freed.
+    keep_grads: bool,
 }
 
 impl Ours {
     /// Draws the block's weights, the input and the output's gradient in
     /// `transformers_moe.py`'s order from the same seed.
-    fn new(s: Shape, kind: Kind) -> Self {
+    fn new(s: Shape, kind: Kind, keep_grads: bool) -> Self {
         let before_kib = common::status_kib("VmRSS:");
         let mut vs = nn::VarStore::new(tch::Device::Cpu);
         let mixture = MixtureConfig {
@@ -210,16 +220,20 @@ impl Ours {
             x0,
             dy,
             before_kib,
+            keep_grads,
         }
     }
 
-    /// One forward + backward, gradients zeroed first: the input with its gradient, the output.
+    /// One forward + backward, gradients freed (or zeroed) first: the input with its gradient,
+    /// the output.
     fn pass(&mut self) -> (Tensor, Tensor) {
-        for p in self.vs.trainable_variables() {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
+        match self.keep_grads {
+            true => self.vs.trainable_variables().iter_mut().for_each(|p| {
+                if p.grad().defined() {
+                    let _ = p.grad().zero_();
+                }
+            }),
+            false => treetrain::train::zero_grads(&self.vs),
         }
         let x = self.x0.copy().set_requires_grad(true);
         let (y, _) = self.block.forward(&x).expect("forward");
@@ -286,6 +300,42 @@ fn transformers(py: &str, s: Shape, kind: Kind, (implementation, grads): (&str, 
     })
 }
 
+/// The physical bound on time: the pass's six expert products (gate-up and down, forward, and
+/// into the input and the weights backward) over all `tokens x top_k` routed rows as dense
+/// GEMMs of one expert's shape, at libtorch's dense matmul rate on this machine; best of
+/// `iters`. No grouped kernel beats the dense one, so `gemm_s / side_s` is the fraction of the
+/// attainable rate each side reaches, and their ratio caps any speedup.
+fn dense_gemm_s(s: Shape, kind: Kind, iters: usize) -> f64 {
+    let opts = (kind, tch::Device::Cpu);
+    let rows = s.tokens * s.top_k;
+    let x = Tensor::randn([rows, s.hidden], opts);
+    let (gate_up, down) = (
+        Tensor::randn([s.hidden, 2 * s.width], opts),
+        Tensor::randn([s.width, s.hidden], opts),
+    );
+    let (act, dy) = (
+        Tensor::randn([rows, s.width], opts),
+        Tensor::randn([rows, s.hidden], opts),
+    );
+    let d_gate_up = Tensor::randn([rows, 2 * s.width], opts);
+    let pass = || {
+        let _ = x.matmul(&gate_up);
+        let _ = act.matmul(&down);
+        let _ = dy.matmul(&down.tr());
+        let _ = act.tr().matmul(&dy);
+        let _ = d_gate_up.matmul(&gate_up.tr());
+        let _ = x.tr().matmul(&d_gate_up);
+    };
+    pass();
+    (0..iters.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            pass();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// Weights and their gradients plus the routed activations, in MiB (see the module doc).
 fn bound_mib(s: Shape, kind: Kind) -> f64 {
     let elem = kind.elt_size_in_bytes() as f64;
@@ -326,7 +376,8 @@ fn check_sums(ours: &Side, theirs: &Side, kind: Kind, implementation: &str) {
 /// Prints the medians of the per-round ratios and writes `target/bench/moe.json`.
 fn report(
     rounds: &[(Side, Vec<Option<Side>>)],
-    (implementations, their_grads): (&[&str], &str),
+    gemm_s: f64,
+    (implementations, grads): (&[&str], &str),
     bound: f64,
     args: &common::Common,
     (s, compared): (Shape, bool),
@@ -338,7 +389,7 @@ fn report(
         "width": s.width, "dtype": treetrain::model::kind_name(args.kind()),
         "treetrain_s": common::median(&ours), "treetrain_peak_mib": peak, "bound_mib": bound,
         "treetrain_peak_over_bound": peak / bound, "threads": tch::get_num_threads(),
-        "their_grads": their_grads,
+        "grads": grads,
     });
     if !compared {
         println!("transformers: skipped (no Python with transformers and torch)");
@@ -360,6 +411,11 @@ fn report(
             continue;
         }
         result[format!("{imp}_s")] = common::median(&times).into();
+        result[format!("{imp}_of_gemm_rate")] = (gemm_s / common::median(&times)).into();
+        println!(
+            "transformers {imp}: {:.2} of the dense GEMM rate",
+            gemm_s / common::median(&times)
+        );
         result[format!("{imp}_peak_mib")] = peaks.iter().copied().fold(0.0, f64::max).into();
     }
     let ratios: Vec<f64> = rounds
@@ -368,11 +424,14 @@ fn report(
         .filter_map(|((m, _), f)| f.map(|f| f / m.seconds))
         .collect();
     println!(
-        "treetrain: {:.3} s a pass (median of {} rounds), peak {peak:.0} MiB = {:.2}x the bound",
+        "treetrain: {:.3} s a pass (median of {} rounds), peak {peak:.0} MiB = {:.2}x the bound, {:.2} of the dense GEMM rate",
         common::median(&ours),
         ours.len(),
-        peak / bound
+        peak / bound,
+        gemm_s / common::median(&ours)
     );
+    result["dense_gemm_s"] = gemm_s.into();
+    result["treetrain_of_gemm_rate"] = (gemm_s / common::median(&ours)).into();
     if !ratios.is_empty() {
         let r = common::median(&ratios);
         println!("speedup against transformers' fastest implementation (median of per-round ratios): {r:.2}x");

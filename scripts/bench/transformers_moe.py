@@ -5,8 +5,9 @@
 
 The weights, the input and the output's gradient are drawn exactly as benches/moe.rs draws them
 (the same libtorch generator, seed and order), so both sides run the same block on the same
-numbers. Gradients are kept and zeroed between passes (`"grads": "keep"`, as treetrain's side
-does) or set to `None` (`"grads": "none"`). Prints one JSON line: the median seconds of `iters` timed forward + backward passes
+numbers. Gradients are set to `None` between passes (`"grads": "none"`, PyTorch's `zero_grad`
+and treetrain's trainers) or kept and zeroed (`"grads": "keep"`). Prints one JSON line: the
+median seconds of `iters` timed forward + backward passes
 (after one untimed, glibc keeping freed memory), the resident peak of one more pass (every large
 tensor mapped on its own) over the resident memory before the weights were made (MiB), and
 checksums of the output and the gradients.
@@ -66,10 +67,10 @@ def main():
     block.to(dtype)
 
     def step():
-        # "keep": gradients kept and zeroed between passes, as treetrain's trainers (and so its
-        # side of the bench) keep them; "none": set to None, PyTorch's `zero_grad` default.
+        # "none": set to None, as PyTorch's `zero_grad` and treetrain's side do; "keep": kept
+        # and zeroed, so the backward adds into them.
         for p in block.parameters():
-            if a.get("grads", "keep") == "none":
+            if a.get("grads", "none") == "none":
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
