@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
+use crate::display::{Rich, rows_card, rows_text};
 use crate::model::error::ModelError;
 
 /// The experts a generated row's tokens were routed to, as the generator recorded them: per
@@ -109,7 +110,117 @@ impl RecordedRouting {
     }
 }
 
+impl RoutingTrace {
+    /// The card's rows: tokens, ids a token, distinct experts, the first token's choices.
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let distinct = self.ids.iter().collect::<std::collections::BTreeSet<_>>().len();
+        let first = match self.tokens() {
+            0 => "none recorded".to_string(),
+            _ => self.token(0).iter().map(u16::to_string).collect::<Vec<_>>().join(" "),
+        };
+        vec![
+            ("tokens recorded", self.tokens().to_string()),
+            ("expert ids a token (sparse layers x k)", self.per_token.to_string()),
+            ("distinct experts chosen", distinct.to_string()),
+            ("first token's experts", first),
+        ]
+    }
+}
+
+impl Rich for RoutingTrace {
+    fn html(&self) -> String {
+        rows_card("Routing trace", &self.rows())
+    }
+
+    fn text(&self) -> String {
+        format!("routing trace\n{}", rows_text(&self.rows()))
+    }
+}
+
+crate::display::rich_display!(RoutingTrace);
+
+impl RecordedRouting {
+    /// The card's rows: layers and tokens recorded, the mode, the mismatch counted so far.
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let recorded: Vec<&Tensor> = self.experts.iter().flatten().collect();
+        let tokens = recorded.first().map_or(0, |t| t.size()[0]);
+        let counted = self.counted.f_sum(Kind::Int64).map_or(0, |t| t.int64_value(&[]));
+        let (mismatched, compared) = self.mismatch();
+        let share = match compared > 0.0 {
+            true => format!(
+                "{:.4} ({mismatched} of {compared} token-layer pairs)",
+                mismatched / compared
+            ),
+            false => "nothing compared yet".to_string(),
+        };
+        vec![
+            ("sparse layers recorded", recorded.len().to_string()),
+            ("tokens", tokens.to_string()),
+            ("counted (trained) tokens", counted.to_string()),
+            (
+                "mode",
+                match self.replay {
+                    true => "replayed: routed to the recorded experts".to_string(),
+                    false => "compared: routed as usual".to_string(),
+                },
+            ),
+            ("routing mismatch", share),
+        ]
+    }
+}
+
+impl Rich for RecordedRouting {
+    fn html(&self) -> String {
+        rows_card("Recorded routing", &self.rows())
+    }
+
+    fn text(&self) -> String {
+        format!("recorded routing\n{}", rows_text(&self.rows()))
+    }
+}
+
+crate::display::rich_display!(RecordedRouting);
+
 /// `experts` `[tokens, k]` sorted along k (a top-k set in a comparable order).
 fn sorted(experts: &Tensor) -> Result<Tensor, tch::TchError> {
     Ok(experts.f_sort(-1, false)?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both cards say what was recorded, the mode and the mismatch counted so far.
+    #[test]
+    fn cards_say_what_was_recorded_and_the_mismatch() {
+        let trace = RoutingTrace {
+            ids: vec![3, 1, 3, 2],
+            per_token: 2,
+        };
+        let text = trace.text();
+        assert!(text.contains("tokens recorded: 2") && text.contains("distinct experts chosen: 3"));
+        assert!(text.contains("first token's experts: 3 1"), "{text}");
+        assert!(trace.html().contains("Routing trace") && trace.html().contains("3 1"));
+        let recorded = Tensor::from_slice2(&[[0i64, 1], [2, 3], [-1, -1]]);
+        let routing = RecordedRouting::new(
+            vec![None, Some(recorded)],
+            false,
+            Tensor::from_slice(&[true, true, false]),
+        );
+        assert!(routing.text().contains("nothing compared yet"));
+        routing
+            .count(1, &Tensor::from_slice2(&[[1i64, 0], [2, 4], [5, 6]]))
+            .unwrap();
+        let text = routing.text();
+        assert!(
+            text.contains("sparse layers recorded: 1") && text.contains("tokens: 3"),
+            "{text}"
+        );
+        assert!(text.contains("counted (trained) tokens: 2") && text.contains("compared: routed as usual"));
+        assert!(
+            text.contains("routing mismatch: 0.5000 (1 of 2 token-layer pairs)"),
+            "{text}"
+        );
+        assert!(routing.html().contains("0.5000 (1 of 2 token-layer pairs)"));
+    }
 }
