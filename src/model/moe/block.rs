@@ -100,7 +100,7 @@ impl SparseMoe {
         let flat = x.f_reshape([-1, hidden])?;
         let routing = match replayed {
             Some(r) => self.router.route_recorded(&flat, r)?,
-            None => self.router.route(&flat),
+            None => self.router.route(&flat)?,
         };
         // 2. Down to the experts' width and normed, where the block projects (`[n, width]`).
         let rows = match &self.projections {

@@ -67,73 +67,75 @@ impl Router {
     }
 
     /// Routes `x` `[n, hidden]`.
-    pub fn route(&self, x: &Tensor) -> Routing {
-        if let Some(s) = &self.sigmoid {
-            return self.route_sigmoid(x, s);
-        }
-        // 1. Logits `[n, experts]` in the model's dtype; probabilities in fp32 over all experts.
-        let logits = linear(x, &self.gate.weight, None);
-        let probs = logits.softmax(-1, Kind::Float);
-        // 2. The top k, sorted; renormalised without an epsilon, as transformers does.
-        let (mut top, experts) = probs.topk(self.top_k, -1, true, true);
-        if self.norm_topk_prob {
-            top = &top / top.sum_dim_intlist(-1, true, Kind::Float);
-        }
-        // 3. Weights back in the model's dtype.
-        let weights = top.to_kind(x.kind());
-        Routing {
-            logits,
-            experts,
-            weights,
-        }
-    }
-
-    /// Sigmoid routing of `x` `[n, hidden]`.
-    fn route_sigmoid(&self, x: &Tensor, s: &Sigmoid) -> Routing {
-        // 1. Logits `[n, experts]` from fp32 inputs and weights, scaled; sigmoid scores.
-        let logits = x
-            .to_kind(Kind::Float)
-            .linear(&self.gate.weight.to_kind(Kind::Float), None::<Tensor>)
-            * s.settings.logit_scale;
-        let scores = logits.sigmoid();
-        // 2. The top k by score plus the correction bias; their own scores, renormalised
-        //    (the epsilon as transformers adds it) and scaled, kept in fp32.
-        let (_, experts) = (&scores + s.bias.to_kind(Kind::Float)).topk(self.top_k, -1, true, true);
-        let top = scores.gather(1, &experts, false);
-        let weights = &top / (top.sum_dim_intlist(-1, true, Kind::Float) + 1e-15) * s.settings.routed_scaling_factor;
-        Routing {
-            logits,
-            experts,
-            weights,
-        }
-    }
-
-    /// Routes `x` `[n, hidden]` to `recorded` `[n, k]` (int64; a row of -1 routes as usual):
-    /// the recorded experts with weights recomputed from this router's scores, as they would
-    /// weigh had it chosen them (its gradient flows through them).
-    pub fn route_recorded(&self, x: &Tensor, recorded: &Tensor) -> Result<Routing, tch::TchError> {
-        let own = self.route(x);
-        let recorded = recorded.f_to_device(x.device())?;
-        let valid = recorded.f_ge(0)?.f_all_dim(-1, true)?;
-        let experts = recorded.f_where_self(&valid, &own.experts)?;
-        let weights = match &self.sigmoid {
-            Some(s) => {
-                let top = own.logits.f_sigmoid()?.f_gather(1, &experts, false)?;
-                (&top / (top.f_sum_dim_intlist(-1, true, Kind::Float)? + 1e-15)) * s.settings.routed_scaling_factor
-            }
-            None => {
-                let mut top = own.logits.f_softmax(-1, Kind::Float)?.f_gather(1, &experts, false)?;
-                if self.norm_topk_prob {
-                    top = &top / top.f_sum_dim_intlist(-1, true, Kind::Float)?;
-                }
-                top.f_to_kind(x.kind())?
-            }
-        };
+    pub fn route(&self, x: &Tensor) -> Result<Routing, tch::TchError> {
+        let (logits, scores) = self.scores(x)?;
+        let experts = self.choose(&scores)?;
+        let weights = self.weigh(&scores, &experts, x.kind())?;
         Ok(Routing {
-            logits: own.logits,
+            logits,
             experts,
             weights,
         })
+    }
+
+    /// Routes `x` `[n, hidden]` to `recorded` `[n, k]` (int64; a row of -1 routes as usual):
+    /// the recorded experts weighed by this router's scores, as they would weigh had it chosen
+    /// them (its gradient flows through them).
+    pub fn route_recorded(&self, x: &Tensor, recorded: &Tensor) -> Result<Routing, tch::TchError> {
+        let (logits, scores) = self.scores(x)?;
+        let own = self.choose(&scores)?;
+        let recorded = recorded.f_to_device(x.device())?;
+        let valid = recorded.f_ge(0)?.f_all_dim(-1, true)?;
+        let experts = recorded.f_where_self(&valid, &own)?;
+        let weights = self.weigh(&scores, &experts, x.kind())?;
+        Ok(Routing {
+            logits,
+            experts,
+            weights,
+        })
+    }
+
+    /// The logits `[n, experts]` and fp32 scores: Qwen3-MoE's logits in the model's dtype and
+    /// their softmax over every expert; or sigmoid routing's logits from fp32 inputs and
+    /// weights, scaled, and their sigmoid.
+    fn scores(&self, x: &Tensor) -> Result<(Tensor, Tensor), tch::TchError> {
+        Ok(match &self.sigmoid {
+            None => {
+                let logits = linear(x, &self.gate.weight, None);
+                let probs = logits.f_softmax(-1, Kind::Float)?;
+                (logits, probs)
+            }
+            Some(s) => {
+                let weight = self.gate.weight.f_to_kind(Kind::Float)?;
+                let logits = x.f_to_kind(Kind::Float)?.f_linear(&weight, None::<Tensor>)? * s.settings.logit_scale;
+                let scores = logits.f_sigmoid()?;
+                (logits, scores)
+            }
+        })
+    }
+
+    /// The top `k` experts `[n, k]` by score, most probable first (sigmoid routing: by score
+    /// plus the correction bias).
+    fn choose(&self, scores: &Tensor) -> Result<Tensor, tch::TchError> {
+        let by = match &self.sigmoid {
+            None => scores.shallow_clone(),
+            Some(s) => scores.f_add(&s.bias.f_to_kind(Kind::Float)?)?,
+        };
+        Ok(by.f_topk(self.top_k, -1, true, true)?.1)
+    }
+
+    /// The weights `[n, k]` of `experts` from the scores: Qwen3-MoE's probabilities,
+    /// renormalised without an epsilon where `norm_topk_prob`, in `kind`; sigmoid routing's
+    /// scores renormalised with transformers' epsilon and scaled, kept in fp32.
+    fn weigh(&self, scores: &Tensor, experts: &Tensor, kind: Kind) -> Result<Tensor, tch::TchError> {
+        let top = scores.f_gather(1, experts, false)?;
+        match &self.sigmoid {
+            None if self.norm_topk_prob => (&top / top.f_sum_dim_intlist(-1, true, Kind::Float)?).f_to_kind(kind),
+            None => top.f_to_kind(kind),
+            Some(s) => {
+                Ok((&top / (top.f_sum_dim_intlist(-1, true, Kind::Float)? + 1e-15)) * s.settings.routed_scaling_factor)
+            }
+        }
     }
 
     /// Experts each token is sent to.
