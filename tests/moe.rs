@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 
 use common::fixture_models::*;
 use common::row_logits;
@@ -558,10 +557,7 @@ fn sft_and_grpo_train_a_mixture_and_log_its_router_loss() {
 fn lora_on_the_experts_round_trips_with_peft() {
     let python = std::env::var("TREETRAIN_PEFT_PYTHON")
         .expect("set TREETRAIN_PEFT_PYTHON to a python with peft (scripts/setup-peft.sh prints it)");
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
-    let run = |args: &[&std::ffi::OsStr]| python_json(&python, args);
     let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
-    let rows_json = serde_json::to_string(&rows).unwrap();
     let cases: [(&str, &[&str]); 3] = [
         ("qwen3_moe", &["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
         ("qwen3_moe", &["experts.down_proj"]),
@@ -569,50 +565,16 @@ fn lora_on_the_experts_round_trips_with_peft() {
     ];
     for (i, (base, parameters)) in cases.into_iter().enumerate() {
         let base = fixture(base);
-        let ours = std::env::temp_dir().join(format!("treetrain-expert-lora-{}-{i}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&ours);
         let mut m = load_f32(&base);
         m.add_lora(expert_lora(&["o_proj"], parameters)).unwrap();
         tch::manual_seed(i as i64);
         for (_, t) in m.trainable().variables() {
             tch::no_grad(|| t.shallow_clone().copy_(&(&t + t.randn_like() * 0.2)));
         }
-        m.save_adapter(&ours).unwrap();
-        let v = run(&[
-            scripts.join("peft_logits.py").as_os_str(),
-            base.as_os_str(),
-            ours.as_os_str(),
-            rows_json.as_ref(),
-        ]);
-        assert_eq!(
-            v["trainable"].as_i64().unwrap(),
-            m.adapter.as_ref().unwrap().num_parameters()
-        );
-        for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
-            let d = max_diff(&row_logits(&m, row), &tensor(want));
-            assert!(d <= 1e-4, "case {i}: treetrain's adapter in PEFT: {d:e}");
-        }
-        let theirs = std::env::temp_dir().join(format!("treetrain-peft-experts-{}-{i}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&theirs);
         let config =
-            serde_json::json!({"r": 3, "lora_alpha": 7, "target_modules": ["o_proj"], "target_parameters": parameters})
-                .to_string();
-        let v = run(&[
-            scripts.join("peft_make_adapter.py").as_os_str(),
-            base.as_os_str(),
-            theirs.as_os_str(),
-            config.as_ref(),
-            rows_json.as_ref(),
-        ]);
-        let mut m = load_f32(&base);
-        m.load_adapter(&theirs).unwrap();
-        for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
-            let d = max_diff(&row_logits(&m, row), &tensor(want));
-            assert!(d <= 1e-4, "case {i}: PEFT's adapter in treetrain: {d:e}");
-        }
-        for dir in [ours, theirs] {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+            serde_json::json!({"r": 3, "lora_alpha": 7, "target_modules": ["o_proj"], "target_parameters": parameters});
+        let trainable = assert_peft_round_trip(&python, (&base, &m), config, &rows);
+        assert_eq!(trainable, m.adapter.as_ref().unwrap().num_parameters(), "case {i}");
     }
 }
 

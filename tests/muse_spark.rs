@@ -245,10 +245,7 @@ fn lora_on_the_attention_round_trips_with_peft() {
         .expect("set TREETRAIN_PEFT_PYTHON to a python with peft (scripts/setup-peft.sh prints it)");
     let targets = ["q_proj", "k_proj", "v_proj", "o_proj"];
     let rows = vec![vec![5i64, 17, 99, 3, 240, 42, 7, 9, 31], vec![1, 33, 3, 4]];
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
-    let run = |args: &[&std::ffi::OsStr]| python_json(&python, args);
-    let rows_json = serde_json::to_string(&rows).unwrap();
-    // treetrain's adapter, every tensor moved off its initial value, read by PEFT.
+    // treetrain's adapter, every tensor moved off its initial value.
     let mut m = load_f32(&fixture("muse_spark"));
     m.add_lora(LoraConfig {
         r: 16,
@@ -261,47 +258,12 @@ fn lora_on_the_attention_round_trips_with_peft() {
     for (_, t) in m.trainable().variables() {
         tch::no_grad(|| t.shallow_clone().copy_(&(&t + t.randn_like() * 0.2)));
     }
-    let ours = std::env::temp_dir().join(format!("treetrain-muse-lora-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&ours);
-    m.save_adapter(&ours).unwrap();
-    let base = fixture("muse_spark");
-    let v = run(&[
-        scripts.join("peft_logits.py").as_os_str(),
-        base.as_os_str(),
-        ours.as_os_str(),
-        rows_json.as_ref(),
-    ]);
+    let config = serde_json::json!({"r": 16, "lora_alpha": 32, "target_modules": targets});
+    let trainable = assert_peft_round_trip(&python, (&fixture("muse_spark"), &m), config, &rows);
     // PEFT also wraps the vision tower's q/k/v (3 x r x (8 + 8) here), which treetrain neither
     // loads nor trains: a text-only run never reaches them.
     let towers = 3 * 16 * (8 + 8);
-    assert_eq!(
-        v["trainable"].as_i64().unwrap(),
-        m.adapter.as_ref().unwrap().num_parameters() + towers
-    );
-    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
-        let d = max_diff(&row_logits(&m, row), &tensor(want));
-        assert!(d <= 1e-4, "treetrain's adapter in PEFT: {d:e}");
-    }
-    // PEFT's adapter, read by treetrain.
-    let theirs = std::env::temp_dir().join(format!("treetrain-muse-peft-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&theirs);
-    let config = serde_json::json!({"r": 16, "lora_alpha": 32, "target_modules": targets}).to_string();
-    let v = run(&[
-        scripts.join("peft_make_adapter.py").as_os_str(),
-        base.as_os_str(),
-        theirs.as_os_str(),
-        config.as_ref(),
-        rows_json.as_ref(),
-    ]);
-    let mut m = load_f32(&fixture("muse_spark"));
-    m.load_adapter(&theirs).unwrap();
-    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
-        let d = max_diff(&row_logits(&m, row), &tensor(want));
-        assert!(d <= 1e-4, "PEFT's adapter in treetrain: {d:e}");
-    }
-    for dir in [ours, theirs] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    assert_eq!(trainable, m.adapter.as_ref().unwrap().num_parameters() + towers);
 }
 
 /// transformers loads treetrain's save of a Muse Spark checkpoint unchanged (the decoder from

@@ -142,3 +142,64 @@ pub fn assert_transformers_loads(python: &str, dir: &Path, m: &Model, rows: &[Ve
         assert!(d <= 1e-4, "treetrain vs transformers: {d:e}");
     }
 }
+
+/// LoRA both ways with PEFT (`python`), on the checkpoint `base` and `rows`: PEFT loads the
+/// adapter `m` carries (saved by treetrain) and gives `m`'s logits; then PEFT makes an adapter
+/// of `config` (`scripts/fixtures/peft_make_adapter.py`) and treetrain, loading it onto `base`,
+/// gives PEFT's logits. Returns PEFT's count of trainable parameters in treetrain's adapter.
+pub fn assert_peft_round_trip(
+    python: &str,
+    (base, m): (&Path, &Model),
+    config: serde_json::Value,
+    rows: &[Vec<i64>],
+) -> i64 {
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures");
+    let rows_json = serde_json::to_string(rows).unwrap();
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let unique = format!("{}-{call}", std::process::id());
+    let [ours, theirs] =
+        ["ours", "theirs"].map(|side| std::env::temp_dir().join(format!("treetrain-peft-{side}-{unique}")));
+    for dir in [&ours, &theirs] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    // 1. treetrain's adapter in PEFT.
+    m.save_adapter(&ours).unwrap();
+    let script = scripts.join("peft_logits.py");
+    let v = python_json(
+        python,
+        &[
+            script.as_os_str(),
+            base.as_os_str(),
+            ours.as_os_str(),
+            rows_json.as_ref(),
+        ],
+    );
+    for (row, want) in rows.iter().zip(v["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(m, row), &tensor(want));
+        assert!(d <= 1e-4, "treetrain's adapter in PEFT ({config}): {d:e}");
+    }
+    // 2. PEFT's adapter in treetrain.
+    let script = scripts.join("peft_make_adapter.py");
+    let config_json = config.to_string();
+    let w = python_json(
+        python,
+        &[
+            script.as_os_str(),
+            base.as_os_str(),
+            theirs.as_os_str(),
+            config_json.as_ref(),
+            rows_json.as_ref(),
+        ],
+    );
+    let mut loaded = load_f32(base);
+    loaded.load_adapter(&theirs).unwrap();
+    for (row, want) in rows.iter().zip(w["logits"].as_array().unwrap()) {
+        let d = max_diff(&row_logits(&loaded, row), &tensor(want));
+        assert!(d <= 1e-4, "PEFT's adapter in treetrain ({config}): {d:e}");
+    }
+    for dir in [ours, theirs] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    v["trainable"].as_i64().unwrap()
+}
