@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use common::fixture_models::*;
 use common::row_logits;
 use tch::{Kind, Tensor};
@@ -121,20 +120,7 @@ fn the_load_balancing_loss_and_gradients_match_transformers() {
 #[test]
 fn greedy_generation_matches_transformers() {
     for case in CASES {
-        let m = load_f32(&fixture(case));
-        let exp = expected(case);
-        let prompts: Vec<Vec<i64>> = serde_json::from_value(exp["prompts"].clone()).unwrap();
-        let want: Vec<Vec<i64>> = serde_json::from_value(exp["greedy"].clone()).unwrap();
-        let cfg = GenerationConfig {
-            max_new_tokens: 12,
-            eos_token_ids: vec![2],
-            prefill_chunk_size: 4,
-            ..Default::default()
-        };
-        let out = Generator::new().generate(&m.lm, &prompts, &cfg).unwrap();
-        for (i, (c, w)) in out.iter().zip(&want).enumerate() {
-            assert_eq!(&c.output_ids, w, "{case} prompt {i}");
-        }
+        assert_greedy_matches(case, &[4]);
     }
 }
 

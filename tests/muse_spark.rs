@@ -153,22 +153,7 @@ fn gradients_match_transformers_kept_or_recomputed() {
 #[test]
 fn greedy_generation_matches_transformers_past_the_window() {
     for case in CASES {
-        let m = load_f32(&fixture(case));
-        let exp = expected(case);
-        let prompts: Vec<Vec<i64>> = serde_json::from_value(exp["prompts"].clone()).unwrap();
-        let want: Vec<Vec<i64>> = serde_json::from_value(exp["greedy"].clone()).unwrap();
-        for chunk in [4, 16] {
-            let cfg = GenerationConfig {
-                max_new_tokens: 12,
-                eos_token_ids: vec![2],
-                prefill_chunk_size: chunk,
-                ..Default::default()
-            };
-            let out = Generator::new().generate(&m.lm, &prompts, &cfg).unwrap();
-            for (i, (c, w)) in out.iter().zip(&want).enumerate() {
-                assert_eq!(&c.output_ids, w, "{case} prompt {i}, prefill chunk {chunk}");
-            }
-        }
+        assert_greedy_matches(case, &[4, 16]);
     }
 }
 

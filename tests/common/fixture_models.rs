@@ -203,3 +203,25 @@ pub fn assert_peft_round_trip(
     }
     v["trainable"].as_i64().unwrap()
 }
+
+/// Greedy generation of the fixture `case` equals transformers' (`expected.json`'s `greedy`
+/// for its `prompts`: 12 new tokens, eos 2), prefilled in chunks of each of `chunks`.
+pub fn assert_greedy_matches(case: &str, chunks: &[i64]) {
+    use treetrain::generate::{GenerationConfig, Generator};
+    let m = load_f32(&fixture(case));
+    let exp = expected(case);
+    let prompts: Vec<Vec<i64>> = serde_json::from_value(exp["prompts"].clone()).unwrap();
+    let want: Vec<Vec<i64>> = serde_json::from_value(exp["greedy"].clone()).unwrap();
+    for &chunk in chunks {
+        let cfg = GenerationConfig {
+            max_new_tokens: 12,
+            eos_token_ids: vec![2],
+            prefill_chunk_size: chunk,
+            ..Default::default()
+        };
+        let out = Generator::new().generate(&m.lm, &prompts, &cfg).unwrap();
+        for (i, (c, w)) in out.iter().zip(&want).enumerate() {
+            assert_eq!(&c.output_ids, w, "{case} prompt {i}, prefill chunk {chunk}");
+        }
+    }
+}
