@@ -225,3 +225,18 @@ pub fn assert_greedy_matches(case: &str, chunks: &[i64]) {
         }
     }
 }
+
+/// transformers (`python`) loads treetrain's save of the fixture `case` with `tensor` scaled by
+/// 1.5 first (so the save writes the in-memory weights, not a copy of the source files) and
+/// gives the edited model's logits on `rows` (see [`assert_transformers_loads`]).
+pub fn assert_edited_save_loads(python: &str, (case, tensor): (&str, &str), rows: &[Vec<i64>]) {
+    let dir = std::env::temp_dir().join(format!("treetrain-hf-save-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = load_f32(&fixture(case));
+    tch::no_grad(|| {
+        let _ = m.vs.variables()[tensor].shallow_clone().g_mul_scalar_(1.5);
+    });
+    m.save(&dir, None).unwrap();
+    assert_transformers_loads(python, &dir, &m, rows);
+    let _ = std::fs::remove_dir_all(&dir);
+}
