@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use treetrain::generate::{GenerationConfig, Generator};
 use treetrain::model::moe::{RouterLoss, load_balancing_loss};
 use treetrain::model::{Activations, AttentionLayout, LoadOptions, LogprobChunks, Model};
-use treetrain::pack::{PackedRow, PrefixTree, pack_flat, row_logprobs};
+use treetrain::pack::{PrefixTree, pack_flat};
 
 const CASES: [&str; 2] = ["qwen3_moe", "qwen3_moe_fused_bf16"];
 
@@ -35,31 +35,8 @@ fn logits_and_logprobs_match_transformers() {
 
 #[test]
 fn tree_and_flat_packing_equal_separate_rows() {
-    let prompt: Vec<i64> = vec![5, 17, 99, 3, 250, 42];
-    let tail = |t: &[i64]| [&prompt[..], t].concat();
-    let rs = vec![
-        rollout(tail(&[7, 9, 31, 64]), prompt.len()),
-        rollout(tail(&[7, 9, 40]), prompt.len()),
-        rollout(tail(&[8, 1, 2, 3, 4, 5]), prompt.len()),
-        rollout(tail(&[7, 9, 31, 64]), prompt.len()),
-        rollout(vec![77, 78, 79, 80], 2),
-    ];
-    let mut tree = PrefixTree::new();
-    for (i, r) in rs.iter().enumerate() {
-        tree.add(r.clone(), i).unwrap();
-    }
-    let tree: PackedRow = tree.pack();
-    assert!(tree.packing_ratio() > 1.3, "{}", tree.packing_ratio());
-    let chunks = LogprobChunks { tokens: 7, vocab: 100 };
-    for case in CASES {
-        let m = load_f32(&fixture(case));
-        let want = tch::no_grad(|| separate_logprobs(&m, &rs));
-        for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
-            let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
-            let d = max_diff(&got, &want);
-            assert!(d <= 1e-5, "{case} {what}: max |diff| = {d:e}");
-        }
-    }
+    let tails: [&[i64]; 4] = [&[7, 9, 31, 64], &[7, 9, 40], &[8, 1, 2, 3, 4, 5], &[7, 9, 31, 64]];
+    assert_packings_equal_separate_rows(&CASES, &[5, 17, 99, 3, 250, 42], &tails, vec![77, 78, 79, 80]);
 }
 
 /// The load-balancing loss of `row` forwarded alone, as transformers reports it.

@@ -87,31 +87,14 @@ fn a_padded_batch_equals_each_row_alone() {
 /// the window and branches that fork and run past it.
 #[test]
 fn tree_and_flat_packing_apply_the_window_along_each_path() {
-    let prompt: Vec<i64> = vec![5, 17, 99, 3, 240, 42, 7, 9];
-    let tail = |t: &[i64]| [&prompt[..], t].concat();
-    let rs = vec![
-        rollout(tail(&[31, 64, 128, 200, 11, 12, 13]), prompt.len()),
-        rollout(tail(&[31, 64, 40]), prompt.len()),
-        rollout(tail(&[8, 1, 2, 3, 4, 5, 6, 7, 8, 9]), prompt.len()),
-        rollout(tail(&[31, 64, 128, 200, 11, 12, 13]), prompt.len()),
-        rollout(vec![77, 78, 79, 80, 81, 82, 83], 2),
+    let tails: [&[i64]; 4] = [
+        &[31, 64, 128, 200, 11, 12, 13],
+        &[31, 64, 40],
+        &[8, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+        &[31, 64, 128, 200, 11, 12, 13],
     ];
-    let mut tree = PrefixTree::new();
-    for (i, r) in rs.iter().enumerate() {
-        tree.add(r.clone(), i).unwrap();
-    }
-    let tree: PackedRow = tree.pack();
-    assert!(tree.packing_ratio() > 1.3, "{}", tree.packing_ratio());
-    let chunks = LogprobChunks { tokens: 7, vocab: 100 };
-    for case in CASES {
-        let m = load_f32(&fixture(case));
-        let want = separate_logprobs(&m, &rs);
-        for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
-            let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
-            let d = max_diff(&got, &want);
-            assert!(d <= 1e-5, "{case} {what}: max |diff| = {d:e}");
-        }
-    }
+    let prompt = [5, 17, 99, 3, 240, 42, 7, 9];
+    assert_packings_equal_separate_rows(&CASES, &prompt, &tails, vec![77, 78, 79, 80, 81, 82, 83]);
 }
 
 /// Mean next-token cross-entropy of `row`, back-propagated as a training pass does

@@ -240,3 +240,32 @@ pub fn assert_edited_save_loads(python: &str, (case, tensor): (&str, &str), rows
     assert_transformers_loads(python, &dir, &m, rows);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The rollouts `prompt + tail` for each of `tails`, then one unrelated rollout `other` (its
+/// first 2 tokens the prompt): tree and flat packing of them give, under each fixture of
+/// `cases`, the log-probs of each rollout forwarded alone within 1e-5.
+pub fn assert_packings_equal_separate_rows(cases: &[&str], prompt: &[i64], tails: &[&[i64]], other: Vec<i64>) {
+    use treetrain::model::LogprobChunks;
+    use treetrain::pack::{PackedRow, PrefixTree, pack_flat, row_logprobs};
+    let mut rs: Vec<Rollout> = tails
+        .iter()
+        .map(|t| rollout([prompt, t].concat(), prompt.len()))
+        .collect();
+    rs.push(rollout(other, 2));
+    let mut tree = PrefixTree::new();
+    for (i, r) in rs.iter().enumerate() {
+        tree.add(r.clone(), i).unwrap();
+    }
+    let tree: PackedRow = tree.pack();
+    assert!(tree.packing_ratio() > 1.3, "{}", tree.packing_ratio());
+    let chunks = LogprobChunks { tokens: 7, vocab: 100 };
+    for case in cases {
+        let m = load_f32(&fixture(case));
+        let want = tch::no_grad(|| separate_logprobs(&m, &rs));
+        for (what, row) in [("tree", &tree), ("flat", &pack_flat(&rs).unwrap())] {
+            let got = tch::no_grad(|| row_logprobs(&m.lm, row, chunks)).unwrap();
+            let d = max_diff(&got, &want);
+            assert!(d <= 1e-5, "{case} {what}: max |diff| = {d:e}");
+        }
+    }
+}
