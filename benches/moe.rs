@@ -228,11 +228,13 @@ impl Ours {
     /// the output.
     fn pass(&mut self) -> (Tensor, Tensor) {
         match self.keep_grads {
-            true => self.vs.trainable_variables().iter_mut().for_each(|p| {
-                if p.grad().defined() {
-                    let _ = p.grad().zero_();
+            true => {
+                for mut g in self.vs.trainable_variables().iter().map(Tensor::grad) {
+                    if g.defined() {
+                        let _ = g.zero_();
+                    }
                 }
-            }),
+            }
             false => treetrain::train::zero_grads(&self.vs),
         }
         let x = self.x0.copy().set_requires_grad(true);
@@ -410,12 +412,10 @@ fn report(
         if times.is_empty() {
             continue;
         }
-        result[format!("{imp}_s")] = common::median(&times).into();
-        result[format!("{imp}_of_gemm_rate")] = (gemm_s / common::median(&times)).into();
-        println!(
-            "transformers {imp}: {:.2} of the dense GEMM rate",
-            gemm_s / common::median(&times)
-        );
+        let (seconds, of_gemm_rate) = (common::median(&times), gemm_s / common::median(&times));
+        println!("transformers {imp}: {of_gemm_rate:.2} of the dense GEMM rate");
+        result[format!("{imp}_s")] = seconds.into();
+        result[format!("{imp}_of_gemm_rate")] = of_gemm_rate.into();
         result[format!("{imp}_peak_mib")] = peaks.iter().copied().fold(0.0, f64::max).into();
     }
     let ratios: Vec<f64> = rounds
@@ -423,15 +423,15 @@ fn report(
         .zip(&fastest)
         .filter_map(|((m, _), f)| f.map(|f| f / m.seconds))
         .collect();
+    let of_gemm_rate = gemm_s / common::median(&ours);
     println!(
-        "treetrain: {:.3} s a pass (median of {} rounds), peak {peak:.0} MiB = {:.2}x the bound, {:.2} of the dense GEMM rate",
+        "treetrain: {:.3} s a pass (median of {} rounds), peak {peak:.0} MiB = {:.2}x the bound, {of_gemm_rate:.2} of the dense GEMM rate",
         common::median(&ours),
         ours.len(),
         peak / bound,
-        gemm_s / common::median(&ours)
     );
     result["dense_gemm_s"] = gemm_s.into();
-    result["treetrain_of_gemm_rate"] = (gemm_s / common::median(&ours)).into();
+    result["treetrain_of_gemm_rate"] = of_gemm_rate.into();
     if !ratios.is_empty() {
         let r = common::median(&ratios);
         println!("speedup against transformers' fastest implementation (median of per-round ratios): {r:.2}x");
