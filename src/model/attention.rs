@@ -6,6 +6,7 @@ use super::cache::KvCache;
 use super::config::ModelConfig;
 use super::cpu_kernels::{CpuOps, QkvShape, decode_attention, qk_norm_rope};
 use super::error::ModelError;
+use super::gqa::{attend_masked, grouped_keys};
 use super::layers::{Linear, RmsNorm};
 use super::layout::{AttentionLayout, KeySource, SegmentLayout};
 use super::norm::Norm;
@@ -336,8 +337,8 @@ impl Attention {
     /// index, along dim 2 of `[1, heads, n, d]` one strided slice per index, which is slower.
     /// A tree gathers its shared prefix once per branch, many key slots per token where flat
     /// packing gathers about one, so this cost weighs more in the tree's update (the GRPO
-    /// bench's tree/flat ratio shows it). Keys and values stay at `kv_heads` until a masked call
-    /// needs them repeated ([`Attention::grouped_keys`]).
+    /// bench's tree/flat ratio shows it). Keys and values stay at `kv_heads` in every call
+    /// ([`super::gqa`]).
     fn attend_segments(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Tensor {
         let n = q.size()[2];
         let mut rows = self.attend_singles(q, k, v, layout);
@@ -365,6 +366,7 @@ impl Attention {
     /// segments, in order: `q` `[1, heads, n, d]`, `k` and `v` `[1, kv_heads, n, d]`.
     fn attend_singles(&self, q: &Tensor, k: &Tensor, v: &Tensor, layout: &SegmentLayout) -> Vec<Tensor> {
         let scale = (self.head_dim as f64).powf(-0.5);
+        let gqa = self.num_heads != self.num_kv_heads;
         let mut rows = Vec::new();
         for s in &layout.singles {
             let (ks, vs) = match &s.keys {
@@ -373,11 +375,12 @@ impl Attention {
             };
             for b in &s.blocks {
                 let qs = q.narrow(2, s.q_start + b.q_offset, b.q_len);
-                let causal = b.mask.is_none();
                 let keys = b.k_len - b.k_start;
-                let (kb, gqa) = self.grouped_keys(&ks.narrow(2, b.k_start, keys), !causal);
-                let (vb, _) = self.grouped_keys(&vs.narrow(2, b.k_start, keys), !causal);
-                let out = Tensor::scaled_dot_product_attention(&qs, &kb, &vb, b.mask.as_ref(), 0.0, causal, scale, gqa);
+                let (kb, vb) = (ks.narrow(2, b.k_start, keys), vs.narrow(2, b.k_start, keys));
+                let out = match &b.mask {
+                    Some(mask) => attend_masked(&qs, &kb, &vb, mask, scale),
+                    None => Tensor::scaled_dot_product_attention(&qs, &kb, &vb, None::<&Tensor>, 0.0, true, scale, gqa),
+                };
                 rows.push(out.transpose(1, 2).reshape([b.q_len, self.num_heads * self.head_dim]));
             }
         }
@@ -398,36 +401,12 @@ impl Attention {
                     let heads = t.size()[1] / d;
                     t.index_select(0, index).view([b.groups, len, heads, d]).transpose(1, 2)
                 };
-                let (keys, gqa) = self.grouped_keys(&gather(k, &b.k_index, b.k_max), true);
-                let (values, _) = self.grouped_keys(&gather(v, &b.k_index, b.k_max), true);
-                let out = Tensor::scaled_dot_product_attention(
-                    &gather(q, &b.q_index, b.q_max),
-                    &keys,
-                    &values,
-                    Some(&b.mask),
-                    0.0,
-                    false,
-                    scale,
-                    gqa,
-                );
+                let (keys, values) = (gather(k, &b.k_index, b.k_max), gather(v, &b.k_index, b.k_max));
+                let out = attend_masked(&gather(q, &b.q_index, b.q_max), &keys, &values, &b.mask, scale);
                 out.transpose(1, 2)
                     .reshape([b.groups * b.q_max, self.num_heads * d])
                     .index_select(0, &b.out_slots)
             })
             .collect()
     }
-}
-
-/// Keys or values `t` `[.., kv_heads, len, d]` as one SDPA call over them takes them (`rep`
-/// query heads per key head), and whether that call groups the query heads itself
-/// (`enable_gqa`). Unmasked calls and every call on the CPU (whose flash kernel groups heads
-/// under a mask too) keep `kv_heads`: no per-head copies. A masked call elsewhere gets them
-/// repeated to `heads`, since on CUDA `enable_gqa` with a mask falls back to the math kernel
-/// (why transformers repeats K/V whenever there is a mask); only the keys that call reads are
-/// repeated.
-pub(super) fn grouped_keys(t: &Tensor, rep: i64, masked: bool) -> (Tensor, bool) {
-    if rep == 1 || !masked || t.device() == tch::Device::Cpu {
-        return (t.shallow_clone(), rep != 1);
-    }
-    (t.repeat_interleave_self_int(rep, 1, None), false)
 }

@@ -48,6 +48,7 @@ mod decoder;
 mod device_check;
 mod error;
 mod feed_forward;
+mod gqa;
 mod hooks;
 pub(crate) mod host_memory;
 mod layers;

@@ -5,7 +5,6 @@
 
 use tch::{Kind, Tensor};
 
-use super::attention::grouped_keys;
 use super::config::ModelConfig;
 use super::layout::{BATCHED_MAX_KEYS, QUERY_BLOCK};
 use crate::device::Device;
@@ -113,14 +112,17 @@ pub fn sdpa_kernels(
             let make = |heads: i64, len: i64| -> Result<Tensor, tch::TchError> {
                 Ok(device.zeros(&[b, heads, len, d], kind)?.set_requires_grad(training))
             };
-            let q = make(h, q_len)?;
-            let (k, v) = (make(kv, k_len)?, make(kv, k_len)?);
-            let ((k, gqa), (v, _)) = match call {
-                AttentionCall::Decode => ((k, h != kv), (v, h != kv)),
-                _ => (grouped_keys(&k, h / kv, masked), grouped_keys(&v, h / kv, masked)),
+            // A masked training call on a device that folds the query heads into the query
+            // length (every device but the CPU: `super::gqa`) asks for `rep * q_len` queries at `kv_heads`, ungrouped.
+            let folded = masked && training && h != kv && device != Device::Cpu;
+            let (q_heads, q_rows, gqa) = match folded {
+                true => (kv, q_len * (h / kv), false),
+                false => (h, q_len, h != kv),
             };
+            let q = make(q_heads, q_rows)?;
+            let (k, v) = (make(kv, k_len)?, make(kv, k_len)?);
             let mask = match masked {
-                true => Some(device.ones(&[b, 1, q_len, k_len], Kind::Bool)?.f_tril(k_len - q_len)?),
+                true => Some(device.ones(&[b, 1, q_rows, k_len], Kind::Bool)?.f_tril(k_len - q_len)?),
                 false => None,
             };
             let scale = (d as f64).powf(-0.5);
