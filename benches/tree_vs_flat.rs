@@ -7,17 +7,21 @@
 //!
 //! Default: the shipped tiny Qwen3 (3.7 M parameters), L = 2048, fp32 on CPU. For the release
 //! case: `--config qwen3-1.7b/config.json --len 32768 --device cuda --dtype bf16`.
-//! Prints, per scenario, median ms for both packings (timed interleaved: flat, tree, flat, ...),
-//! the speedup (median of the pairwise ratios), the packing ratio, the ideal
-//! speedup from the config (linear work per token plus causal attention pairs), measured / ideal,
-//! and peak memory; then the packer's own throughput (`--packer-only`: that alone), against
-//! TRL's TreeRow on the same workload when a Python with trl is present (scripts/bench/trl_pack.py). Writes everything as JSON. `pairs` is the
-//! ratio of causal attention score pairs alone, the bound when attention dominates the step.
+//! Prints, per scenario, median ms for both packings (timed interleaved: flat, tree, flat, ...,
+//! after `--warmup` steps of each), the speedup (median of the pairwise ratios), the packing
+//! (token) ratio, the ideal speedup from the config (linear work per token plus causal attention
+//! pairs), measured / ideal, peak memory and TRL's published tree peak where the release states
+//! one; then the packer's own throughput (`--packer-only`: that alone; skipped when `--only`
+//! picks scenarios), against TRL's TreeRow on the same workload when a Python with trl is
+//! present (scripts/bench/trl_pack.py). The JSON is rewritten after every scenario, with TRL's
+//! published token ratio, speed-up and peaks beside ours. `pairs` is the ratio of causal
+//! attention score pairs alone, the bound when attention dominates the step.
 //! `--checkpointing` recomputes layer activations in backward (`gradient_checkpointing`) in
 //! both packings: the peak-memory columns then show what checkpointing leaves.
-//! Peaks: on the CPU the resident-set growth of one step; on CUDA the caching allocator's peak
-//! *allocated* bytes during one step, weights included (TRL's `max_memory_allocated`), read in
-//! the timing process (`libtreetrain_cuda_memory.so`).
+//! Peaks: on the CPU the resident-set growth of one more step; on CUDA the caching allocator's
+//! peak *allocated* bytes over the timed steps, weights included (TRL's
+//! `max_memory_allocated`), read around each step in the timing process
+//! (`libtreetrain_cuda_memory.so`).
 //! `--peak-only SIDE` skips the timing and measures one step of that packing per scenario.
 //! `--parity` skips the timing and sets tree against flat on the run's device and dtype
 //! (per-term log-probs, loss, gradient norm, with the tolerances it states) and times the first
@@ -279,39 +283,78 @@ fn shortened(rs: &[Rollout]) -> Vec<Rollout> {
         .collect()
 }
 
-/// Flat and tree steps timed interleaved (flat, tree, flat, tree, ...) after warm-ups: each
-/// side's median milliseconds and the median of the pairwise speedups (flat / tree), so a drift
-/// of the machine's speed hits both sides of every pair alike.
-fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) -> (f64, f64, f64) {
+/// Flat and tree steps timed interleaved (flat, tree, flat, tree, ...) after warm-ups (one step
+/// of each packing per warm-up): each side's median milliseconds and the median of the pairwise
+/// speedups (flat / tree), so a drift of the machine's speed hits both sides of every pair
+/// alike; on CUDA also each side's peak over its timed steps (MiB), read around each step.
+fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) -> Timed {
     for _ in 0..args.warmup {
         step_ms(model, flat, args);
         step_ms(model, tree, args);
     }
+    let mut timed = Timed::default();
     let (mut f, mut t, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeats {
-        let (a, b) = (step_ms(model, flat, args), step_ms(model, tree, args));
+        let (a, flat_peak) = cuda_peak_around(args, || step_ms(model, flat, args));
+        let (b, tree_peak) = cuda_peak_around(args, || step_ms(model, tree, args));
         f.push(a);
         t.push(b);
         ratios.push(a / b);
+        timed.flat_peak_mib = timed.flat_peak_mib.max(flat_peak);
+        timed.tree_peak_mib = timed.tree_peak_mib.max(tree_peak);
     }
-    (common::median(&f), common::median(&t), common::median(&ratios))
+    timed.flat_ms = common::median(&f);
+    timed.tree_ms = common::median(&t);
+    timed.speedup = common::median(&ratios);
+    timed
+}
+
+/// What [`time_pairs`] measured (peaks NaN off CUDA).
+struct Timed {
+    flat_ms: f64,
+    tree_ms: f64,
+    speedup: f64,
+    flat_peak_mib: f64,
+    tree_peak_mib: f64,
+}
+
+impl Default for Timed {
+    fn default() -> Self {
+        Timed {
+            flat_ms: f64::NAN,
+            tree_ms: f64::NAN,
+            speedup: f64::NAN,
+            flat_peak_mib: f64::NAN,
+            tree_peak_mib: f64::NAN,
+        }
+    }
+}
+
+/// `step()`'s result and, on CUDA, the allocator's peak allocated bytes during it (MiB,
+/// weights included); NaN elsewhere or when the statistics cannot be read.
+fn cuda_peak_around(args: &Args, step: impl FnOnce() -> f64) -> (f64, f64) {
+    let Device::Cuda(i) = args.device else {
+        return (step(), f64::NAN);
+    };
+    if let Err(e) = treetrain::device::reset_cuda_peak(i) {
+        eprintln!("no allocator peak: {e}");
+        return (step(), f64::NAN);
+    }
+    let ms = step();
+    match treetrain::device::cuda_memory_stats(i) {
+        Ok(stats) => (ms, stats.peak_allocated as f64 / (1024.0 * 1024.0)),
+        Err(e) => {
+            eprintln!("no allocator peak: {e}");
+            (ms, f64::NAN)
+        }
+    }
 }
 
 /// The memory peak of one more step (MiB): on the CPU the resident growth above what was in
 /// use before it; on CUDA the allocator's peak allocated bytes during it, weights included.
 fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
-    if let Device::Cuda(i) = args.device {
-        let peak = treetrain::device::reset_cuda_peak(i).and_then(|()| {
-            step_ms(model, row, args);
-            treetrain::device::cuda_memory_stats(i)
-        });
-        return match peak {
-            Ok(stats) => stats.peak_allocated as f64 / (1024.0 * 1024.0),
-            Err(e) => {
-                eprintln!("no allocator peak: {e}");
-                f64::NAN
-            }
-        };
+    if let Device::Cuda(_) = args.device {
+        return cuda_peak_around(args, || step_ms(model, row, args)).1;
     }
     if args.device != Device::Cpu {
         return f64::NAN;
@@ -469,7 +512,7 @@ fn main() {
         args.warmup
     );
     println!(
-        "{:<24}{:>10}{:>10}{:>9}{:>8}{:>8}{:>8}{:>10}{:>10}{:>11}{:>11}",
+        "{:<24}{:>10}{:>10}{:>9}{:>8}{:>8}{:>8}{:>10}{:>10}{:>11}{:>11}{:>10}",
         "scenario",
         "flat ms",
         "tree ms",
@@ -480,7 +523,8 @@ fn main() {
         "sp/ideal",
         "sp/ratio",
         "flat MiB",
-        "tree MiB"
+        "tree MiB",
+        "TRL GiB"
     );
     let kernels = treetrain::model::sdpa_kernels(&cfg, args.device, args.dtype).expect("SDPA kernel choice");
     let kernels: serde_json::Map<String, serde_json::Value> = kernels
@@ -488,15 +532,7 @@ fn main() {
         .map(|(call, k)| (call.name().to_string(), k.name().into()))
         .collect();
     println!("SDPA kernels by call: {}", serde_json::Value::Object(kernels.clone()));
-    let results = run_scenarios(&model, &args);
-    let packer = match args.peak_only.is_some() || args.parity {
-        true => serde_json::Value::Null,
-        false => {
-            let python = (!args.smoke).then(|| common::python(None, "trl")).flatten();
-            packer_throughput(if args.smoke { 2 } else { 64 }, 3, python.as_deref())
-        }
-    };
-    let out = serde_json::json!({
+    let header = serde_json::json!({
         "config": args.config.display().to_string(), "parameters": cfg.num_parameters(), "len": args.len,
         "dtype": format!("{:?}", args.dtype), "device": format!("{:?}", args.device),
         "threads": tch::get_num_threads(), "repeats": args.repeats, "warmup": args.warmup,
@@ -505,18 +541,45 @@ fn main() {
             Device::Cuda(_) => "cuda caching allocator: peak allocated during the step, weights included",
             _ => "resident-set growth of the step above the loaded model",
         },
-        "sdpa_kernels": kernels, "scenarios": results, "packer": packer,
+        "sdpa_kernels": kernels,
     });
-    if let Some(dir) = args.json.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&out).expect("json")).expect("write json");
+    // Rewritten after every scenario, so a run stopped by a time limit keeps what it finished.
+    let write = |results: &[serde_json::Value], packer: &serde_json::Value| {
+        let mut out = header.clone();
+        out["scenarios"] = serde_json::json!(results);
+        out["packer"] = packer.clone();
+        if let Some(dir) = args.json.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        std::fs::write(&args.json, serde_json::to_string_pretty(&out).expect("json")).expect("write json");
+    };
+    let results = run_scenarios(&model, &args, &|r| write(r, &serde_json::Value::Null));
+    // The packer's throughput belongs to a whole run: a run of chosen scenarios (`--only`, the
+    // GPU check's steps) skips it.
+    let packer = match args.peak_only.is_some() || args.parity || (args.only.is_some() && !args.packer_only) {
+        true => serde_json::Value::Null,
+        false => {
+            let python = (!args.smoke).then(|| common::python(None, "trl")).flatten();
+            packer_throughput(if args.smoke { 2 } else { 64 }, 3, python.as_deref())
+        }
+    };
+    write(&results, &packer);
     println!("wrote {}", args.json.display());
+}
+
+/// TRL v1.16's published release figures for a scenario (Qwen3-1.7B, 4 x 32,768 tokens, bf16):
+/// `(token ratio, time speed-up, tree peak GiB, flat peak GiB)`, where published.
+fn trl_release(name: &str) -> Option<(f64, f64, f64, Option<f64>)> {
+    match name {
+        "shared prompt f=0.9375" => Some((3.37, 8179.0 / 2755.0, 13.6, Some(35.2))),
+        "nested fork f=0.9375" => Some((3.56, 3.10, 13.5, None)),
+        _ => None,
+    }
 }
 
 /// Every scenario of the run (all, `--only` ones, none with `--packer-only`): timed pairs and
 /// peaks, or one side's peak alone (`--peak-only`); one JSON object each.
-fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
+fn run_scenarios(model: &Model, args: &Args, written: &dyn Fn(&[serde_json::Value])) -> Vec<serde_json::Value> {
     let cfg = &model.lm.config;
     let mut results = Vec::new();
     for (name, f, rs) in scenarios(args.len, cfg.vocab_size) {
@@ -527,6 +590,7 @@ fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
         let tree = tree_row(&rs);
         if args.parity {
             results.push(parity(model, (&name, &rs), &flat, &tree, args));
+            written(&results);
             continue;
         }
         if let Some(side) = args.peak_only {
@@ -537,17 +601,24 @@ fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
                 serde_json::json!({"scenario": name, "side": format!("{side:?}"), "peak_mib": mib,
                 "tokens": row.len()}),
             );
+            written(&results);
             continue;
         }
-        let (flat_ms, tree_ms, speedup) = time_pairs(model, &flat, &tree, args);
-        let (flat_mib, tree_mib) = (peak_mib(model, &flat, args), peak_mib(model, &tree, args));
+        let timed = time_pairs(model, &flat, &tree, args);
+        let (flat_ms, tree_ms, speedup) = (timed.flat_ms, timed.tree_ms, timed.speedup);
+        let (flat_mib, tree_mib) = match args.device {
+            Device::Cuda(_) => (timed.flat_peak_mib, timed.tree_peak_mib),
+            _ => (peak_mib(model, &flat, args), peak_mib(model, &tree, args)),
+        };
         let ideal = flat.forward_flops(cfg) / tree.forward_flops(cfg);
         let ratio = tree.packing_ratio();
         let pair_ratio = flat.attention_pairs() as f64 / tree.attention_pairs() as f64;
+        let trl = trl_release(&name);
         println!(
-            "{name:<24}{flat_ms:>10.1}{tree_ms:>10.1}{speedup:>9.2}{ratio:>8.2}{pair_ratio:>8.2}{ideal:>8.2}{:>10.2}{:>10.2}{flat_mib:>11.0}{tree_mib:>11.0}",
+            "{name:<24}{flat_ms:>10.1}{tree_ms:>10.1}{speedup:>9.2}{ratio:>8.2}{pair_ratio:>8.2}{ideal:>8.2}{:>10.2}{:>10.2}{flat_mib:>11.0}{tree_mib:>11.0}{:>10}",
             speedup / ideal,
-            speedup / ratio
+            speedup / ratio,
+            trl.map_or("-".to_string(), |t| format!("{:.1}", t.2)),
         );
         results.push(serde_json::json!({
             "scenario": name, "shared_fraction": f, "flat_ms": flat_ms, "tree_ms": tree_ms, "speedup": speedup,
@@ -555,7 +626,10 @@ fn run_scenarios(model: &Model, args: &Args) -> Vec<serde_json::Value> {
             "speedup_over_ratio": speedup / ratio, "flat_peak_mib": flat_mib, "tree_peak_mib": tree_mib,
             "flat_tokens": flat.len(), "tree_tokens": tree.len(),
             "flat_pairs": flat.attention_pairs(), "tree_pairs": tree.attention_pairs(),
+            "trl_token_ratio": trl.map(|t| t.0), "trl_speedup": trl.map(|t| t.1),
+            "trl_tree_peak_gib": trl.map(|t| t.2), "trl_flat_peak_gib": trl.and_then(|t| t.3),
         }));
+        written(&results);
     }
     results
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: provisions libtorch, runs every Rust test (slow ones
-# included), then executes every notebook with the evcxr kernel and looks at the rendered pages.
+# included) and the GPU check's CPU rehearsal, then executes every notebook with the evcxr
+# kernel and looks at the rendered pages.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$TREETRAIN_ROOT"
@@ -17,6 +18,9 @@ export TREETRAIN_LOG_READERS_PYTHON
 echo "== cargo test (unit, integration, doc; slow tests included)"
 cargo test --all-targets -- --include-ignored
 cargo test --doc
+echo "== the GPU check rehearsed on the CPU (release binaries packed as they travel; a few minutes)"
+bash scripts/gpu-check.sh prepare
+PYTHON=$TREETRAIN_PEFT_PYTHON bash scripts/gpu-check.sh rehearse target/gpu-rehearsal
 echo "== notebooks"
 bash scripts/run-notebooks.sh
 echo "== rendered notebooks (headless Chromium at 1300 px)"

@@ -69,9 +69,10 @@ pub struct Common {
     /// `target/bench/models/`.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
-    /// Where the model runs: cpu, cuda or cuda:N.
-    #[arg(long, value_parser = device_arg)]
-    device: Option<treetrain::device::Device>,
+    /// Where the model runs: cpu, cuda or cuda:N (resolved after parsing, so a device that
+    /// is missing is an error, exit 1, not a usage error).
+    #[arg(long)]
+    device: Option<String>,
     /// The parameters' dtype.
     #[arg(long, value_enum)]
     dtype: Option<treetrain::device::Dtype>,
@@ -115,10 +116,6 @@ struct Harness {
     filters: Vec<String>,
 }
 
-fn device_arg(s: &str) -> Result<treetrain::device::Device, String> {
-    treetrain::device::parse_device(s).map_err(|e| e.to_string())
-}
-
 #[allow(dead_code)] // each bench binary compiles this module and uses part of it
 impl Common {
     /// Writes `target/bench/<name>.json` (`<name>_smoke.json` for a smoke run) and says where.
@@ -160,7 +157,14 @@ impl Common {
 
     /// `--device` (default CPU).
     pub fn device(&self) -> treetrain::device::Device {
-        self.device.unwrap_or(treetrain::device::Device::Cpu)
+        match self.device.as_deref().map(treetrain::device::parse_device) {
+            None => treetrain::device::Device::Cpu,
+            Some(Ok(device)) => device,
+            Some(Err(e)) => {
+                eprintln!("--device: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 
     /// `--dtype` as a tch kind (default fp32).
