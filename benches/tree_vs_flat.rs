@@ -363,6 +363,9 @@ fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
     // live tensors and the peak after a reset is this step's. (Not during timing: mapping every
     // tensor costs page faults.)
     common::allocator(common::AllocatorMode::Measure);
+    // The step frees the gradients of the one before it and makes its own: counted from
+    // none, as the first step of a run is.
+    treetrain::train::zero_grads(&model.vs);
     let base = common::status_kib("VmRSS:");
     common::reset_peak_rss();
     step_ms(model, row, args);
