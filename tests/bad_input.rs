@@ -205,6 +205,7 @@ fn config_values_out_of_range_name_their_field() {
         ("max_grad_norm = -1.0", "max_grad_norm"),
         ("warmup_ratio = 2.0", "warmup_ratio"),
         ("distributed_timeout_s = 0.0", "distributed_timeout_s"),
+        ("distributed_timeout_s = 1e300", "distributed_timeout_s"),
         ("adamw = { beta1 = 1.0 }", "adamw.beta1"),
         ("adamw = { eps = 0.0 }", "adamw.eps"),
     ] {

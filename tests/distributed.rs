@@ -1001,15 +1001,15 @@ fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, victim: usize) {
     assert!(!err.contains("invalid input"), "{err}");
 }
 
-/// SIGTERM or SIGINT to the launcher alone (a scheduler's stop, `kill`): it passes the signal
-/// to its workers and waits for them, as torchrun does, instead of leaving them training.
-/// Subcommands that are not one run across processes are refused.
+/// A terminating signal to the launcher alone (a scheduler's stop, `kill`, a closed terminal):
+/// it passes the signal to its workers and waits for them, as torchrun does, instead of
+/// leaving them training. Subcommands that are not one run across processes are refused.
 #[test]
-fn launch_forwards_sigterm_and_sigint_to_its_workers() {
+fn launch_forwards_terminating_signals_to_its_workers() {
     let dir = scratch("signals");
     let out = dir.join("out");
     let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
-    for signal in [libc::SIGTERM, libc::SIGINT] {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
         let _ = std::fs::remove_dir_all(&out);
         let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
         // SAFETY: signalling the launcher this test started.
@@ -1030,6 +1030,78 @@ fn launch_forwards_sigterm_and_sigint_to_its_workers() {
     let err = String::from_utf8_lossy(&score.stderr);
     assert!(
         !score.status.success() && err.contains("launch -- score: only training"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether process `pid` still runs (a zombie waiting for its reaper does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|s| s.lines().any(|l| l.starts_with("State:") && !l.contains("Z (zombie)")))
+}
+
+/// `SigBlk` of process `pid`: the signals it blocks, bit `n - 1` for signal `n`.
+fn blocked_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap().trim();
+    u64::from_str_radix(hex, 16).unwrap()
+}
+
+/// Workers stop when told: they block none of the terminating signals (the launcher blocks
+/// them for itself only), a SIGTERM sent to one ends it and the run, naming the rank, and a
+/// launcher killed outright (SIGKILL: nothing to forward) takes its workers with it. An
+/// unrepresentable `--timeout-s` is refused, not a panic.
+#[test]
+fn workers_stop_when_told_and_die_with_their_launcher() {
+    let dir = scratch("worker-signals");
+    let out = dir.join("out");
+    let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
+    let (mut launcher, _, ranks) = launched_and_training(&cfg, &out);
+    let terminating = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+    for &rank in &ranks {
+        let mask = blocked_signals(rank);
+        for s in terminating {
+            assert_eq!(
+                mask & (1 << (s - 1)),
+                0,
+                "worker {rank} blocks signal {s} (SigBlk {mask:x})"
+            );
+        }
+    }
+    // SAFETY: signalling a worker of the launcher this test started.
+    unsafe {
+        libc::kill(ranks[1] as i32, libc::SIGTERM);
+    }
+    let (status, err) = exit_within(&mut launcher.0[0], "launch after SIGTERM to a worker");
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!("rank 1 (pid {}) was killed by signal 15", ranks[1])),
+        "{err}"
+    );
+    assert!(ranks.iter().all(|&r| !running(r)), "a worker left running: {err}");
+    let _ = std::fs::remove_dir_all(&out);
+    let (mut launcher, pid, ranks) = launched_and_training(&cfg, &out);
+    // SAFETY: killing the launcher this test started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    let _ = launcher.0[0].wait();
+    let since = Instant::now();
+    while ranks.iter().any(|&r| running(r)) {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "workers outlived their launcher"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = treetrain(&["launch", "--nproc-per-node", "1", "--timeout-s", "1e300", "--", "sft"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--timeout-s 1e300: must be > 0 and at most 1e9 seconds"),
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -43,9 +43,10 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         DISTRIBUTED.contains(&sub),
         "launch -- {sub}: only training runs across processes (sft, grpo); run `treetrain {sub}` without launch"
     );
+    let max = treetrain::train::MAX_TIMEOUT_S;
     anyhow::ensure!(
-        args.timeout_s.is_finite() && args.timeout_s > 0.0,
-        "--timeout-s {}: must be finite and > 0",
+        args.timeout_s > 0.0 && args.timeout_s <= max,
+        "--timeout-s {:?}: must be > 0 and at most {max:e} seconds",
         args.timeout_s
     );
     let several = args.nnodes > 1;

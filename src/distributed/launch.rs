@@ -6,6 +6,7 @@
 //! workers, which it then waits for.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -69,8 +70,8 @@ pub enum LaunchError {
         /// The OS's reason.
         message: String,
     },
-    /// The launcher got SIGINT or SIGTERM: it passed the signal to its workers and waited
-    /// for them.
+    /// The launcher got a terminating signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT): it passed the
+    /// signal to its workers and waited for them.
     #[error("launch: stopped by signal {signal}; passed it to {workers} worker(s) and waited for them")]
     Signalled {
         /// The signal received.
@@ -91,11 +92,13 @@ pub enum LaunchError {
 
 /// Starts `plan.nproc` workers and waits for all of them; the first failure stops the rest.
 ///
-/// SIGINT and SIGTERM are blocked in the calling thread for the call (threads it starts inherit
-/// that) and polled for between checks on the workers: call it from a process whose other
-/// threads block them too, as the CLI's single thread does.
+/// The terminating signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) are blocked in the calling thread for the call
+/// (threads it starts inherit that) and polled for between checks on the workers, which get
+/// the same signal: call it from a process whose other threads block them too, as the CLI's
+/// single thread does. Workers start with no signal blocked and die with the launcher (a
+/// parent-death signal), so a launcher killed outright leaves none training.
 pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
-    let signals = BlockedSignals::block(&[libc::SIGINT, libc::SIGTERM]);
+    let signals = BlockedSignals::block(&FORWARDED);
     let nodes = &plan.nodes;
     if nodes.count == 0 || nodes.rank >= nodes.count || nodes.count > 1 && plan.port == 0 {
         let why = format!(
@@ -135,6 +138,11 @@ pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
     }
     supervise(&mut workers, nodes.rank * plan.nproc, &signals)
 }
+
+/// The signals a launcher passes on to its workers (and then stops): those a user, a terminal
+/// or a job scheduler sends to end a job. SIGKILL cannot be caught; the workers' parent-death
+/// signal covers it.
+pub(crate) const FORWARDED: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Signals taken as events: blocked while this lives (the previous mask restored after), and
 /// waited for with `sigtimedwait`, so no handler and no global state are needed.
@@ -200,13 +208,33 @@ fn spawn(plan: &LaunchPlan, local: usize, port: u16) -> Result<Child, LaunchErro
         .env("MASTER_ADDR", &plan.nodes.master_addr)
         .env("MASTER_PORT", port.to_string())
         .env("TORCHELASTIC_USE_AGENT_STORE", "True")
-        .env("TORCHELASTIC_RESTART_COUNT", "0")
-        .spawn()
-        .map_err(|e| LaunchError::Spawn {
-            rank,
-            program: plan.program.display().to_string(),
-            message: e.to_string(),
-        })
+        .env("TORCHELASTIC_RESTART_COUNT", "0");
+    let launcher = std::process::id();
+    // SAFETY: runs in the child between fork and exec, calling only async-signal-safe
+    // syscalls (sigprocmask, prctl, getppid) on values it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The launcher's blocked signals would be inherited through exec: a worker would
+            // ignore SIGTERM and SIGINT.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            // Killed when the launcher dies, whatever kills it.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died before the line above: then no signal will come.
+            if libc::getppid() as u32 != launcher {
+                return Err(std::io::Error::other("the launcher exited while this worker started"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| LaunchError::Spawn {
+        rank,
+        program: plan.program.display().to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// Polls the workers until all exit. On the first failure the others get a moment to fail

@@ -17,6 +17,9 @@ use crate::device::DeviceSpec;
 use crate::model::DtypeSetting;
 use crate::model::lora::LoraConfig;
 
+/// The longest timeout a setting may ask for, in seconds (about 31 years): longer ones would
+/// overflow a `Duration` and c10d's milliseconds.
+pub const MAX_TIMEOUT_S: f64 = 1e9;
 /// What to do when a step's loss or gradient norm is NaN or infinite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -347,10 +350,13 @@ impl Default for ParallelSettings {
 impl ParallelSettings {
     /// The timeout is a finite, positive number of seconds.
     pub fn validate(&self) -> Result<(), TrainError> {
-        if !(self.distributed_timeout_s.is_finite() && self.distributed_timeout_s > 0.0) {
+        if !(self.distributed_timeout_s > 0.0 && self.distributed_timeout_s <= MAX_TIMEOUT_S) {
             return Err(TrainError::config(
                 "distributed_timeout_s",
-                format!("is {}; must be finite and > 0", self.distributed_timeout_s),
+                format!(
+                    "is {:?}; must be > 0 and at most {MAX_TIMEOUT_S:e} seconds",
+                    self.distributed_timeout_s
+                ),
             ));
         }
         Ok(())

@@ -24,7 +24,8 @@ mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, zero_grads};
 pub use config::{
-    DataSettings, NanPolicy, OptimizerSettings, OutputSettings, ParallelSettings, PrecisionSettings, TrainConfig,
+    DataSettings, MAX_TIMEOUT_S, NanPolicy, OptimizerSettings, OutputSettings, ParallelSettings, PrecisionSettings,
+    TrainConfig,
 };
 pub use core::TrainCore;
 pub use error::TrainError;
