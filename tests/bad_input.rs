@@ -741,3 +741,72 @@ fn an_unknown_fsdp_value_names_the_values() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small tmpfs mounted for a test (root only), unmounted when dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs at {} needs root", at.display());
+        SmallDisk(at)
+    }
+
+    /// Fills the disk to the last byte with `fill`.
+    fn fill(&self) {
+        let mut f = std::fs::File::create(self.0.join("fill")).unwrap();
+        let chunk = vec![7u8; 1 << 16];
+        while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+        let _ = std::io::Write::write_all(&mut f, &[7]);
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk at the start of a run: the output folder's and the log folder's writability
+/// checks fail naming the field and the lack of space (an empty file can still be made there),
+/// no lock is left behind, and once space is freed the same run starts and finishes.
+#[test]
+#[ignore = "needs root to mount a tmpfs; test.sh runs it"]
+fn a_full_disk_fails_the_start_and_leaves_no_lock() {
+    let dir = scratch("full-disk");
+    let disk = SmallDisk::mount(dir.join("disk"), "96m");
+    disk.fill();
+    let out = disk.0.join("out");
+    let cfg = sft_config(&dir, &format!("output_dir = {out:?}"));
+    fails_with(
+        &["sft", "--config", &cfg],
+        &["config `output_dir`", "No space left on device"],
+    );
+    assert!(
+        !out.join(".treetrain.lock").exists(),
+        "a lock was left on the full disk"
+    );
+    let logs = disk.0.join("logs");
+    let cfg = sft_config(
+        &dir,
+        &format!(
+            "output_dir = {:?}\nreport_to = [\"tensorboard\"]\nlogging_dir = {logs:?}",
+            dir.join("out")
+        ),
+    );
+    fails_with(
+        &["sft", "--config", &cfg],
+        &["config `logging_dir`", "No space left on device"],
+    );
+    std::fs::remove_file(disk.0.join("fill")).unwrap();
+    let cfg = sft_config(&dir, &format!("output_dir = {out:?}"));
+    let done = run(&["sft", "--config", &cfg]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    drop(disk);
+    let _ = std::fs::remove_dir_all(&dir);
+}
