@@ -295,8 +295,8 @@ fn time_pairs(model: &Model, flat: &PackedRow, tree: &PackedRow, args: &Args) ->
     let mut timed = Timed::default();
     let (mut f, mut t, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeats {
-        let (a, flat_peak) = cuda_peak_around(args, || step_ms(model, flat, args));
-        let (b, tree_peak) = cuda_peak_around(args, || step_ms(model, tree, args));
+        let (a, flat_peak) = cuda_peak_around(model, args, || step_ms(model, flat, args));
+        let (b, tree_peak) = cuda_peak_around(model, args, || step_ms(model, tree, args));
         f.push(a);
         t.push(b);
         ratios.push(a / b);
@@ -332,10 +332,13 @@ impl Default for Timed {
 
 /// `step()`'s result and, on CUDA, the allocator's peak allocated bytes during it (MiB,
 /// weights included); NaN elsewhere or when the statistics cannot be read.
-fn cuda_peak_around(args: &Args, step: impl FnOnce() -> f64) -> (f64, f64) {
+fn cuda_peak_around(model: &Model, args: &Args, step: impl FnOnce() -> f64) -> (f64, f64) {
     let Device::Cuda(i) = args.device else {
         return (step(), f64::NAN);
     };
+    // Counted from no gradients, as the first step of a run is (the step would free the last
+    // step's only once running).
+    treetrain::train::zero_grads(&model.vs);
     if let Err(e) = treetrain::device::reset_cuda_peak(i) {
         eprintln!("no allocator peak: {e}");
         return (step(), f64::NAN);
@@ -354,7 +357,7 @@ fn cuda_peak_around(args: &Args, step: impl FnOnce() -> f64) -> (f64, f64) {
 /// use before it; on CUDA the allocator's peak allocated bytes during it, weights included.
 fn peak_mib(model: &Model, row: &PackedRow, args: &Args) -> f64 {
     if let Device::Cuda(_) = args.device {
-        return cuda_peak_around(args, || step_ms(model, row, args)).1;
+        return cuda_peak_around(model, args, || step_ms(model, row, args)).1;
     }
     if args.device != Device::Cpu {
         return f64::NAN;
@@ -568,6 +571,14 @@ fn main() {
     };
     write(&results, &packer);
     println!("wrote {}", args.json.display());
+    // A parity run that finds tree and flat apart fails, so a script's status says so.
+    if args.parity && results.iter().any(|r| r["ok"] != true) {
+        eprintln!(
+            "tree and flat differ beyond the stated tolerances: {}",
+            args.json.display()
+        );
+        std::process::exit(1);
+    }
 }
 
 /// TRL v1.16's published release figures for a scenario (Qwen3-1.7B, 4 x 32,768 tokens, bf16):
