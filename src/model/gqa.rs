@@ -83,7 +83,8 @@ mod tests {
 
     /// Folding the query heads into the query length gives what the kernel's own grouping and
     /// explicitly repeated K/V give, forward and backward, with a bottom-right mask over a path
-    /// longer than the block and a batch with padding rows.
+    /// longer than the block (2-D, as a path block passes it) and a batch's mask with padding
+    /// rows.
     #[test]
     fn folded_queries_equal_the_kernels_grouping_and_repeated_keys() {
         tch::manual_seed(7);
@@ -110,24 +111,28 @@ mod tests {
             (f().detach(), q.grad().copy(), k.grad().copy(), v.grad().copy())
         };
         let scale = 0.5;
-        let folded = run(&|| attend_masked_with(&q, &k, &v, &mask, scale, MaskedGrouping::FoldedQueries));
-        let kernel = run(&|| attend_masked_with(&q, &k, &v, &mask, scale, MaskedGrouping::Kernel));
-        let repeated = run(&|| {
-            let (kr, vr) = (
-                k.repeat_interleave_self_int(3, 1, None),
-                v.repeat_interleave_self_int(3, 1, None),
-            );
-            Tensor::scaled_dot_product_attention(&q, &kr, &vr, Some(&mask), 0.0, false, scale, false)
-        });
-        for reference in [&kernel, &repeated] {
-            for (a, r) in [
-                (&folded.0, &reference.0),
-                (&folded.1, &reference.1),
-                (&folded.2, &reference.2),
-                (&folded.3, &reference.3),
-            ] {
-                let diff = (a - r).abs().max().double_value(&[]);
-                assert!(diff < 1e-12, "{diff}");
+        // A batch's mask `[b, 1, q, k]`, and a path block's `[q, k]` (broadcast over the batch).
+        let block = Tensor::ones([q_len, k_len], (Kind::Bool, Device::Cpu)).tril(k_len - q_len);
+        for mask in [&mask, &block] {
+            let folded = run(&|| attend_masked_with(&q, &k, &v, mask, scale, MaskedGrouping::FoldedQueries));
+            let kernel = run(&|| attend_masked_with(&q, &k, &v, mask, scale, MaskedGrouping::Kernel));
+            let repeated = run(&|| {
+                let (kr, vr) = (
+                    k.repeat_interleave_self_int(3, 1, None),
+                    v.repeat_interleave_self_int(3, 1, None),
+                );
+                Tensor::scaled_dot_product_attention(&q, &kr, &vr, Some(mask), 0.0, false, scale, false)
+            });
+            for reference in [&kernel, &repeated] {
+                for (a, r) in [
+                    (&folded.0, &reference.0),
+                    (&folded.1, &reference.1),
+                    (&folded.2, &reference.2),
+                    (&folded.3, &reference.3),
+                ] {
+                    let diff = (a - r).abs().max().double_value(&[]);
+                    assert!(diff < 1e-12, "{diff}");
+                }
             }
         }
     }
