@@ -810,3 +810,45 @@ fn a_full_disk_fails_the_start_and_leaves_no_lock() {
     drop(disk);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// TRL's spellings read as TRL reads them (`scale_rewards = true` is "group", `false` is
+/// "none"), and a refused value names its field, its line and what would be accepted.
+#[test]
+fn trl_spellings_are_read_and_refused_values_name_field_line_and_choices() {
+    let dir = scratch("spellings");
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"2+2=\", \"answer\": \"4\"}\n{\"prompt\": \"3+3=\", \"answer\": \"6\"}\n",
+    )
+    .unwrap();
+    let rewards = "[[rewards]]\nname = \"exact_answer\"\n";
+    let out = dir.join("out");
+    for flag in ["true", "false"] {
+        let settings = format!(
+            "output_dir = {out:?}\nprompts_per_step = 2\nnum_generations = 2\nmax_completion_length = 4\nscale_rewards = {flag}"
+        );
+        let done = run(&["grpo", "--config", &grpo_config(&dir, &prompts, &settings, rewards)]);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    // Line 5: after model, dataset, prompt_field and max_steps.
+    let cfg = grpo_config(&dir, &prompts, "multi_objective_aggregation = \"sum\"", rewards);
+    fails_with(
+        &["grpo", "--config", &cfg],
+        &[
+            "`multi_objective_aggregation` (line 5)",
+            "sum_then_normalize",
+            "normalize_then_sum",
+        ],
+    );
+    let cfg = grpo_config(&dir, &prompts, "scale_rewards = 1", rewards);
+    fails_with(
+        &["grpo", "--config", &cfg],
+        &[
+            "`scale_rewards` (line 5)",
+            "\"group\", \"batch\" or \"none\" (or true = \"group\"",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

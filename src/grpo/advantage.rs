@@ -1,7 +1,9 @@
 //! Group-relative advantages.
 
-/// How a group's centred rewards are scaled into advantages (TRL's `scale_rewards`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+/// How a group's centred rewards are scaled into advantages (TRL's `scale_rewards`). Read as
+/// TRL reads it: `"group"`, `"batch"` or `"none"`, or a boolean (`true` = `"group"`, `false` =
+/// `"none"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum ScaleRewards {
@@ -14,6 +16,36 @@ pub enum ScaleRewards {
     Batch,
     /// `r - mean` (Dr. GRPO: no division by the group's spread).
     None,
+}
+
+impl<'de> serde::Deserialize<'de> for ScaleRewards {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScaleRewardsVisitor)
+    }
+}
+
+/// Reads [`ScaleRewards`] from a name or TRL's booleans.
+struct ScaleRewardsVisitor;
+
+impl serde::de::Visitor<'_> for ScaleRewardsVisitor {
+    type Value = ScaleRewards;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(r#""group", "batch" or "none" (or true = "group", false = "none", as TRL takes them)"#)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<ScaleRewards, E> {
+        Ok(if v { ScaleRewards::Group } else { ScaleRewards::None })
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ScaleRewards, E> {
+        match v {
+            "group" => Ok(ScaleRewards::Group),
+            "batch" => Ok(ScaleRewards::Batch),
+            "none" => Ok(ScaleRewards::None),
+            other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+        }
+    }
 }
 
 /// How several reward functions become one advantage (TRL's `multi_objective_aggregation`).
@@ -142,5 +174,28 @@ mod tests {
         assert!((a[0] - half_sqrt2).abs() < 1e-5 && a[1] == 0.0 && (a[2] + half_sqrt2).abs() < 1e-5);
         assert_eq!(group_advantages(&[Some(3.0); 4], ScaleRewards::Group), vec![0.0; 4]);
         assert_eq!(group_advantages(&[None, None], ScaleRewards::Group), vec![0.0; 2]);
+    }
+
+    /// `scale_rewards` as TRL spells it: its names, and the booleans it maps to "group" and
+    /// "none"; anything else is refused saying what is accepted.
+    #[test]
+    fn scale_rewards_reads_trls_names_and_booleans() {
+        #[derive(serde::Deserialize)]
+        struct Setting {
+            scale_rewards: ScaleRewards,
+        }
+        let read = |v: &str| toml::from_str::<Setting>(&format!("scale_rewards = {v}")).map(|s| s.scale_rewards);
+        assert_eq!(read("true").unwrap(), ScaleRewards::Group);
+        assert_eq!(read("false").unwrap(), ScaleRewards::None);
+        assert_eq!(read(r#""group""#).unwrap(), ScaleRewards::Group);
+        assert_eq!(read(r#""batch""#).unwrap(), ScaleRewards::Batch);
+        assert_eq!(read(r#""none""#).unwrap(), ScaleRewards::None);
+        for bad in [r#""Group""#, "1"] {
+            let err = read(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(r#""group", "batch" or "none" (or true = "group""#),
+                "{bad}: {err}"
+            );
+        }
     }
 }

@@ -46,11 +46,19 @@ where
             file.insert(field.to_string(), converted);
         }
     }
-    let mut merged = toml::Table::try_from(T::default()).map_err(|e| fail(e.to_string()))?;
+    let defaults = toml::Table::try_from(T::default()).map_err(|e| fail(e.to_string()))?;
+    let mut merged = defaults.clone();
     merge(&mut merged, file.clone());
-    let cfg: T = toml::Value::Table(merged)
-        .try_into()
-        .map_err(|e: toml::de::Error| fail(e.to_string()))?;
+    let cfg: T = toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| {
+        // The merged table has no positions: find the setting whose value was refused, and
+        // its line in the file.
+        let message = e.to_string();
+        let message = message.trim_end();
+        match refused_key::<T>(&defaults, &file, &[]) {
+            Some(key) => fail(format!("`{}`{}: {message}", key.join("."), line_of(&text, &key))),
+            None => fail(message.to_string()),
+        }
+    })?;
     let known = toml::Table::try_from(&cfg).map_err(|e| fail(e.to_string()))?;
     if let Some((key, hint)) = unknown_key(&file, &known, &known, "") {
         return Err(fail(format!("unknown key `{key}`{hint}")));
@@ -68,6 +76,58 @@ pub(crate) fn write_toml<T: serde::Serialize>(config: &T, path: &Path) -> Result
     };
     let text = toml::to_string(config).map_err(|e| fail(e.to_string()))?;
     crate::util::write_atomically(path, text).map_err(|e| fail(e.to_string()))
+}
+
+/// The path of the first setting of `file` (under `path`) that `T` refuses on its own over
+/// the defaults: a table's own key where one of its keys is refused.
+fn refused_key<T: serde::de::DeserializeOwned>(
+    defaults: &toml::Table,
+    file: &toml::Table,
+    path: &[String],
+) -> Option<Vec<String>> {
+    for (k, v) in file {
+        let mut key = path.to_vec();
+        key.push(k.clone());
+        // Only this setting over the defaults: `{a: {b: v}}` for the key `a.b`.
+        let alone = key.iter().rev().fold(v.clone(), |inner, name| {
+            toml::Value::Table(toml::Table::from_iter([(name.clone(), inner)]))
+        });
+        let mut merged = defaults.clone();
+        if let toml::Value::Table(t) = alone {
+            merge(&mut merged, t);
+        }
+        if toml::Value::Table(merged).try_into::<T>().is_ok() {
+            continue;
+        }
+        return match v {
+            toml::Value::Table(inner) => refused_key::<T>(defaults, inner, &key).or(Some(key)),
+            _ => Some(key),
+        };
+    }
+    None
+}
+
+/// ` (line N)` where `key` is set in `text` (after its table's header when nested), or nothing.
+fn line_of(text: &str, key: &[String]) -> String {
+    let Some((name, tables)) = key.split_last() else {
+        return String::new();
+    };
+    let header = format!("[{}]", tables.join("."));
+    let mut in_table = tables.is_empty();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_table = line == header;
+            continue;
+        }
+        let assigned = line
+            .strip_prefix(name.as_str())
+            .is_some_and(|rest| rest.trim_start().starts_with('='));
+        if in_table && assigned {
+            return format!(" (line {})", i + 1);
+        }
+    }
+    String::new()
 }
 
 /// `over`'s keys written into `base`, tables merged recursively.
