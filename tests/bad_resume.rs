@@ -189,3 +189,64 @@ fn a_grpo_data_position_past_the_steps_taken_is_refused() {
     assert!(started.elapsed().as_secs() < 30, "refused, not replayed");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--resume-from latest` says which checkpoint it took and which newer one it passed over
+/// and why; resuming a finished run trains nothing, writes nothing and says so.
+#[test]
+fn a_resume_names_what_it_took_and_skipped_and_a_finished_run_does_nothing() {
+    let dir = scratch("latest");
+    let out = dir.join("out");
+    let cfg = dir.join("sft.toml");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "model = {:?}\ndataset = {:?}\noutput_dir = {out:?}\nmax_steps = 3\nsave_steps = 1\nbatch_size = 2\neval_fraction = 0.0\n[tokenize]\nmax_length = 64\n",
+            common::root().join("datasets/tiny-qwen3-sft"),
+            common::root().join("datasets/sft/train.parquet"),
+        ),
+    )
+    .unwrap();
+    let sft = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_treetrain"))
+            .args(["sft", "--config", cfg.to_str().unwrap(), "--resume-from", "latest"])
+            .output()
+            .unwrap()
+    };
+    let fresh = std::process::Command::new(env!("CARGO_BIN_EXE_treetrain"))
+        .args(["sft", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(fresh.status.success(), "{}", String::from_utf8_lossy(&fresh.stderr));
+    // The newest checkpoint loses its optimizer step file: it can no longer be resumed.
+    std::fs::remove_file(out.join("checkpoint-3/optimizer.json")).unwrap();
+    let resumed = sft();
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("resumed from {} (step 2)", out.join("checkpoint-2").display())),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "passed over {}: it cannot be resumed (no optimizer.json)",
+            out.join("checkpoint-3").display()
+        )),
+        "{err}"
+    );
+    let state = out.join("checkpoint-3/trainer_state.json");
+    let written = std::fs::metadata(&state).unwrap().modified().unwrap();
+    let again = sft();
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        said.contains("the run is finished (step 3 of 3): nothing to do"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().modified().unwrap(),
+        written,
+        "the last checkpoint was written again"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -595,3 +595,68 @@ fn grpo_step_metrics_keep_their_log_keys_tags_and_columns_in_order() {
         assert_eq!(back[k].as_f64(), Some(0.0), "{k}");
     }
 }
+
+/// A run copied or moved to another folder, or a checkpoint whose state names another log
+/// folder, resumes logging only under its own `output_dir`: the saved log folder is kept
+/// relative to `output_dir`, and a saved path is never followed.
+#[test]
+fn a_copied_or_moved_run_logs_only_under_its_own_output_dir() {
+    let root = scratch("moved");
+    let (a, b, c) = (root.join("a"), root.join("b"), root.join("c"));
+    let resume_into = |out: &Path| {
+        let mut cfg = sft(out, 4);
+        cfg.eval_fraction = 0.0;
+        cfg.train.output.resume_from_checkpoint = Some(ResumeFrom::Latest);
+        SftTrainer::from_config(cfg, None).unwrap()
+    };
+    let mut cfg = sft(&a, 4);
+    cfg.eval_fraction = 0.0;
+    let mut first = SftTrainer::from_config(cfg, None).unwrap();
+    first.train_for(2).unwrap();
+    first.save_checkpoint().unwrap();
+    let name = first.core().logging_dir().unwrap().file_name().unwrap().to_os_string();
+    drop(first);
+    let events_of = |out: &Path| std::fs::read_dir(out.join("runs").join(&name)).unwrap().count();
+    let ok = Command::new("cp").arg("-a").arg(&a).arg(&b).status().unwrap();
+    assert!(ok.success());
+    let bytes = |dir: &Path| -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum()
+    };
+    let a_logs = bytes(&a.join("runs").join(&name));
+    let mut copied = resume_into(&b);
+    assert_eq!(copied.core().logging_dir(), Some(b.join("runs").join(&name).as_path()));
+    copied.train_for(1).unwrap();
+    drop(copied);
+    assert_eq!(
+        bytes(&a.join("runs").join(&name)),
+        a_logs,
+        "the copy wrote into the original's logs"
+    );
+    assert!(events_of(&b) >= 1);
+    std::fs::rename(&a, &c).unwrap();
+    let mut moved = resume_into(&c);
+    moved.train_for(1).unwrap();
+    drop(moved);
+    assert!(!a.exists(), "a resume after `mv a c` wrote under a again");
+    // A state naming a folder outside the run: not followed.
+    let outside = root.join("outside");
+    let state = b.join("checkpoint-2/trainer_state.json");
+    let mut saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(
+        saved["logging_dir"],
+        format!("runs/{}", name.to_string_lossy()),
+        "kept relative"
+    );
+    saved["logging_dir"] = outside.join("x").to_string_lossy().into_owned().into();
+    std::fs::write(&state, saved.to_string()).unwrap();
+    let _ = std::fs::remove_dir_all(b.join("checkpoint-3"));
+    let mut tampered = resume_into(&b);
+    tampered.train_for(1).unwrap();
+    assert!(tampered.core().logging_dir().unwrap().starts_with(&b));
+    drop(tampered);
+    assert!(!outside.exists(), "a saved log path outside the run was followed");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -94,6 +94,23 @@ fn run<T: Trainer>(mut t: T) -> Result<()> {
     };
     if main {
         eprintln!("{}{}", t.describe(), world_note(&t));
+        if let Some(from) = t.core().resumed_from() {
+            eprintln!("resumed from {} (step {})", from.display(), t.progress().done);
+            if let Some(out) = t.train_config().output.output_dir.as_deref() {
+                for (dir, why) in treetrain::train::passed_over(out, from) {
+                    eprintln!("  passed over {}: it cannot be resumed ({why})", dir.display());
+                }
+            }
+        }
+    }
+    // A finished run resumed: nothing to train, and its last checkpoint is already there.
+    let progress = t.progress();
+    if progress.finished() && progress.done > 0 {
+        say(&format!(
+            "the run is finished (step {} of {}): nothing to do; raise max_steps to train further\n",
+            progress.done, progress.total
+        ));
+        return Ok(());
     }
     let cfg = t.train_config().output.clone();
     if cfg.eval_steps.is_some()

@@ -257,7 +257,7 @@ impl TrainCore {
         if let Some(adapter) = &self.model.adapter {
             value[DROPOUT_DRAWS_KEY] = adapter.dropout_draws().into();
         }
-        if let Some(dir) = self.logs.logging_dir() {
+        if let Some(dir) = self.logs.logging_dir_to_save() {
             value[LOGGING_DIR_KEY] = dir.to_string_lossy().into();
         }
         if let Some(base) = &self.base_fingerprint {
@@ -347,6 +347,11 @@ impl TrainCore {
         self.logs.text(tag, step, markdown);
     }
 
+    /// The checkpoint this run continued from, if it resumed.
+    pub fn resumed_from(&self) -> Option<&Path> {
+        self.resumed_from.as_deref()
+    }
+
     /// The TensorBoard folder of the run, when `report_to` names tensorboard (main rank).
     pub fn logging_dir(&self) -> Option<&Path> {
         self.logs.logging_dir()
@@ -428,7 +433,8 @@ fn claim_output_dir(config: &TrainConfig, out: &Path, resuming: Option<&Path>) -
 
 /// Where the world size is kept in `trainer_state.json`.
 const WORLD_SIZE_KEY: &str = "world_size";
-/// Where the run's TensorBoard folder is kept (a resume continues in it).
+/// Where the run's TensorBoard folder is kept, relative to `output_dir` (a resume continues in
+/// the folder of that name under its own `output_dir`).
 const LOGGING_DIR_KEY: &str = "logging_dir";
 /// Where a LoRA run records its base model (`model` and a weight fingerprint).
 const BASE_MODEL_KEY: &str = "base_model";

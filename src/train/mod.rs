@@ -33,7 +33,7 @@ pub(crate) use optimization::StepOutcome;
 pub use optimization::{MAX_CONSECUTIVE_SKIPS, Optimization};
 pub use parallel::{BackwardPrefetch, Fsdp, FsdpConfig};
 pub use report::{EventScalars, ReportTo, Scalars};
-pub use resume::{ResumeFrom, checkpoints, latest_checkpoint};
+pub use resume::{ResumeFrom, checkpoints, latest_checkpoint, passed_over};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub(crate) use trainer::run_state;
 pub use trainer::{Progress, RunState, Trainer, every};

@@ -104,10 +104,36 @@ pub fn checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
 /// Whether `dir` holds what a resume needs (a `save_only_model` checkpoint does not): the
 /// state, `optimizer.json`, and the whole optimizer state or a sharded one's manifest.
 pub(crate) fn resumable(dir: &Path) -> bool {
+    missing_for_resume(dir).is_none()
+}
+
+/// The first file a resume needs that `dir` lacks, named.
+fn missing_for_resume(dir: &Path) -> Option<String> {
     let has = |f: &str| dir.join(f).is_file();
-    has(super::checkpoint::STATE_FILE)
-        && has(super::adamw::STEP_FILE)
-        && (has(super::adamw::MOMENTS_FILE) || has(super::parallel::MANIFEST_FILE))
+    let (state, step) = (super::checkpoint::STATE_FILE, super::adamw::STEP_FILE);
+    let (moments, manifest) = (super::adamw::MOMENTS_FILE, super::parallel::MANIFEST_FILE);
+    if !has(state) {
+        Some(format!("no {state}"))
+    } else if !has(step) {
+        Some(format!("no {step}"))
+    } else if !has(moments) && !has(manifest) {
+        Some(format!("neither {moments} nor {manifest}"))
+    } else {
+        None
+    }
+}
+
+/// The checkpoints of `out` newer than `taken` that a resume passed over, each with what it
+/// lacks (a `save_only_model` save, a folder someone emptied).
+pub fn passed_over(out: &Path, taken: &Path) -> Vec<(PathBuf, String)> {
+    let all = checkpoints(out);
+    let Some(at) = all.iter().position(|(_, dir)| same_dir(dir, taken)) else {
+        return Vec::new();
+    };
+    all[at + 1..]
+        .iter()
+        .filter_map(|(_, dir)| missing_for_resume(dir).map(|why| (dir.clone(), why)))
+        .collect()
 }
 
 /// The newest resumable checkpoint of `out`. Checkpoint folders only ever appear whole (they

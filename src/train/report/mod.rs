@@ -70,6 +70,8 @@ pub(crate) struct RunLogs {
     csv_path: Option<PathBuf>,
     logging_dir: Option<PathBuf>,
     explicit_dir: bool,
+    /// `output_dir`, where a default log folder lives.
+    out: Option<PathBuf>,
     resumed_at: Option<u64>,
     settings: Option<String>,
     open: Option<Writers>,
@@ -118,6 +120,7 @@ impl RunLogs {
             csv_path: out.filter(|_| wants(ReportTo::Csv)).map(|o| o.join("metrics.csv")),
             logging_dir,
             explicit_dir: config.output.logging_dir.is_some(),
+            out: out.map(Path::to_path_buf),
             ..RunLogs::default()
         })
     }
@@ -128,13 +131,25 @@ impl RunLogs {
     }
 
     /// The run continues from a checkpoint at `step` whose run logged to `saved_dir`: the logs
-    /// are cut back to `step` at the first write, and TensorBoard continues in `saved_dir`
-    /// unless `logging_dir` was set.
+    /// are cut back to `step` at the first write, and TensorBoard continues in that run's
+    /// default folder (`runs/<name>`) under this run's `output_dir`, unless `logging_dir` was
+    /// set. The saved path is never followed: a copied or moved run, or a checkpoint from
+    /// elsewhere, writes only below its own `output_dir`.
     pub(crate) fn resume(&mut self, step: u64, saved_dir: Option<PathBuf>) {
         self.resumed_at = Some(step);
-        if let (Some(saved), Some(_), false) = (saved_dir, &self.logging_dir, self.explicit_dir) {
-            self.logging_dir = Some(saved);
+        let name = saved_dir.as_deref().and_then(default_folder_name);
+        if let (Some(name), Some(out), Some(_), false) = (name, &self.out, &self.logging_dir, self.explicit_dir) {
+            self.logging_dir = Some(out.join("runs").join(name));
         }
+    }
+
+    /// The log folder as a checkpoint keeps it: relative to `output_dir` when inside it.
+    pub(crate) fn logging_dir_to_save(&self) -> Option<PathBuf> {
+        let dir = self.logging_dir.as_deref()?;
+        Some(match self.out.as_deref().and_then(|o| dir.strip_prefix(o).ok()) {
+            Some(inside) => inside.to_path_buf(),
+            None => dir.to_path_buf(),
+        })
     }
 
     /// The run's settings, written once as text (`args`, as transformers does).
@@ -237,6 +252,14 @@ impl Writers {
         }
         Ok(())
     }
+}
+
+/// The `<name>` of a default log folder `.../runs/<name>` (absolute, as older checkpoints kept
+/// it, or relative), if `saved` is one.
+fn default_folder_name(saved: &Path) -> Option<std::ffi::OsString> {
+    let name = saved.file_name()?;
+    let runs = saved.parent()?.file_name()?;
+    (runs == "runs" && name != "..").then(|| name.to_os_string())
 }
 
 /// transformers' default: `runs/<Mon><DD>_<HH>-<MM>-<SS>_<host>` under the output folder.
