@@ -852,3 +852,30 @@ fn trl_spellings_are_read_and_refused_values_name_field_line_and_choices() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One endless line on standard input (no newline, past the bound) is an error naming the
+/// line and the bound, never an allocation that grows until the process aborts.
+#[test]
+fn an_endless_input_line_is_an_error_not_an_abort() {
+    let mut child = Command::new(BIN)
+        .args(["score", "--model"])
+        .arg(tiny())
+        .args(["--input", "-"])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let endless = std::io::Read::take(std::io::repeat(b'x'), treetrain::data::MAX_LINE_BYTES + (1 << 20));
+        // The reader stops at the bound and exits: the rest meets a closed pipe.
+        let _ = std::io::copy(&mut std::io::BufReader::new(endless), &mut stdin);
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = feeder.join();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("-: line 1 is longer than 256 MiB"), "{err}");
+}

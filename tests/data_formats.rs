@@ -320,3 +320,54 @@ fn dataset_repos_resolve_in_the_hub_cache_by_split() {
     let err = Dataset::from_hub(&cache, "acme/other", None).unwrap_err().to_string();
     assert!(err.contains("`acme/other`") && err.contains("`main`"), "{err}");
 }
+
+/// The rows of `ds`, as JSON objects.
+fn rows(ds: &Dataset) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    ds.rows().collect::<Result<_, _>>().unwrap()
+}
+
+/// Links are followed once, as `datasets.load_dataset` reads a folder: a second name for a
+/// folder (`latest -> v1`) or a link back up (`again -> .`) adds no row. CSV and gzipped JSON
+/// lines read as `load_dataset` reads them; a file of another kind is refused saying which
+/// kinds are read.
+#[test]
+fn links_are_read_once_and_csv_and_gzipped_lines_are_read() {
+    let dir = scratch("links");
+    write_rows(&dir.join("v1"), "train.jsonl", 40);
+    std::os::unix::fs::symlink("v1", dir.join("latest")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("again")).unwrap();
+    let once = Dataset::open(&dir).unwrap();
+    // `again` leads back to the folder being read; `latest` is the first name of `v1`.
+    assert_eq!(once.files, [dir.join("latest/train.jsonl")], "{:?}", once.files);
+    assert_eq!(rows(&once).len(), 40);
+    // CSV: a header, numbers inferred as numbers, text kept as written.
+    let csv = dir.join("table.csv");
+    std::fs::write(&csv, "prompt,answer,score\n2+2=,4,0.5\n\"a, b\",02134,1.0\n").unwrap();
+    let got = rows(&Dataset::open(&csv).unwrap());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0]["prompt"], "2+2=");
+    assert_eq!(got[1]["prompt"], "a, b");
+    assert_eq!(got[0]["answer"], 4);
+    assert_eq!(got[1]["score"], 1.0);
+    // Gzipped JSON lines equal the plain file's rows.
+    let plain = std::fs::read(dir.join("v1/train.jsonl")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &plain).unwrap();
+    let zipped = dir.join("zipped.jsonl.gz");
+    std::fs::write(&zipped, gz.finish().unwrap()).unwrap();
+    assert_eq!(
+        rows(&Dataset::open(&zipped).unwrap()),
+        rows(&Dataset::open(&dir.join("v1/train.jsonl")).unwrap())
+    );
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "hello\n").unwrap();
+    let err = Dataset::open(&text)
+        .and_then(|d| d.rows().collect::<Result<Vec<_>, _>>())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is not a data file treetrain reads") && err.contains(".jsonl.gz"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,9 +23,10 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Line>> {
         Box::new(std::io::BufReader::new(file))
     };
     let mut lines = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let at = format!("{}:{}", path.display(), i + 1);
-        let line = line.with_context(|| format!("{at}: cannot be read as UTF-8 text"))?;
+    // Bounded: one endless line is an error, not an allocation that grows until an abort.
+    for line in treetrain::data::BoundedLines::new(reader) {
+        let (number, line) = line.map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+        let at = format!("{}:{number}", path.display());
         if line.trim().is_empty() {
             continue;
         }

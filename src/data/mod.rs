@@ -1,8 +1,11 @@
 //! Datasets from Parquet, Arrow IPC (file and stream; the `datasets` cache and `save_to_disk`
-//! layouts) and JSON lines, read batch by batch, as TRL's formats: conversations (`messages`,
-//! ShareGPT `conversations`), prompt/completion, prompt-only.
+//! layouts), JSON lines (gzipped or not; each line bounded) and CSV, read batch by batch, as
+//! TRL's formats: conversations (`messages`, ShareGPT `conversations`), prompt/completion,
+//! prompt-only. A folder's links are followed once; a file of another kind is refused naming
+//! the kinds read.
 
 mod example;
+mod lines;
 mod reader;
 mod splits;
 mod value;
@@ -10,6 +13,7 @@ mod value;
 use std::path::PathBuf;
 
 pub use example::{Example, messages};
+pub use lines::{BoundedLines, MAX_LINE_BYTES};
 pub use reader::Dataset;
 pub use value::to_json;
 

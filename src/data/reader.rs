@@ -1,7 +1,7 @@
 //! Streaming rows out of dataset files.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::DataError;
 use super::example::Example;
+use super::lines::json_lines;
 use super::value::to_json;
 
 /// A dataset: one file or every data file under a folder (sorted), read lazily.
@@ -18,11 +19,11 @@ pub struct Dataset {
     pub files: Vec<PathBuf>,
 }
 
-use super::splits::{EXTENSIONS, splits_of};
+use super::splits::splits_of;
 
 impl Dataset {
-    /// A file (`.parquet`, `.arrow`, `.jsonl`, `.json` lines) or a folder holding such files
-    /// (a `save_to_disk` split, a hub snapshot's `data/`).
+    /// A file (`.parquet`, `.arrow`, `.jsonl` or `.json` lines, gzipped or not, `.csv`) or a
+    /// folder holding such files (a `save_to_disk` split, a hub snapshot's `data/`).
     pub fn open(path: &Path) -> Result<Self, DataError> {
         Self::open_split(path, None)
     }
@@ -47,7 +48,7 @@ impl Dataset {
         }
         let mut splits = splits_of(path).map_err(|e| err(e.to_string()))?;
         if splits.is_empty() {
-            return Err(err(format!("holds no data file ({}, any case)", EXTENSIONS.join(", "))));
+            return Err(err(format!("holds no data file ({}, any case)", DataFormat::NAMES)));
         }
         let wanted = split.unwrap_or("train");
         let names: Vec<String> = splits.keys().cloned().collect();
@@ -157,6 +158,40 @@ where
     }))
 }
 
+/// The file formats read, by file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataFormat {
+    /// `.parquet`.
+    Parquet,
+    /// `.arrow` (an IPC file or stream, as `datasets` caches write).
+    Arrow,
+    /// `.jsonl`, `.json`: one JSON object a line.
+    JsonLines,
+    /// `.jsonl.gz`, `.json.gz`.
+    GzippedJsonLines,
+    /// `.csv`, with a header; column types inferred as `datasets` (pandas) infers them.
+    Csv,
+}
+
+impl DataFormat {
+    /// What every format's files are named, for messages.
+    pub(crate) const NAMES: &str = ".parquet, .arrow, .jsonl, .json, .jsonl.gz, .json.gz or .csv";
+
+    /// The format of a file named `path` (any case), if one treetrain reads.
+    pub(crate) fn of(path: &Path) -> Option<Self> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let ends = |suffix: &str| name.len() > suffix.len() && name.ends_with(suffix);
+        Some(match () {
+            _ if ends(".parquet") => DataFormat::Parquet,
+            _ if ends(".arrow") => DataFormat::Arrow,
+            _ if ends(".jsonl") || ends(".json") => DataFormat::JsonLines,
+            _ if ends(".jsonl.gz") || ends(".json.gz") => DataFormat::GzippedJsonLines,
+            _ if ends(".csv") => DataFormat::Csv,
+            _ => return None,
+        })
+    }
+}
+
 /// Rows of one data file.
 pub(crate) fn read_rows(path: &Path) -> Result<Rows, DataError> {
     let err = |message: String| DataError::File {
@@ -164,19 +199,20 @@ pub(crate) fn read_rows(path: &Path) -> Result<Rows, DataError> {
         message,
     };
     let open = || File::open(path).map_err(|e| err(e.to_string()));
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("parquet") => {
+    let format = DataFormat::of(path).ok_or_else(|| {
+        err(format!(
+            "is not a data file treetrain reads: it reads {} files (as datasets.load_dataset does for these)",
+            DataFormat::NAMES
+        ))
+    })?;
+    match format {
+        DataFormat::Parquet => {
             let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(open()?)
                 .and_then(|b| b.with_batch_size(1024).build())
                 .map_err(|e| err(e.to_string()))?;
             Ok(batches_to_rows(reader, path))
         }
-        Some("arrow") => {
+        DataFormat::Arrow => {
             // The `datasets` cache writes IPC streams; other tools write IPC files.
             if let Ok(r) = arrow::ipc::reader::FileReader::try_new(open()?, None) {
                 return Ok(batches_to_rows(r, path));
@@ -185,37 +221,28 @@ pub(crate) fn read_rows(path: &Path) -> Result<Rows, DataError> {
                 .map_err(|e| err(e.to_string()))?;
             Ok(batches_to_rows(r, path))
         }
-        _ => {
-            let lines = BufReader::new(open()?).lines();
-            let path = path.to_path_buf();
-            Ok(Box::new(lines.enumerate().filter_map(move |(i, line)| {
-                let line = match line {
-                    Ok(l) => l,
-                    Err(e) => {
-                        return Some(Err(DataError::File {
-                            path: path.clone(),
-                            message: e.to_string(),
-                        }));
-                    }
-                };
-                if line.trim().is_empty() {
-                    return None;
-                }
-                Some(match serde_json::from_str::<Value>(&line) {
-                    Ok(Value::Object(m)) => Ok(m),
-                    Ok(_) => Err(DataError::File {
-                        path: path.clone(),
-                        message: format!("line {} is not a JSON object", i + 1),
-                    }),
-                    Err(e) => Err(DataError::File {
-                        path: path.clone(),
-                        message: format!("line {}: {e}", i + 1),
-                    }),
-                })
-            })))
+        DataFormat::JsonLines => Ok(json_lines(Box::new(BufReader::new(open()?)), path)),
+        DataFormat::GzippedJsonLines => {
+            let gz = flate2::read::MultiGzDecoder::new(open()?);
+            Ok(json_lines(Box::new(BufReader::new(gz)), path))
+        }
+        DataFormat::Csv => {
+            let format = arrow::csv::reader::Format::default().with_header(true);
+            let (schema, _) = format
+                .infer_schema(BufReader::new(open()?), Some(INFER_ROWS))
+                .map_err(|e| err(format!("cannot infer the columns: {e}")))?;
+            let reader = arrow::csv::ReaderBuilder::new(std::sync::Arc::new(schema))
+                .with_format(format)
+                .with_batch_size(1024)
+                .build(BufReader::new(open()?))
+                .map_err(|e| err(e.to_string()))?;
+            Ok(batches_to_rows(reader, path))
         }
     }
 }
+
+/// Rows a CSV's column types are inferred from.
+const INFER_ROWS: usize = 10_000;
 
 impl crate::display::Rich for Dataset {
     fn html(&self) -> String {

@@ -3,13 +3,14 @@
 //! folder names or file names (`train/...`, `test.parquet`, `data/train-00000-of-00001.parquet`,
 //! `my-validation-set.jsonl`). When any file names a split, files that name none are not part
 //! of the dataset; when none does, every file is the `train` split. Hidden entries (`.name`,
-//! `.ipynb_checkpoints/`) and `__name` ones are skipped; extensions match without case.
+//! `.ipynb_checkpoints/`) and `__name` ones are skipped; extensions match without case. Links
+//! are followed once: a folder or file reached twice (`latest -> v1`, `again -> .`) is read the
+//! first time only, as `load_dataset` reads it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-/// The data file extensions read.
-pub(crate) const EXTENSIONS: [&str; 4] = ["parquet", "arrow", "jsonl", "json"];
+use super::reader::DataFormat;
 
 /// `datasets`' split keywords: a name token equal to one of them puts a file in that split.
 const KEYWORDS: [(&str, &[&str]); 3] = [
@@ -23,14 +24,15 @@ pub(crate) fn splits_of(dir: &Path) -> std::io::Result<BTreeMap<String, Vec<Path
     if let Some(names) = saved_dict_splits(dir) {
         let mut splits = BTreeMap::new();
         for name in names {
-            let mut files = Vec::new();
-            collect(&dir.join(&name), &mut files)?;
-            splits.insert(name, files);
+            let mut files = Files::default();
+            files.collect(&dir.join(&name))?;
+            splits.insert(name, files.found);
         }
         return Ok(splits);
     }
-    let mut files = Vec::new();
-    collect(dir, &mut files)?;
+    let mut found = Files::default();
+    found.collect(dir)?;
+    let files = found.found;
     let mut splits: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for f in &files {
         if let Some(split) = split_named(f.strip_prefix(dir).unwrap_or(f)) {
@@ -69,34 +71,46 @@ fn split_named(rel: &Path) -> Option<&'static str> {
     None
 }
 
-/// Data files under `dir`, sorted, skipping hidden and `__` entries and metadata files.
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| !n.starts_with('.') && !n.starts_with("__"))
-        })
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            collect(&p, out)?;
-        } else if is_data_file(&p) {
-            out.push(p);
-        }
-    }
-    Ok(())
+/// Data files found so far, and the folders and files already reached (by their real path).
+#[derive(Default)]
+struct Files {
+    found: Vec<PathBuf>,
+    seen: HashSet<PathBuf>,
 }
 
-/// A file with a data extension (any case) that is not `datasets`' metadata.
+impl Files {
+    /// Data files under `dir`, sorted, skipping hidden and `__` entries, metadata files, and
+    /// whatever was reached already.
+    fn collect(&mut self, dir: &Path) -> std::io::Result<()> {
+        if !self.seen.insert(dir.canonicalize()?) {
+            return Ok(());
+        }
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| !n.starts_with('.') && !n.starts_with("__"))
+            })
+            .collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                self.collect(&p)?;
+            } else if is_data_file(&p) && p.canonicalize().is_ok_and(|real| self.seen.insert(real)) {
+                self.found.push(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A file of a format read (any case) that is not `datasets`' metadata.
 fn is_data_file(p: &Path) -> bool {
-    let ext = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     let metadata = p
         .file_name()
         .is_some_and(|n| n == "dataset_info.json" || n == "state.json" || n == "dataset_dict.json");
-    ext.is_some_and(|e| EXTENSIONS.contains(&e.as_str())) && !metadata
+    DataFormat::of(p).is_some() && !metadata
 }
 
 #[cfg(test)]
