@@ -94,7 +94,7 @@ pub const RULES: &[Rule] = &[
     ),
     rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
     rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
-    rule(Scope::Train, "distributed_timeout_s", "finite and > 0", Some("inf")),
+    rule(Scope::Train, "distributed_timeout_s", "> 0 and at most 1e9", Some("inf")),
     rule(Scope::Train, "lora.r", "at least 1", Some("0")),
     rule(Scope::Train, "lora.lora_alpha", "finite and > 0", Some("0.0")),
     rule(Scope::Train, "lora.lora_dropout", "in [0, 1)", Some("1.0")),
@@ -189,7 +189,7 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "output_dir",
-        "writable (created and probed before step 1, by rank 0); not in use by another live run (`.treetrain.lock`: pid, host, start); no earlier run's checkpoints unless resuming or `overwrite_output_dir`",
+        "writable (created and probed with real bytes before step 1, by rank 0); not in use by another live run (`.treetrain.lock`: pid, host, start; a lock naming no process is refused as unreadable); no earlier run's checkpoints unless resuming or `overwrite_output_dir`",
         None,
     ),
     rule(
