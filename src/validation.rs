@@ -94,7 +94,12 @@ pub const RULES: &[Rule] = &[
     ),
     rule(Scope::Train, "eval_steps", "at least 1 (or unset)", Some("0")),
     rule(Scope::Train, "logging_steps", "at least 1, or \"off\"", Some("0")),
-    rule(Scope::Train, "distributed_timeout_s", "> 0 and at most 1e9", Some("inf")),
+    rule(
+        Scope::Train,
+        "distributed_timeout_s",
+        "> 0 and at most 1e9",
+        Some("inf"),
+    ),
     rule(Scope::Train, "lora.r", "at least 1", Some("0")),
     rule(Scope::Train, "lora.lora_alpha", "finite and > 0", Some("0.0")),
     rule(Scope::Train, "lora.lora_dropout", "in [0, 1)", Some("1.0")),

@@ -877,5 +877,5 @@ fn an_endless_input_line_is_an_error_not_an_abort() {
     let _ = feeder.join();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("-: line 1 is longer than 256 MiB"), "{err}");
+    assert!(err.contains("-:1: is longer than 256 MiB"), "{err}");
 }

@@ -25,7 +25,7 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Line>> {
     let mut lines = Vec::new();
     // Bounded: one endless line is an error, not an allocation that grows until an abort.
     for line in treetrain::data::BoundedLines::new(reader) {
-        let (number, line) = line.map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+        let (number, line) = line.map_err(|(n, why)| anyhow::anyhow!("{}:{n}: {why}", path.display()))?;
         let at = format!("{}:{number}", path.display());
         if line.trim().is_empty() {
             continue;

@@ -23,7 +23,7 @@ pub(crate) fn json_lines(reader: Box<dyn BufRead>, path: &Path) -> Rows {
         loop {
             let (n, line) = match lines.next()? {
                 Ok(l) => l,
-                Err(message) => return Some(Err(file_error(&path, message))),
+                Err((n, what)) => return Some(Err(file_error(&path, format!("line {n} {what}")))),
             };
             if line.trim().is_empty() {
                 continue;
@@ -45,7 +45,8 @@ fn file_error(path: &Path, message: String) -> DataError {
 }
 
 /// The lines of a reader, each at most [`MAX_LINE_BYTES`], numbered from 1; a longer line, a
-/// line that is not UTF-8 or a read error ends them with an error that says so.
+/// line that is not UTF-8 or a read error ends them with an error: the line's number and what
+/// is wrong with it (`is longer than 256 MiB: ...`).
 pub struct BoundedLines<R> {
     reader: R,
     number: u64,
@@ -64,8 +65,8 @@ impl<R: BufRead> BoundedLines<R> {
 }
 
 impl<R: BufRead> Iterator for BoundedLines<R> {
-    /// `(line number, line)` (with its newline), or what is wrong with the line.
-    type Item = Result<(u64, String), String>;
+    /// `(line number, line)` (with its newline), or `(line number, what is wrong with it)`.
+    type Item = Result<(u64, String), (u64, String)>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
@@ -77,7 +78,7 @@ impl<R: BufRead> Iterator for BoundedLines<R> {
         match read {
             Err(e) => {
                 self.done = true;
-                Some(Err(format!("line {}: {e}", self.number)))
+                Some(Err((self.number, format!("cannot be read: {e}"))))
             }
             Ok(0) => {
                 self.done = true;
@@ -85,17 +86,19 @@ impl<R: BufRead> Iterator for BoundedLines<R> {
             }
             Ok(_) if buf.len() as u64 > MAX_LINE_BYTES => {
                 self.done = true;
-                Some(Err(format!(
-                    "line {} is longer than {} MiB: not a JSON line a row fits in",
+                Some(Err((
                     self.number,
-                    MAX_LINE_BYTES >> 20
+                    format!(
+                        "is longer than {} MiB: not a JSON line a row fits in",
+                        MAX_LINE_BYTES >> 20
+                    ),
                 )))
             }
             Ok(_) => match String::from_utf8(buf) {
                 Ok(line) => Some(Ok((self.number, line))),
                 Err(_) => {
                     self.done = true;
-                    Some(Err(format!("line {} is not UTF-8 text", self.number)))
+                    Some(Err((self.number, "cannot be read as UTF-8 text".into())))
                 }
             },
         }
