@@ -149,13 +149,30 @@ pub fn latest_checkpoint(out: &Path) -> Result<Option<PathBuf>, TrainError> {
     Ok(newest)
 }
 
-/// What a resume from a `save_only_model` checkpoint (state, no optimizer) says.
+/// Why a resume cannot take `dir`, which lacks what [`missing_for_resume`] names: a
+/// `save_only_model` save holds no optimizer file at all; shard files without their manifest
+/// are a checkpoint cut short or edited, not a model-only save.
 pub(crate) fn not_resumable(dir: &Path) -> TrainError {
+    let why = missing_for_resume(dir).unwrap_or_default();
+    let shards = std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("optimizer.shard-") && name.ends_with(".safetensors")
+    });
+    let message = if shards {
+        format!(
+            "holds optimizer shard files but not {}, which rank 0 writes once every shard is in: the checkpoint was cut short or edited; resume from an earlier one",
+            super::parallel::MANIFEST_FILE
+        )
+    } else if dir.join(super::adamw::STEP_FILE).is_file() || !dir.join(super::checkpoint::STATE_FILE).is_file() {
+        format!("cannot be resumed from: it has {why} (a checkpoint cut short or edited?)")
+    } else {
+        "holds no optimizer state (saved with save_only_model): it loads as a model, but no run can resume from it"
+            .into()
+    };
     TrainError::Checkpoint {
         path: dir.into(),
-        message:
-            "holds no optimizer state (saved with save_only_model): it loads as a model, but no run can resume from it"
-                .into(),
+        message,
     }
 }
 

@@ -67,7 +67,11 @@ impl Shards {
         let (rank, size) = (self.world.rank, self.world.size);
         let tensors = self.tensors(masters);
         let entries = tensors.iter().map(|(n, t)| (n.clone(), t.size())).collect();
-        let meta = [("rank", rank.to_string()), ("world_size", size.to_string())];
+        let meta = [
+            ("rank", rank.to_string()),
+            ("world_size", size.to_string()),
+            ("step", self.step.to_string()),
+        ];
         let path = dir.join(shard_file(rank, size));
         let mut out = SafetensorsOut::create(&path, entries, Kind::Float, &meta)?;
         for (_, t) in &tensors {
@@ -208,13 +212,21 @@ impl Manifest {
             return Err(bad(&path, format!("rank {rank}'s file is not in {MANIFEST_FILE}")));
         };
         let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-        match entry.bytes == bytes.len() as u64 {
-            true => Ok(bytes),
-            false => Err(bad(
-                &path,
-                format!("is {} bytes; the manifest says {}", bytes.len(), entry.bytes),
-            )),
+        if entry.bytes != bytes.len() as u64 {
+            let m = format!("is {} bytes; the manifest says {}", bytes.len(), entry.bytes);
+            return Err(bad(&path, m));
         }
+        let step = read_step(dir)?;
+        check_origin(
+            &bytes,
+            &path,
+            [
+                ("rank", rank as u64),
+                ("world_size", self.world_size as u64),
+                ("step", step),
+            ],
+        )?;
+        Ok(bytes)
     }
 
     /// The whole state under `optimizer.safetensors`' names, assembled from every rank's file:
@@ -287,6 +299,29 @@ fn unit_whole(
         parts.push(moment_from(&view, key, &[shard]).map_err(|m| bad(path, m))?);
     }
     Ok(Some(Tensor::f_cat(&parts, 0)?))
+}
+
+/// Checks that the file `path` (its `bytes`) records each of `want` (the rank that wrote it,
+/// the world size, the update count) as its name and the checkpoint say: two ranks' files
+/// swapped, or a file copied from another checkpoint, have the right sizes but the wrong
+/// state. A file without `step` (written before it was recorded) is checked for the rest.
+fn check_origin(bytes: &[u8], path: &Path, want: [(&str, u64); 3]) -> Result<(), ModelError> {
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(path, e.to_string()))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    for (key, value) in want {
+        let recorded = meta.get(key);
+        if recorded.is_none() && key == "step" {
+            continue;
+        }
+        if recorded.and_then(|v| v.parse::<u64>().ok()) != Some(value) {
+            let found = recorded.map_or("nothing".to_string(), |v| format!("{v:?}"));
+            let m = format!(
+                "records {key} {found}; this file must hold {key} {value} (files swapped between ranks or copied from another checkpoint?)"
+            );
+            return Err(bad(path, m));
+        }
+    }
+    Ok(())
 }
 
 fn open<'a>(bytes: &'a [u8], path: &Path) -> Result<safetensors::SafeTensors<'a>, ModelError> {
