@@ -715,7 +715,58 @@ fn resumes_exactly(name: &str, extra: &str) {
     if sharded {
         replicated_resume_of_sharded(&dir, &ckpt, &whole);
     }
+    if extra.contains("full_shard") {
+        tampered_shards_are_refused(&dir, &ckpt, &cfg_split);
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A resume checks each shard file for the rank, world size and step it records: two ranks'
+/// files swapped (the same sizes, so the manifest's check passes) are refused naming the file,
+/// by a sharded and a replicated resume alike; shard files without their manifest are named a
+/// checkpoint cut short, not a model-only save.
+fn tampered_shards_are_refused(dir: &Path, ckpt: &Path, cfg: &Path) {
+    let copy = dir.join("tampered/checkpoint-2");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(ckpt).unwrap().flatten() {
+        if e.path().is_file() {
+            std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+    }
+    let (zero, one) = (
+        copy.join("optimizer.shard-0-of-2.safetensors"),
+        copy.join("optimizer.shard-1-of-2.safetensors"),
+    );
+    std::fs::rename(&zero, copy.join("swap")).unwrap();
+    std::fs::rename(&one, &zero).unwrap();
+    std::fs::rename(copy.join("swap"), &one).unwrap();
+    let c = copy.to_str().unwrap();
+    let replicated = sft_toml(dir, "tampered", 2, &dir.join("tampered-out"), 4, "");
+    for cfg in [cfg, replicated.as_path()] {
+        let out = run_bounded(
+            launch(2, &["sft", "--config", cfg.to_str().unwrap(), "--resume-from", c]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a swapped-shard resume ran: {err}");
+        assert!(
+            err.contains("optimizer.shard-0-of-2.safetensors")
+                && err.contains("records rank \"1\"; this file must hold rank 0"),
+            "{err}"
+        );
+    }
+    std::fs::remove_file(copy.join("optimizer.shards.json")).unwrap();
+    let out = run_bounded(
+        treetrain(&["sft", "--config", cfg.to_str().unwrap(), "--resume-from", c]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("holds optimizer shard files but not optimizer.shards.json"),
+        "{err}"
+    );
+    assert!(!err.contains("save_only_model"), "{err}");
 }
 
 /// transformers loads a `full_shard` run's checkpoint unchanged: its `model.safetensors` was
@@ -936,8 +987,18 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     for (extra, victim) in [("", 1), ("fsdp = \"full_shard\"", 1), ("", 0)] {
         let _ = std::fs::remove_dir_all(&out);
         let cfg = sft_toml(&dir, "long", 2, &out, 100_000, extra);
-        survivor_names_the_dead_peer(&cfg, &out, victim);
+        survivor_names_the_dead_peer(&cfg, &out, (victim, libc::SIGKILL));
     }
+    // A peer stopped (SIGSTOP), not dead: the survivor gives up after distributed_timeout_s
+    // and says so, naming the peer.
+    let _ = std::fs::remove_dir_all(&out);
+    let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("distributed_timeout_s = 60", "distributed_timeout_s = 5");
+    std::fs::write(&cfg, text).unwrap();
+    let err = survivor_names_the_dead_peer(&cfg, &out, (1, libc::SIGSTOP));
+    assert!(err.contains("(no answer within distributed_timeout_s = 5 s)"), "{err}");
     let cfg = sft_toml(&dir, "long", 2, &out, 100_000, "");
 
     // Under `launch`: the launcher names the dead rank and stops the survivor.
@@ -957,10 +1018,10 @@ fn a_killed_peer_is_an_error_naming_the_rank_not_a_hang() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two workers of `cfg` started by hand; once a step is logged rank `victim` is killed, and
-/// the other must fail within the timeout naming itself, the collective it was in and the
-/// dead peer.
-fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, victim: usize) {
+/// Two workers of `cfg` started by hand; once a step is logged rank `victim` gets `signal`
+/// (killed or stopped), and the other must fail within the timeout naming itself, the
+/// collective it was in and the silent peer; returns its error.
+fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, (victim, signal): (usize, i32)) -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -986,7 +1047,10 @@ fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, victim: usize) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let survivor = 1 - victim;
-    w.0[victim].kill().unwrap();
+    // SAFETY: the pid is our own child's, still unwaited (so never reused).
+    unsafe {
+        libc::kill(w.0[victim].id() as i32, signal);
+    }
     let (status, err) = exit_within(&mut w.0[survivor], "the survivor after its peer died");
     assert!(!status.success(), "rank {survivor} exited 0 after its peer died");
     let collectives = ["all_reduce", "all_gather", "reduce_scatter", "barrier"];
@@ -999,6 +1063,7 @@ fn survivor_names_the_dead_peer(cfg: &Path, out: &Path, victim: usize) {
         "the dead peer is not named: {err}"
     );
     assert!(!err.contains("invalid input"), "{err}");
+    err
 }
 
 /// A terminating signal to the launcher alone (a scheduler's stop, `kill`, a closed terminal):
@@ -1284,4 +1349,47 @@ fn a_node_rank_outside_the_nodes_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("node rank 2 of 2 node(s)"), "{err}");
+}
+
+/// Two ranks started by hand (torchrun's variables, a free loopback port) with configs that
+/// differ in one line: both refuse before any weight moves, naming the setting and each rank's
+/// value, whether the difference would have aborted inside Gloo (LoRA's rank: other tensors
+/// to broadcast) or trained diverging replicas to a clean exit (the warm-up).
+#[test]
+fn ranks_whose_settings_differ_are_refused_naming_the_setting() {
+    let dir = scratch("disagree");
+    let out = dir.join("out");
+    for (field, lines) in [
+        ("warmup_steps", ["warmup_steps = 0", "warmup_steps = 1"]),
+        ("lora.r", ["[lora]\nr = 8", "[lora]\nr = 4"]),
+    ] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut workers = Workers(Vec::new());
+        for (rank, line) in lines.iter().enumerate() {
+            let cfg = sft_toml(&dir, &format!("rank{rank}"), 2, &out, 2, line);
+            let mut cmd = treetrain(&["sft", "--config", cfg.to_str().unwrap()]);
+            cmd.envs([("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")])
+                .env("RANK", rank.to_string())
+                .env("MASTER_PORT", port.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            workers.0.push(cmd.spawn().unwrap());
+        }
+        let values = match field {
+            "warmup_steps" => "0 on rank 0, 1 on rank 1",
+            _ => "8 on rank 0, 4 on rank 1",
+        };
+        for (rank, child) in workers.0.iter_mut().enumerate() {
+            let (status, err) = exit_within(child, "a rank of a disagreeing run");
+            assert_eq!(status.code(), Some(1), "{err}");
+            let want = format!("rank {rank}: agreement: the ranks' settings differ at `{field}`: {values}");
+            assert!(err.contains(&want), "{err}");
+        }
+        assert!(!out.join("checkpoint-2").exists(), "a disagreeing run trained");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -58,7 +58,7 @@ impl LaunchEnv {
             size,
             local_rank,
             master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
-            master_port: parse(&need(&var, "MASTER_PORT")?, "MASTER_PORT", rank)?,
+            master_port: port(&need(&var, "MASTER_PORT")?, rank)?,
             agent_store: var("TORCHELASTIC_USE_AGENT_STORE")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
             attempt: var("TORCHELASTIC_RESTART_COUNT")
@@ -91,6 +91,22 @@ fn parse<T: std::str::FromStr>(value: &str, key: &'static str, rank: usize) -> R
         .trim()
         .parse()
         .map_err(|_| DistError::new(rank, "launch", format!("{key}={value:?} is not a non-negative integer")))
+}
+
+/// `MASTER_PORT`: a TCP port every rank can name, so 1 to 65535 (0 would have rank 0 bind a
+/// port of the system's choosing that no other rank can know).
+fn port(value: &str, rank: usize) -> Result<u16, DistError> {
+    let refuse = |why: &str| {
+        let m = format!(
+            "MASTER_PORT={value:?} {why}; set a port from 1 to 65535 that is free on MASTER_ADDR's host (torchrun: --master-port)"
+        );
+        DistError::new(rank, "launch", m)
+    };
+    match value.trim().parse::<u64>() {
+        Ok(0) => Err(refuse("asks for any free port, which the other ranks cannot know")),
+        Ok(p) => u16::try_from(p).map_err(|_| refuse("is past the last TCP port, 65535")),
+        Err(_) => Err(refuse("is not a port number")),
+    }
 }
 
 #[cfg(test)]
@@ -135,6 +151,19 @@ mod tests {
         assert!(e.message.contains("MASTER_PORT"), "{e}");
         let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_PORT", "1")])).unwrap_err();
         assert!(e.message.contains("RANK=2"), "{e}");
+        for (port, why) in [
+            ("0", "any free port"),
+            ("70000", "past the last TCP port"),
+            ("x", "not a port"),
+        ] {
+            let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_PORT", port)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("MASTER_PORT=\"{port}\" ")) && e.contains(why) && e.contains("1 to 65535"),
+                "{e}"
+            );
+        }
         let e = LaunchEnv::from_lookup(env(&[("WORLD_SIZE", "two"), ("RANK", "0")])).unwrap_err();
         assert!(e.message.contains("WORLD_SIZE"), "{e}");
     }

@@ -19,6 +19,7 @@
 //! NCCL version it was built for, [`nccl`]). Under Gloo, tensors off the host (CUDA, a
 //! PrivateUse1 device) are reduced through host memory, said once in the log.
 
+mod agreement;
 mod backend;
 mod buckets;
 mod error;
@@ -28,6 +29,7 @@ mod launch_env;
 pub mod nccl;
 mod world;
 
+pub(crate) use agreement::{Settings, settings_of};
 pub(crate) use backend::rank_gpu;
 pub use backend::{BackendChoice, CommBackend};
 pub(crate) use buckets::GradBuckets;

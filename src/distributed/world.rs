@@ -51,6 +51,9 @@ pub struct World {
     group: Option<ProcessGroup>,
     /// Where this group's keys live in its store.
     prefix: String,
+    /// How long a collective waits for the peers (`distributed_timeout_s`), named when one
+    /// times out.
+    timeout: Duration,
     /// A collective failed and the peers were asked (once: the group is broken after).
     failed: AtomicBool,
     staged_said: AtomicBool,
@@ -93,13 +96,13 @@ impl Default for World {
 impl World {
     /// One process.
     pub fn single() -> Self {
-        Self::with_group((0, 1, 0), None, String::new())
+        Self::with_group((0, 1, 0), None, (String::new(), Duration::ZERO))
     }
 
     fn with_group(
         (rank, size, local_rank): (usize, usize, usize),
         group: Option<ProcessGroup>,
-        prefix: String,
+        (prefix, timeout): (String, Duration),
     ) -> Self {
         World {
             rank,
@@ -107,6 +110,7 @@ impl World {
             local_rank,
             group,
             prefix,
+            timeout,
             failed: AtomicBool::new(false),
             staged_said: AtomicBool::new(false),
             measure_wait: AtomicBool::new(false),
@@ -157,7 +161,7 @@ impl World {
         Ok(Self::with_group(
             (env.rank, env.size, env.local_rank),
             Some(group),
-            prefix,
+            (prefix, timeout),
         ))
     }
 
@@ -167,7 +171,11 @@ impl World {
         let store = Store::file(path, size, timeout, rank)?;
         let device = GlooDevice::Hostname("127.0.0.1".into());
         let group = ProcessGroup::gloo(store, "treetrain", rank, size, &device, timeout)?;
-        Ok(Self::with_group((rank, size, rank), Some(group), "treetrain".into()))
+        Ok(Self::with_group(
+            (rank, size, rank),
+            Some(group),
+            ("treetrain".into(), timeout),
+        ))
     }
 
     /// Whether this is rank 0: the one that logs, displays and writes checkpoints.
@@ -368,6 +376,11 @@ impl World {
     fn asked_peers(&self, g: &ProcessGroup, mut e: DistError) -> DistError {
         if self.failed.swap(true, Ordering::Relaxed) {
             return e;
+        }
+        if e.message.to_lowercase().contains("timeout") || e.message.to_lowercase().contains("timed out") {
+            let s = self.timeout.as_secs_f64();
+            e.message
+                .push_str(&format!(" (no answer within distributed_timeout_s = {s} s)"));
         }
         let key = |rank: usize| format!("{}/failed/rank{rank}", self.prefix);
         let store = g.store();

@@ -139,7 +139,7 @@ impl GrpoTrainerBuilder {
         let resume = config.train.checkpoint_to_resume(resume.as_deref())?;
         let rewards = run_rewards(&config, rewards, environment.as_deref());
         check_rewards(&rewards)?;
-        let mut core = TrainCore::load(&training_settings(&config), resume.as_deref())?;
+        let mut core = TrainCore::load(&training_settings(&config), resume.as_deref(), &config)?;
         core.set_schedule(&config.train, config.max_steps);
         core.logs.set_settings(&config);
         let tools = environment.as_ref().and_then(|e| e.tools());

@@ -184,12 +184,8 @@ pub(crate) fn all_finite(t: &Tensor) -> Result<bool, ModelError> {
 /// any model size; two different checkpoints of one architecture differ in it.
 pub(crate) fn weights_fingerprint(vs: &tch::nn::VarStore) -> Result<String, ModelError> {
     let sorted: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
+    let mut hash = crate::util::Fnv1a::new();
+    let mut eat = |bytes: &[u8]| hash.eat(bytes);
     for (name, t) in sorted {
         eat(name.as_bytes());
         t.size().iter().for_each(|d| eat(&d.to_le_bytes()));
@@ -204,7 +200,7 @@ pub(crate) fn weights_fingerprint(vs: &tch::nn::VarStore) -> Result<String, Mode
         let values: Vec<f32> = Vec::try_from(&values)?;
         values.iter().for_each(|v| eat(&v.to_bits().to_le_bytes()));
     }
-    Ok(format!("{hash:016x}"))
+    Ok(hash.hex())
 }
 
 /// An error naming the first tensor of `vars` (by name) that holds NaN or infinite values:

@@ -137,7 +137,7 @@ impl SftTrainer {
         config.validate()?;
         let checkpoint = config.train.checkpoint_to_resume(checkpoint)?;
         let checkpoint = checkpoint.as_deref();
-        let mut core = TrainCore::load(&config.train, checkpoint)?;
+        let mut core = TrainCore::load(&config.train, checkpoint, &config)?;
         core.logs.set_settings(&config);
         let (rows, skipped_rows) = tokenized_rows(&config, &core.tokenizer, &core.model.lm.config)?;
         let total_rows = rows.len();

@@ -58,13 +58,25 @@ impl TrainCore {
     ///
     /// Under torchrun (or `treetrain launch`) this process joins the run's other processes
     /// first ([`World::from_env`]).
-    pub fn load(config: &TrainConfig, checkpoint: Option<&Path>) -> Result<Self, TrainError> {
+    /// Every rank first checks that all ranks run the same `whole` config (the trainer's, of
+    /// which `config` is the training part) and world, and, once the model is loaded, the same
+    /// model: a difference is an error naming it on every rank.
+    pub(crate) fn load(
+        config: &TrainConfig,
+        checkpoint: Option<&Path>,
+        whole: &impl serde::Serialize,
+    ) -> Result<Self, TrainError> {
         config.validate()?;
         let world = World::from_env(
             config.parallel.distributed_timeout(),
             config.parallel.distributed_backend,
             config.device,
         )?;
+        let mut settings = crate::distributed::settings_of(&serde_json::to_value(whole).unwrap_or_default());
+        settings.push(("world size".into(), world.size.to_string()));
+        let resumed = checkpoint.map_or("none".into(), |c| c.display().to_string());
+        settings.push(("resumed checkpoint".into(), resumed));
+        world.agree("settings", &settings)?;
         Self::load_in(config, checkpoint, world)
     }
 
@@ -91,6 +103,10 @@ impl TrainCore {
         // Every trained variable, by name (the same order on every rank).
         let variables: std::collections::BTreeMap<String, tch::Tensor> =
             model.trainable().variables().into_iter().collect();
+        world.agree(
+            "models",
+            &model_settings(&model, &variables, base_fingerprint.as_deref()),
+        )?;
         world.broadcast_from_main(&variables.values().collect::<Vec<_>>())?;
         let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir)?);
         let special = SpecialTokens::resolve(Some(&tokenizer), &model.lm.config);
@@ -492,6 +508,37 @@ fn load_policy(
 
 /// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
 /// rank (`distributed::rank_gpu`), so `cuda` means each rank's own GPU.
+/// What must be the same model on every rank: its config, each trained variable's shape and
+/// dtype (the broadcast of rank 0's weights assumes them) and, with LoRA, the frozen base's
+/// fingerprint (never broadcast, so another base would train another model).
+fn model_settings(
+    model: &Model,
+    variables: &std::collections::BTreeMap<String, tch::Tensor>,
+    base: Option<&str>,
+) -> crate::distributed::Settings {
+    let c = &model.lm.config;
+    let mut out: crate::distributed::Settings = [
+        ("architecture", format!("{:?}", c.arch)),
+        ("vocab_size", c.vocab_size.to_string()),
+        ("hidden_size", c.hidden_size.to_string()),
+        ("num_hidden_layers", c.num_layers.to_string()),
+        ("num_attention_heads", c.num_heads.to_string()),
+        // Whatever else the config sets, as one fingerprint.
+        ("the rest", crate::util::fnv1a(format!("{c:?}").as_bytes())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("model config {k}"), v))
+    .collect();
+    for (name, t) in variables {
+        out.push((
+            format!("trained variable {name}"),
+            format!("{:?} {:?}", t.size(), t.kind()),
+        ));
+    }
+    out.push(("frozen base weights".into(), base.unwrap_or("none").into()));
+    out
+}
+
 fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
     match (spec, world.is_distributed()) {
         (DeviceSpec::Cuda(_) | DeviceSpec::Auto, true) => {
