@@ -70,6 +70,15 @@ fn main() -> Result<()> {
     // And before anything asks libtorch about CUDA (it caches the first answer): the CUDA
     // library TREETRAIN_TORCH_CUDA names.
     let cuda = treetrain::device::load_torch_cuda_from_env();
+    // A failed allocation inside a step unwinds to the trainer, which returns it as an
+    // out-of-memory error: print libtorch's one line, not its C++ frames, on the way.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        match info.payload_as_str().and_then(treetrain::train::allocation_failure) {
+            Some(line) => eprintln!("treetrain: an allocation failed inside libtorch: {line}"),
+            None => default_hook(info),
+        }
+    }));
     let command = Cli::parse().command;
     if !matches!(command, Command::Env { check_device: None, .. }) {
         backend?;

@@ -74,10 +74,49 @@ pub fn host_shortfall(need: u128) -> Option<u128> {
     available_host_bytes().filter(|&available| need > available)
 }
 
-/// `MemAvailable` of `/proc/meminfo`, in bytes (None off Linux).
+/// What this process may still allocate, in bytes (None off Linux): the least of the host's
+/// `MemAvailable`, the address space left under `ulimit -v` (`RLIMIT_AS` less `VmSize`), and
+/// the room left in the process's cgroup (`memory.max` less `memory.current`). A limit of
+/// either kind fails an allocation the host's free memory would allow.
 pub(crate) fn available_host_bytes() -> Option<u128> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let available = kib_field(&info, "MemAvailable:")?;
+    let address_space = address_space_left();
+    let cgroup = cgroup_room();
+    Some(
+        [Some(available), address_space, cgroup]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(available),
+    )
+}
+
+/// The number of kiB after `key` in a `/proc` table, in bytes.
+fn kib_field(text: &str, key: &str) -> Option<u128> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// `RLIMIT_AS`'s soft limit less the address space in use (None when unlimited).
+fn address_space_left() -> Option<u128> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    let soft: u128 = line["Max address space".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let used = kib_field(&std::fs::read_to_string("/proc/self/status").ok()?, "VmSize:")?;
+    Some(soft.saturating_sub(used))
+}
+
+/// The cgroup v2 limit of this process less its use (None without one, or `max`).
+fn cgroup_room() -> Option<u128> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let read = |f: &str| -> Option<u128> { std::fs::read_to_string(dir.join(f)).ok()?.trim().parse().ok() };
+    Some(read("memory.max")?.saturating_sub(read("memory.current")?))
 }

@@ -249,6 +249,20 @@ impl GrpoTrainer {
     /// One GRPO step: a batch of `prompts_per_step x num_generations` scored rollouts, one
     /// packed update, one optimizer step.
     pub fn step(&mut self) -> Result<GrpoStepMetrics, TrainError> {
+        let step = self.state.global_step;
+        crate::train::out_of_memory::guard(
+            step,
+            "prompts_per_step, num_generations or max_completion_length",
+            || self.step_unguarded(),
+        )
+        .inspect_err(|e| {
+            if matches!(e, TrainError::OutOfMemory { .. }) {
+                self.core.optim.discard_gradients();
+            }
+        })
+    }
+
+    fn step_unguarded(&mut self) -> Result<GrpoStepMetrics, TrainError> {
         let device = self.core.model.device();
         crate::device::privateuse1::checked(device, || {
             let start = Instant::now();

@@ -244,6 +244,17 @@ impl SftTrainer {
     /// One optimizer step over `gradient_accumulation_steps` micro-batches (global ones: in a
     /// multi-process run each rank forwards its share of every micro-batch's rows).
     pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
+        let step = self.state.global_step;
+        crate::train::out_of_memory::guard(step, "batch_size or max_length", || self.step_unguarded()).inspect_err(
+            |e| {
+                if matches!(e, TrainError::OutOfMemory { .. }) {
+                    self.core.optim.discard_gradients();
+                }
+            },
+        )
+    }
+
+    fn step_unguarded(&mut self) -> Result<StepMetrics, TrainError> {
         let device = self.core.model.device();
         crate::device::privateuse1::checked(device, || {
             let start = Instant::now();

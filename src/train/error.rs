@@ -85,6 +85,19 @@ pub enum TrainError {
         /// The first such parameter.
         name: String,
     },
+    /// An allocation failed inside a step (host or device memory ran out, or a `ulimit -v` or
+    /// cgroup limit was reached): the step's gradients are dropped and the weights untouched.
+    #[error(
+        "step {step}: out of memory ({detail}); lower {lower}, or turn on gradient_checkpointing; the weights are untouched"
+    )]
+    OutOfMemory {
+        /// Optimizer step.
+        step: u64,
+        /// libtorch's account of the failed allocation.
+        detail: String,
+        /// The settings whose sizes the step grows with.
+        lower: &'static str,
+    },
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {
