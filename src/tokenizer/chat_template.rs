@@ -19,11 +19,12 @@ const GEN_END: char = '\u{E001}';
 /// memory runs out.
 pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 
-/// Most template instructions one rendering may run. Some templates look back over the messages
-/// at every message (quadratic), yet thousands of turns under every template TRL ships stay far
-/// inside it (tests/chat_templates.rs), while a runaway nest of loops stops instead of running
-/// for hours.
-const RENDER_FUEL: u64 = 1_000_000_000;
+/// The work one rendering may do, in minijinja's fuel: one a template instruction, and one per
+/// 64 bytes of every string it builds (so about 1 GiB in all, checked before each allocation).
+/// Some templates look back over the messages at every message (quadratic), yet thousands of
+/// turns under every template TRL ships stay far inside it (tests/chat_templates.rs), while a
+/// runaway nest of loops, or a string doubled with `~` until memory runs out, stops instead.
+const RENDER_FUEL: u64 = 16_000_000;
 
 /// Collects rendered bytes up to [`MAX_RENDERED_BYTES`], then fails the write (and so the render).
 struct Bounded {
@@ -191,7 +192,7 @@ impl ChatTemplate {
             Err(e) if e.kind() == ErrorKind::OutOfFuel => {
                 let fuel = self.env.fuel().unwrap_or(RENDER_FUEL);
                 return Err(TokenizerError::Template(format!(
-                    "rendering ran more than {fuel} template instructions (the most a chat may take); the template loops without end or its messages are huge"
+                    "rendering took more than {fuel} fuel (the most a chat may take: a fuel a template instruction, one per 64 bytes of strings built); the template loops without end, builds strings without bound, or its messages are huge"
                 )));
             }
             Err(e) => return Err(TokenizerError::Template(format!("{e:#}"))),
@@ -283,7 +284,14 @@ mod tests {
         )
         .unwrap();
         let err = t.render(&json!({})).unwrap_err().to_string();
-        assert!(err.contains("more than 10000 template instructions"), "{err}");
+        assert!(err.contains("more than 10000 fuel"), "{err}");
+        // A string doubled with `~` stops before the allocation that would pass the budget.
+        let t = ChatTemplate::new(
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        )
+        .unwrap();
+        let err = t.render(&json!({})).unwrap_err().to_string();
+        assert!(err.contains(&format!("more than {RENDER_FUEL} fuel")), "{err}");
         // Just under the limit renders.
         let t = ChatTemplate::new("{{ 'x' * n }}").unwrap();
         assert_eq!(
