@@ -79,12 +79,36 @@ pub fn messages(value: &Value, row: usize, field: &'static str) -> Result<Vec<Va
                     return Err(bad(format!("message {i} is an empty assistant turn")));
                 }
             }
+            if let Some(Value::Array(parts)) = out.get("content") {
+                check_parts(parts).map_err(|m| bad(format!("message {i}'s content {m}")))?;
+            }
             // Arrow structs carry every field of every message: drop the nulls they add.
             out.retain(|k, v| !v.is_null() || k == "content");
             Ok(Value::Object(out))
         })
         .collect()
 }
+
+/// What a vision-language or audio dataset holds and a text-only decoder cannot take.
+const MEDIA: [&str; 6] = ["image", "image_url", "video", "audio", "input_audio", "file"];
+
+/// Why a message's list of content parts (transformers' `[{"type": "text", "text": ...}]`)
+/// cannot be trained on: a part that is not an object, or media (images, audio, video).
+fn check_parts(parts: &[Value]) -> Result<(), String> {
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str);
+        if let Some(kind) = kind.filter(|k| MEDIA.contains(k)) {
+            return Err(format!("part {j} is {kind:?}: {UNSUPPORTED}"));
+        }
+        if !part.is_object() {
+            return Err(format!("part {j} is not an object with a \"type\""));
+        }
+    }
+    Ok(())
+}
+
+const UNSUPPORTED: &str =
+    "treetrain trains text-only decoders; image, audio and video inputs (vision-language datasets) are not supported";
 
 /// The `tools` column of row `row`: absent or null is none; JSON text is parsed; either way it
 /// must be a list (of tool schemas).
@@ -121,6 +145,16 @@ impl Example {
                 }),
             }
         };
+        for field in ["images", "image", "audios", "videos"] {
+            let media = |v: &Value| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty());
+            if row.get(field).is_some_and(media) {
+                return Err(DataError::Row {
+                    row: row_index,
+                    field,
+                    message: format!("is a media column: {UNSUPPORTED}"),
+                });
+            }
+        }
         for field in ["messages", "conversations"] {
             if let Some(m) = row.get(field).filter(|v| !v.is_null()) {
                 return Ok(Example::Conversation {
