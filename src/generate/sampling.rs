@@ -31,14 +31,24 @@ pub struct SamplingConfig {
     pub first_row: u64,
 }
 
+/// The smallest temperature taken (1e-5 in messages): vLLM's floor for sampling. Far below it `logits /
+/// temperature` passes fp32's range (inf, then NaN log-probs).
+pub(crate) const MIN_TEMPERATURE: f64 = 1e-5;
+
 impl SamplingConfig {
     /// The first setting out of its range, as `(field, what is wrong)`: temperature finite and
-    /// positive, top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and positive
+    /// at least 1e-5 (vLLM's floor), top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and positive
     /// (transformers' ranges). Checked before any generation (CLI, generator, GRPO config).
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         let bad = |field, v: f64, range: &str| Err((field, format!("is {v}; must be {range}")));
-        if !(self.temperature.is_finite() && self.temperature > 0.0) {
-            return bad("temperature", self.temperature, "finite and > 0");
+        if !(self.temperature.is_finite() && self.temperature >= MIN_TEMPERATURE) {
+            return Err((
+                "temperature",
+                format!(
+                    "is {:e}; must be finite and at least 1e-5 (below it sampling is greedy in all but name and the scaled logits overflow to NaN); write temperature = 0.01 for near-greedy sampling",
+                    self.temperature
+                ),
+            ));
         }
         if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
             return bad("top_p", p, "in (0, 1]");

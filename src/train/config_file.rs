@@ -55,7 +55,10 @@ where
         let message = e.to_string();
         let message = message.trim_end();
         match refused_key::<T>(&defaults, &file, &[]) {
-            Some(key) => fail(format!("`{}`{}: {message}", key.join("."), line_of(&text, &key))),
+            Some(key) => {
+                let hint = what_to_write(&key, value_at(&file, &key), message);
+                fail(format!("`{}`{}: {message}{hint}", key.join("."), line_of(&text, &key)))
+            }
             None => fail(message.to_string()),
         }
     })?;
@@ -105,6 +108,48 @@ fn refused_key<T: serde::de::DeserializeOwned>(
         };
     }
     None
+}
+
+/// The value of `key` (a path of table names) in `file`.
+fn value_at<'a>(file: &'a toml::Table, key: &[String]) -> Option<&'a toml::Value> {
+    let (last, tables) = key.split_last()?;
+    let mut table = file;
+    for name in tables {
+        table = table.get(name)?.as_table()?;
+    }
+    table.get(last)
+}
+
+/// What to write instead of `value`, refused for `key` with serde's `message`: a number or
+/// boolean in quotes (as YAML and the command line hand TRL everything), a whole number
+/// written as a float, a negative count. Empty when there is nothing to add.
+fn what_to_write(key: &[String], value: Option<&toml::Value>, message: &str) -> String {
+    let name = key.last().map_or("", String::as_str);
+    let whole = ["usize", "u64", "u32", "u16", "u8", "i64", "i32"]
+        .iter()
+        .any(|t| message.ends_with(&format!("expected {t}")));
+    let number = whole || message.ends_with("expected f64") || message.ends_with("expected f32");
+    match value {
+        Some(toml::Value::String(s)) if number && s.trim().parse::<f64>().is_ok() => {
+            format!("; write the number without quotes: {name} = {}", s.trim())
+        }
+        Some(toml::Value::String(s))
+            if message.ends_with("expected a boolean") && matches!(s.to_lowercase().trim(), "true" | "false") =>
+        {
+            format!(
+                "; write the boolean without quotes: {name} = {}",
+                s.to_lowercase().trim()
+            )
+        }
+        Some(toml::Value::Float(f)) if whole && f.fract() == 0.0 && f.is_finite() => {
+            format!("; write a whole number: {name} = {}", *f as i64)
+        }
+        Some(toml::Value::Integer(i)) if *i < 0 && name == "top_k" => {
+            "; write top_k = 0 to keep every token (what vLLM spells -1), or a positive count".into()
+        }
+        Some(toml::Value::Integer(i)) if *i < 0 && whole => "; write a whole number, 0 or more".into(),
+        _ => String::new(),
+    }
 }
 
 /// ` (line N)` where `key` is set in `text` (after its table's header when nested), or nothing.
