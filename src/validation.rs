@@ -175,7 +175,12 @@ pub const RULES: &[Rule] = &[
         "at least one, finite weights; a built-in reward's column (`exact_answer`: `answer`) in every prompt row, one value (not a list, object or null)",
         None,
     ),
-    rule(Scope::Sampling, "temperature", "finite and > 0", Some("inf")),
+    rule(
+        Scope::Sampling,
+        "temperature",
+        "finite and at least 1e-5 (vLLM's floor: far below it the scaled logits overflow)",
+        Some("1e-40"),
+    ),
     rule(Scope::Sampling, "top_p", "in (0, 1]", Some("1.5")),
     rule(Scope::Sampling, "min_p", "in [0, 1]", Some("2.0")),
     rule(
@@ -206,7 +211,31 @@ pub const RULES: &[Rule] = &[
     rule(
         Scope::Start,
         "--resume-from",
-        "(and `resume_from_checkpoint`) a checkpoint at or before `max_steps`, written with the same number of processes and with optimizer state (not `save_only_model`); `latest`: `output_dir` holds one",
+        "(and `resume_from_checkpoint`) a checkpoint at or before `max_steps`, written with the same number of processes and with optimizer state (not `save_only_model`; shard files without their manifest are named a checkpoint cut short); each optimizer shard file records the rank, world size and step its name and the checkpoint say; `latest`: `output_dir` holds one",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "every rank (a multi-process run)",
+        "the same resolved config, world size, resumed checkpoint and model (config, trained variables' shapes, a LoRA run's frozen base) on every rank, checked before the weights are broadcast: the first difference is named with each rank's value; `MASTER_PORT` from 1 to 65535",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "a step's memory",
+        "an allocation that fails inside a step (host or device memory, `ulimit -v`, a cgroup limit) is an out-of-memory error naming the settings to lower; the size check before a step counts those limits too",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "chat_template",
+        "renders at most 64 MiB and within its fuel (a unit a template instruction, one per 64 bytes of strings built: about 1 GiB), so a runaway loop or a string doubled with `~` is an error, not an abort",
+        None,
+    ),
+    rule(
+        Scope::Start,
+        "dataset rows",
+        "text only: image, audio and video content parts, and media columns (`images`, `audios`, `videos`), are refused as unsupported, naming the row and field",
         None,
     ),
     rule(

@@ -702,32 +702,67 @@ fn a_batch_whose_activations_cannot_fit_is_refused_naming_the_tokens_that_fit() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A chat template that loops out gigabytes is an error, not an abort when memory runs out.
+/// A chat template that loops out gigabytes, or doubles a string with `~` until memory runs
+/// out, is an error, not an abort (the process runs under an 8 GB address-space limit, so a
+/// regression aborts instead of filling the machine).
 #[test]
 fn a_runaway_chat_template_is_an_error_not_an_abort() {
     let dir = scratch("runaway-template");
     let model = edited_model(&dir, |_| {});
     let path = model.join("tokenizer_config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["chat_template"] = "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}".into();
-    std::fs::write(&path, config.to_string()).unwrap();
     let input = dir.join("chat.jsonl");
     std::fs::write(&input, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n").unwrap();
-    fails_with(
-        &[
+    let output = format!("more than {} bytes", treetrain::tokenizer::MAX_RENDERED_BYTES);
+    let runaways = [
+        (
+            "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}",
+            output.as_str(),
+        ),
+        (
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+            "fuel (the most a chat may take",
+        ),
+    ];
+    for (template, want) in runaways {
+        let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config["chat_template"] = template.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args([
             "generate",
             "--model",
             model.to_str().unwrap(),
             "--input",
             input.to_str().unwrap(),
             "--chat",
-        ],
-        &[
-            "chat template",
-            &format!("more than {} bytes", treetrain::tokenizer::MAX_RENDERED_BYTES),
-        ],
-    );
+        ])
+        .env("RUST_BACKTRACE", "0");
+        limit_address_space(&mut cmd, 8 << 30);
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("chat template") && err.contains(want), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `cmd` under `ulimit -v` of `bytes`.
+fn limit_address_space(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls setrlimit alone, which is
+    // async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
 }
 
 /// An `fsdp` value transformers does not spell is an error naming the values there are.
@@ -850,6 +885,36 @@ fn trl_spellings_are_read_and_refused_values_name_field_line_and_choices() {
             "\"group\", \"batch\" or \"none\" (or true = \"group\"",
         ],
     );
+    // Values of the right meaning in the wrong type, or past a floor: each says what to write.
+    for (line, want) in [
+        (
+            "num_generations = \"4\"",
+            "write the number without quotes: num_generations = 4",
+        ),
+        ("num_generations = 2.0", "write a whole number: num_generations = 2"),
+        (
+            "learning_rate = \"1e-5\"",
+            "write the number without quotes: learning_rate = 1e-5",
+        ),
+        (
+            "gradient_checkpointing = \"True\"",
+            "write the boolean without quotes: gradient_checkpointing = true",
+        ),
+        ("top_k = -1", "write top_k = 0 to keep every token"),
+        ("seed = -3", "write a whole number, 0 or more"),
+        (
+            "temperature = 1e-40",
+            "write temperature = 0.01 for near-greedy sampling",
+        ),
+    ] {
+        let cfg = grpo_config(&dir, &prompts, line, rewards);
+        let field = line.split(' ').next().unwrap();
+        let named = match field {
+            "temperature" => "config `temperature`: is 1e-40; must be finite and at least 1e-5".to_string(),
+            _ => format!("`{field}` (line 5)"),
+        };
+        fails_with(&["grpo", "--config", &cfg], &[&named, want]);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -878,4 +943,94 @@ fn an_endless_input_line_is_an_error_not_an_abort() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("-:1: is longer than 256 MiB"), "{err}");
+}
+
+/// A batch whose activations pass the size check but not the allocator (here an address-space
+/// limit of 4 GB, as `ulimit -v` sets) is an out-of-memory error naming the settings to lower,
+/// never a panic from inside a torch op.
+#[test]
+fn an_allocation_that_fails_inside_a_step_is_an_error_naming_the_settings() {
+    let dir = scratch("step-oom");
+    let long = "7 + 8 = 15. ".repeat(200);
+    let row = serde_json::json!({"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "Answer: 15"}]});
+    let data = dir.join("long.jsonl");
+    std::fs::write(&data, format!("{row}\n").repeat(45)).unwrap();
+    let settings = format!(
+        "max_steps = 1\nbatch_size = 100000\neval_fraction = 0.0\noutput_dir = {:?}",
+        dir.join("out")
+    );
+    let path = sft_toml(&dir, &data, &settings, 2048);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["sft", "--config", &path]).env("RUST_BACKTRACE", "0");
+    limit_address_space(&mut cmd, 4 << 30);
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("frame #"), "{err}");
+    // Refused before the step when the size check sees the limit, else when the allocation fails.
+    let before = err.contains("GB of activations") && err.contains("batch_size");
+    let inside = err.contains("step 0: out of memory (DefaultCPUAllocator: can't allocate memory")
+        && err.contains("lower batch_size or max_length, or turn on gradient_checkpointing");
+    assert!(before || inside, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Image, audio and video content parts, and the media columns of vision-language datasets,
+/// are refused as unsupported, naming the row, field and part, before any row is rendered.
+#[test]
+fn media_inputs_are_refused_as_unsupported() {
+    let dir = scratch("media");
+    let text = serde_json::json!({"messages": [
+        {"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]});
+    let image = serde_json::json!({"messages": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": "A cat."}]});
+    let column = serde_json::json!({"images": ["cat.png"], "messages": [
+        {"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "A cat."}]});
+    for (rows, want) in [
+        (
+            vec![&text, &image],
+            "row 1 (0-based): field `messages` message 0's content part 0 is \"image\"",
+        ),
+        (
+            vec![&text, &text, &column],
+            "row 2 (0-based): field `images` is a media column",
+        ),
+    ] {
+        let data = dir.join("rows.jsonl");
+        let lines: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+        std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+        let path = sft_toml(&dir, &data, "max_steps = 1\nbatch_size = 1\neval_fraction = 0.0", 64);
+        fails_with(
+            &["sft", "--config", &path],
+            &[want, "image, audio and video inputs", "not supported"],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `MASTER_PORT` 0 or past 65535 is named as the problem, with the ports that would do.
+#[test]
+fn a_master_port_no_rank_can_use_is_named() {
+    let dir = scratch("master-port");
+    let cfg = sft_config(&dir, "");
+    for (port, why) in [("0", "asks for any free port"), ("70000", "is past the last TCP port")] {
+        let out = Command::new(BIN)
+            .args(["sft", "--config", &cfg])
+            .envs([
+                ("WORLD_SIZE", "2"),
+                ("RANK", "1"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port),
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!("MASTER_PORT=\"{port}\" {why}")) && err.contains("from 1 to 65535"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
