@@ -30,6 +30,9 @@ enum Command {
     },
     /// Log-probability of every token given its prefix, for rows of a JSONL file.
     Score(cli::score::ScoreArgs),
+    /// Each line's conversation as the model's chat template renders it (NUL after each), as
+    /// transformers' `apply_chat_template(..., tokenize=False)` returns it.
+    Render(cli::render::RenderArgs),
     /// Load a model and write it back as a Hugging Face folder (e.g. to change its dtype).
     Convert(cli::convert::ConvertArgs),
     /// Supervised fine-tuning from a TOML config (fields of `treetrain::sft::SftConfig`).
@@ -91,6 +94,7 @@ fn main() -> Result<()> {
         } => cli::check_device(device),
         Command::Env { json, .. } => cli::env(json),
         Command::Score(args) => cli::score::run(&args),
+        Command::Render(args) => cli::render::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
         Command::Sft(args) => cli::train::sft(&args),
         Command::Grpo(args) => cli::train::grpo(&args),

@@ -209,3 +209,118 @@ fn render_limits_leave_real_templates_long_conversations() {
     }
     assert!(rendered >= 20, "only {rendered} templates rendered");
 }
+
+/// `treetrain render` prints, for five families' templates of the fixture, each conversation as
+/// transformers' `apply_chat_template(..., tokenize=False)` rendered it: the default adds the
+/// generation prompt only where the last message is not the assistant's, the flags force it
+/// either way, and `chat_template_kwargs` and `tools` (here as JSON text) reach the template.
+#[test]
+fn the_render_command_prints_what_transformers_renders() {
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures/chat_templates.json")).unwrap())
+            .unwrap();
+    let templates = templates_dir();
+    let work = std::env::temp_dir().join(format!("treetrain-render-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let cases = fixture["cases"].as_array().unwrap();
+    // The library's own rendering of every template is checked above; the command is checked
+    // on a few families' (one process per template and option).
+    let names = ["tiny-qwen3", "qwen3", "llama3_1", "gemma3", "deepseekv3"];
+    let mut checked = 0;
+    for name in names {
+        // A model folder of the tiny model's tokenizer with this template in `chat_template.jinja`.
+        let model = work.join(name);
+        std::fs::create_dir_all(&model).unwrap();
+        for f in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+            std::fs::copy(root().join("datasets/tiny-qwen3").join(f), model.join(f)).unwrap();
+        }
+        if name != "tiny-qwen3" {
+            std::fs::copy(
+                templates.join(format!("{name}.jinja")),
+                model.join("chat_template.jinja"),
+            )
+            .unwrap();
+        }
+        for (option, flag) in [
+            ("plain", "--no-generation-prompt"),
+            ("gen_prompt", "--add-generation-prompt"),
+            ("no_think", "--add-generation-prompt"),
+        ] {
+            let chosen: Vec<&Value> = cases
+                .iter()
+                .filter(|c| c["template"] == name && c["options"] == option)
+                .collect();
+            let mut kwargs = fixture["extra_kwargs"].clone();
+            if option == "no_think" {
+                kwargs["enable_thinking"] = false.into();
+            }
+            let lines: Vec<String> = (chosen.iter())
+                .map(|c| {
+                    let conversation = c["conversation"].as_str().unwrap();
+                    let mut line = serde_json::json!({
+                        "messages": fixture["conversations"][conversation],
+                        "chat_template_kwargs": kwargs,
+                    });
+                    if conversation == "tools" {
+                        line["tools"] = fixture["tools"].to_string().into();
+                    }
+                    line.to_string()
+                })
+                .collect();
+            let input = work.join("lines.jsonl");
+            std::fs::write(&input, lines.join("\n")).unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
+                .args([
+                    "render",
+                    "--model",
+                    model.to_str().unwrap(),
+                    "--input",
+                    input.to_str().unwrap(),
+                    flag,
+                ])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8(out.stdout).unwrap();
+            let rendered: Vec<&str> = text.split_terminator('\0').collect();
+            assert_eq!(rendered.len(), chosen.len(), "{name}/{option}");
+            for (got, case) in rendered.iter().zip(&chosen) {
+                assert_eq!(
+                    *got,
+                    case["text"].as_str().unwrap(),
+                    "{name}/{}/{option}",
+                    case["conversation"]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 90, "{checked} cases");
+    // The default: the generation prompt only after a message that is not the assistant's.
+    let line = |conversation: &str| serde_json::json!({"messages": fixture["conversations"][conversation], "chat_template_kwargs": fixture["extra_kwargs"]});
+    let lines = format!("{}\n{}\n", line("single"), line("prompt_only"));
+    let input = work.join("default.jsonl");
+    std::fs::write(&input, lines).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_treetrain"))
+        .args([
+            "render",
+            "--model",
+            work.join("qwen3").to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let want = |option: &str, conversation: &str| {
+        let case = cases
+            .iter()
+            .find(|c| c["template"] == "qwen3" && c["options"] == option && c["conversation"] == conversation);
+        case.unwrap()["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        text,
+        format!("{}\0{}\0", want("plain", "single"), want("gen_prompt", "prompt_only"))
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}

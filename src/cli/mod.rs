@@ -6,6 +6,7 @@ pub(crate) mod generate;
 pub(crate) mod jsonl;
 pub(crate) mod launch;
 pub(crate) mod pack;
+pub(crate) mod render;
 pub(crate) mod score;
 pub(crate) mod shapes;
 pub(crate) mod train;
