@@ -131,6 +131,9 @@ pub mod train;
 pub mod util;
 pub mod validation;
 
+/// Re-exported so a tool's argument struct derives its schema with the same schemars
+/// (`#[schemars(crate = "treetrain::schemars")]`) without another `:dep`.
+pub use schemars;
 /// Re-exported so notebooks can build messages with `treetrain::serde_json::json!` without another `:dep`.
 pub use serde_json;
 /// Re-exported so notebooks use the same tch as treetrain without another `:dep`.

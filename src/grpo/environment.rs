@@ -44,6 +44,18 @@ pub enum EnvReply {
         /// Its text.
         content: String,
     },
+    /// One tool message per call of the turn, in the calls' order (`{"role": "tool", "name",
+    /// "content"}`); the assistant answers them in the next turn.
+    ToolResults(Vec<ToolMessage>),
+}
+
+/// A tool's reply to one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolMessage {
+    /// The tool called (as the model named it).
+    pub name: String,
+    /// Its result, or `{"error": ...}`.
+    pub content: String,
 }
 
 /// One conversation as the environment sees it after an assistant turn.
@@ -82,6 +94,11 @@ pub trait Environment: Send + Sync {
     }
     /// The reply to the conversation's latest assistant turn.
     fn reply(&self, conversation: &Conversation) -> Result<EnvReply, String>;
+    /// The tool calls and failures counted since the last call (a [`super::ToolEnvironment`]'s),
+    /// logged with each step as `tools/call_frequency` and the rest; none by default.
+    fn tool_tally(&self) -> Option<super::ToolTally> {
+        None
+    }
 }
 
 /// An [`Environment`] from a closure (see [`environment`]).

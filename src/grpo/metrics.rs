@@ -56,6 +56,12 @@ pub struct GrpoStepMetrics {
     /// Multi-turn: how re-rendered histories departed from what the model saw.
     #[serde(flatten)]
     pub turns: TurnDrift,
+    /// Tool use, summed over ranks (a [`super::ToolEnvironment`]'s run; empty otherwise):
+    /// `call_frequency` (calls per conversation), `failure_frequency` (failures per call), then
+    /// `<tool>/call_frequency` and `<tool>/failure_frequency`, logged as `tools/...` (TRL's
+    /// names).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tools: std::collections::BTreeMap<String, f64>,
 }
 
 /// Where a step's batch came from ([`GrpoStepMetrics::origin`]).
@@ -352,6 +358,7 @@ impl GrpoStepMetrics {
             },
             skipped: update.skipped,
             turns: TurnDrift::of(&DriftTally::over(&batch.groups)),
+            tools: Default::default(),
         }
     }
 }

@@ -128,6 +128,7 @@ mod routing_replay;
 mod row_loss;
 mod row_terms;
 mod talk;
+mod tools;
 mod trainer;
 mod update;
 mod view;
@@ -141,7 +142,7 @@ pub use config::{
     EntropyBonus, EntropyControl, Eval, GrpoConfig, ImportanceCorrection, ImportanceSampling, KlReference, Loss,
     LossType, MultiTurnLimits, RewardSpec, RolloutMode, Rollouts, Sampling, SamplingCorrectionMode, Update,
 };
-pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, environment};
+pub use environment::{Conversation, EnvReply, EnvRole, Environment, FnEnvironment, ToolMessage, environment};
 pub use eval::EvalBreakdown;
 pub use metrics::EvalResult;
 pub use metrics::{
@@ -157,6 +158,7 @@ pub use rollouts::{
 };
 pub use row_loss::{grpo_loss, grpo_loss_backward};
 pub use row_terms::{GrpoLoss, TermEntropies, TermLogprobs, TermWeights, grpo_loss_of_logprobs};
+pub use tools::{CallFormat, Tool, ToolCall, ToolEnvironment, ToolError, ToolTally, TypedTool, tool};
 pub use trainer::{GrpoState, GrpoTrainer};
 pub(crate) use update::StepTotals;
 pub use update::{UpdateStats, accumulate_gradients, pack_rollouts};

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::environment::{Conversation, EnvReply, Environment};
+use super::environment::{Conversation, EnvReply, EnvRole, Environment};
 use super::producer::RolloutProducer;
 use super::reward::{RewardInput, score_group};
 use super::rollouts::{DriftTally, ForkedRow, RolloutBatch, ScoredGroup};
@@ -181,14 +181,30 @@ impl RolloutProducer {
             match reply {
                 Ok(EnvReply::Done(r)) if r.is_finite() => ended.push((talk, Ok(r))),
                 Ok(EnvReply::Done(r)) => ended.push((talk, Err(format!("returned reward {r}")))),
-                Ok(EnvReply::Message { .. }) if turn == turns.max_turns => {
+                Ok(EnvReply::Message { .. } | EnvReply::ToolResults(_)) if turn == turns.max_turns => {
                     let why = format!(
                         "replied with a message after the last turn (max_turns {})",
                         turns.max_turns
                     );
                     ended.push((talk, Err(why)));
                 }
-                Ok(EnvReply::Message { role, content }) => {
+                Ok(EnvReply::ToolResults(results)) if results.is_empty() => {
+                    ended.push((talk, Err("replied with no tool message".into())));
+                }
+                Ok(reply @ (EnvReply::Message { .. } | EnvReply::ToolResults(_))) => {
+                    let added = match reply {
+                        EnvReply::Message { role, content } => {
+                            let role = match role {
+                                EnvRole::User => "user",
+                                EnvRole::Tool => "tool",
+                            };
+                            vec![serde_json::json!({"role": role, "content": content})]
+                        }
+                        EnvReply::ToolResults(results) => (results.into_iter())
+                            .map(|m| serde_json::json!({"role": "tool", "name": m.name, "content": m.content}))
+                            .collect(),
+                        EnvReply::Done(_) => Vec::new(),
+                    };
                     let end = (out.finish_reason == FinishReason::Eos)
                         .then(|| {
                             out.output_ids
@@ -201,8 +217,8 @@ impl RolloutProducer {
                         prompt_text: &prompt.text,
                         fork_threshold: turns.fork_threshold_tokens,
                     };
-                    let added = talk.add_message(role, &content, &self.tokenizer, &chat, end.as_deref(), &reconcile);
-                    match added.and_then(|d| round.fits(&prompt.ids, &talk, row).map(|()| d)) {
+                    let extended = talk.add_messages(added, &self.tokenizer, &chat, end.as_deref(), &reconcile);
+                    match extended.and_then(|d| round.fits(&prompt.ids, &talk, row).map(|()| d)) {
                         Ok(d) => going_on.push((row, talk, d)),
                         Err(e) => ended.push((talk, Err(e))),
                     }

@@ -18,7 +18,6 @@
 
 use serde_json::Value;
 
-use super::environment::EnvRole;
 use crate::generate::{Completion, FinishReason};
 use crate::tokenizer::{ChatOptions, Tokenizer};
 
@@ -114,14 +113,13 @@ impl Talk {
         Ok(())
     }
 
-    /// Appends the environment's message and the next generation prompt as context. Where the
+    /// Appends the environment's messages and the next generation prompt as context. Where the
     /// template renders the conversation as an extension of what the model saw, the text from
     /// the end of the assistant's content on is tokenized (the end-of-turn token the model
     /// generated is not repeated); otherwise the rendering is reconciled (module docs).
-    pub(crate) fn add_message(
+    pub(crate) fn add_messages(
         &mut self,
-        role: EnvRole,
-        content: &str,
+        added: Vec<Value>,
         tokenizer: &Tokenizer,
         chat: &ChatOptions,
         ended_with: Option<&str>,
@@ -145,12 +143,7 @@ impl Talk {
             .to_string();
         let with_reply = render(&self.messages, false)?;
         let seen = format!("{}{reply}", self.rendered);
-        let role_name = match role {
-            EnvRole::User => "user",
-            EnvRole::Tool => "tool",
-        };
-        self.messages
-            .push(serde_json::json!({"role": role_name, "content": content}));
+        self.messages.extend(added);
         let next = render(&self.messages, true)?;
         let extension = with_reply
             .strip_prefix(seen.as_str())

@@ -283,7 +283,8 @@ impl GrpoTrainer {
                 wait_s,
                 step_s: start.elapsed().as_secs_f64(),
             };
-            let m = GrpoStepMetrics::compose(version + 1, (&batch, &self.rewards), update, clock);
+            let mut m = GrpoStepMetrics::compose(version + 1, (&batch, &self.rewards), update, clock);
+            m.tools = self.tool_metrics()?;
             self.record(&batch, &m);
             self.last_row = rows.into_iter().last();
             self.last_batch = Some(batch);
@@ -381,6 +382,21 @@ impl GrpoTrainer {
             best = best.min(last.forward_backward_s);
         }
         Ok((best, last))
+    }
+
+    /// The environment's tool calls since the last step, summed over the ranks (every rank
+    /// asks, a collective), as `tools/...` frequencies without the prefix.
+    fn tool_metrics(&self) -> Result<std::collections::BTreeMap<String, f64>, TrainError> {
+        let Some(mut tally) = self.multi_turn.as_ref().and_then(|t| t.environment.tool_tally()) else {
+            return Ok(Default::default());
+        };
+        let mut counts = tally.counts();
+        self.core.world.sum(&mut counts)?;
+        tally.set_counts(&counts);
+        let metrics = tally.metrics().into_iter();
+        Ok(metrics
+            .map(|(k, v)| (k.trim_start_matches("tools/").to_string(), v))
+            .collect())
     }
 
     fn record(&mut self, batch: &RolloutBatch, m: &GrpoStepMetrics) {
