@@ -343,3 +343,18 @@ fn a_grpo_run_with_typed_tools_logs_their_frequencies() {
     assert!(last["tools"]["failure_frequency"].as_f64().is_some(), "{last}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A tool and its environment render: the schema as the template sees it, the call format, and
+/// the calls counted per tool once some were answered.
+#[test]
+fn tools_and_their_environment_render() {
+    use treetrain::display::Rich;
+    let t = tool("now", |_: Now| Ok::<_, String>("12:00")).unwrap();
+    assert!(t.html().contains("Tool now") && t.text().contains("\"name\": \"now\""), "{}", t.text());
+    let env = environment();
+    assert!(env.text().contains("call format: Hermes") && env.text().contains("calls counted: none yet"));
+    env.answer(&call("now", json!({})));
+    env.answer(&call("now", json!({"x": 1})));
+    assert!(env.text().contains("calls counted: now 2 (1 failed)"), "{}", env.text());
+    assert!(env.html().contains("Tool environment"));
+}

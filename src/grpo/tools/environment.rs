@@ -255,9 +255,24 @@ impl ToolEnvironment {
             let schema = crate::tokenizer::python_json(t.schema(), None, false);
             rows.push((format!("tool {}", t.name()), schema));
         }
+        // Counts since the last step (or since made): calls and failures per tool, and TRL's
+        // two frequencies once conversations were had.
         let tally = self.tally.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (name, value) in tally.metrics() {
-            rows.push((name, format!("{value:.3}")));
+        let counted: Vec<String> = (tally.calls.iter().filter(|(_, n)| **n > 0))
+            .map(|(name, n)| format!("{name} {n} ({} failed)", tally.failures.get(name).copied().unwrap_or(0)))
+            .collect();
+        rows.push((
+            "calls counted".into(),
+            if counted.is_empty() {
+                "none yet".into()
+            } else {
+                counted.join(", ")
+            },
+        ));
+        if tally.conversations > 0 {
+            for (name, value) in tally.metrics().into_iter().take(2) {
+                rows.push((name, format!("{value:.3}")));
+            }
         }
         rows
     }
