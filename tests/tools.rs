@@ -350,7 +350,11 @@ fn a_grpo_run_with_typed_tools_logs_their_frequencies() {
 fn tools_and_their_environment_render() {
     use treetrain::display::Rich;
     let t = tool("now", |_: Now| Ok::<_, String>("12:00")).unwrap();
-    assert!(t.html().contains("Tool now") && t.text().contains("\"name\": \"now\""), "{}", t.text());
+    assert!(
+        t.html().contains("Tool now") && t.text().contains("\"name\": \"now\""),
+        "{}",
+        t.text()
+    );
     let env = environment();
     assert!(env.text().contains("call format: Hermes") && env.text().contains("calls counted: none yet"));
     env.answer(&call("now", json!({})));

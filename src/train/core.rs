@@ -506,8 +506,6 @@ fn load_policy(
     Ok(model)
 }
 
-/// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
-/// rank (`distributed::rank_gpu`), so `cuda` means each rank's own GPU.
 /// What must be the same model on every rank: its config, each trained variable's shape and
 /// dtype (the broadcast of rank 0's weights assumes them) and, with LoRA, the frozen base's
 /// fingerprint (never broadcast, so another base would train another model).
@@ -539,6 +537,8 @@ fn model_settings(
     out
 }
 
+/// The device of this rank: in a multi-process run, CUDA indices count from the rank's local
+/// rank (`distributed::rank_gpu`), so `cuda` means each rank's own GPU.
 fn rank_device(spec: DeviceSpec, world: &World) -> DeviceSpec {
     match (spec, world.is_distributed()) {
         (DeviceSpec::Cuda(_) | DeviceSpec::Auto, true) => {
