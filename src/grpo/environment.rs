@@ -49,6 +49,28 @@ pub enum EnvReply {
     ToolResults(Vec<ToolMessage>),
 }
 
+impl EnvReply {
+    /// The messages this reply adds to the conversation, as the chat template reads them
+    /// (`None` for `Done`, which adds none; an empty list of tool results adds none either).
+    pub(crate) fn into_messages(self) -> Option<Vec<Value>> {
+        match self {
+            EnvReply::Done(_) => None,
+            EnvReply::Message { role, content } => {
+                let role = match role {
+                    EnvRole::User => "user",
+                    EnvRole::Tool => "tool",
+                };
+                Some(vec![serde_json::json!({"role": role, "content": content})])
+            }
+            EnvReply::ToolResults(results) => Some(
+                (results.into_iter())
+                    .map(|m| serde_json::json!({"role": "tool", "name": m.name, "content": m.content}))
+                    .collect(),
+            ),
+        }
+    }
+}
+
 /// A tool's reply to one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolMessage {

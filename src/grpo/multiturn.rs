@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::environment::{Conversation, EnvReply, EnvRole, Environment};
+use super::environment::{Conversation, EnvReply, Environment};
 use super::producer::RolloutProducer;
 use super::reward::{RewardInput, score_group};
 use super::rollouts::{DriftTally, ForkedRow, RolloutBatch, ScoredGroup};
@@ -188,23 +188,12 @@ impl RolloutProducer {
                     );
                     ended.push((talk, Err(why)));
                 }
-                Ok(EnvReply::ToolResults(results)) if results.is_empty() => {
-                    ended.push((talk, Err("replied with no tool message".into())));
-                }
                 Ok(reply @ (EnvReply::Message { .. } | EnvReply::ToolResults(_))) => {
-                    let added = match reply {
-                        EnvReply::Message { role, content } => {
-                            let role = match role {
-                                EnvRole::User => "user",
-                                EnvRole::Tool => "tool",
-                            };
-                            vec![serde_json::json!({"role": role, "content": content})]
-                        }
-                        EnvReply::ToolResults(results) => (results.into_iter())
-                            .map(|m| serde_json::json!({"role": "tool", "name": m.name, "content": m.content}))
-                            .collect(),
-                        EnvReply::Done(_) => Vec::new(),
-                    };
+                    let added = reply.into_messages().unwrap_or_default();
+                    if added.is_empty() {
+                        ended.push((talk, Err("replied with no tool message".into())));
+                        continue;
+                    }
                     let end = (out.finish_reason == FinishReason::Eos)
                         .then(|| {
                             out.output_ids

@@ -165,7 +165,11 @@ impl ToolEnvironment {
     /// The tool messages answering `reply`'s calls, in order (none when it calls no tool),
     /// counted in the tally.
     pub fn answer(&self, reply: &str) -> Vec<ToolMessage> {
-        let calls = self.format.calls(reply);
+        self.answer_calls(self.format.calls(reply))
+    }
+
+    /// The tool messages answering `calls`, counted in the tally.
+    fn answer_calls(&self, calls: Vec<Result<ToolCall, String>>) -> Vec<ToolMessage> {
         let answers: Vec<(String, Result<String, String>)> = calls.into_iter().map(|c| self.run_one(c)).collect();
         let mut tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
         answers
@@ -229,14 +233,15 @@ impl Environment for ToolEnvironment {
         if c.turn == 1 {
             self.tally.lock().unwrap_or_else(|p| p.into_inner()).conversations += 1;
         }
-        if self.format.calls(c.last_reply()).is_empty() {
+        let calls = self.format.calls(c.last_reply());
+        if calls.is_empty() {
             return (self.reward)(c).map(EnvReply::Done);
         }
         if c.last_turn || c.turn > self.max_calls {
             // A call with no turn left to read its result.
             return Ok(EnvReply::Done(0.0));
         }
-        Ok(EnvReply::ToolResults(self.answer(c.last_reply())))
+        Ok(EnvReply::ToolResults(self.answer_calls(calls)))
     }
 
     fn tool_tally(&self) -> Option<ToolTally> {

@@ -130,7 +130,7 @@ impl Shards {
             self.load_own(dir, &manifest, masters)?;
             return Ok(None);
         }
-        manifest.assemble(dir, &self.named_shapes()).map(Some)
+        manifest.assemble(dir, self.step, &self.named_shapes()).map(Some)
     }
 
     /// Reads this rank's file of a checkpoint cut as this state. A unit's master shard the
@@ -138,7 +138,7 @@ impl Shards {
     /// weights.
     fn load_own(&self, dir: &Path, manifest: &Manifest, masters: &[Option<&Tensor>]) -> Result<(), ModelError> {
         let rank = self.world.rank;
-        let bytes = manifest.read_file(dir, rank)?;
+        let bytes = manifest.read_file(dir, rank, self.step)?;
         let path = dir.join(shard_file(rank, self.world.size));
         let st = open(&bytes, &path)?;
         for (key, dst) in self.tensors(masters) {
@@ -204,8 +204,9 @@ impl Manifest {
     }
 
     /// Rank `rank`'s file (always its own name in the folder, which the manifest must list),
-    /// checked against the size the manifest recorded.
-    fn read_file(&self, dir: &Path, rank: usize) -> Result<Vec<u8>, ModelError> {
+    /// checked against the size the manifest recorded and for the origin it records (the
+    /// checkpoint's update count `step`).
+    fn read_file(&self, dir: &Path, rank: usize, step: u64) -> Result<Vec<u8>, ModelError> {
         let name = shard_file(rank, self.world_size);
         let path = dir.join(&name);
         let Some(entry) = self.files.iter().find(|f| f.rank == rank && f.file == name) else {
@@ -216,7 +217,6 @@ impl Manifest {
             let m = format!("is {} bytes; the manifest says {}", bytes.len(), entry.bytes);
             return Err(bad(&path, m));
         }
-        let step = read_step(dir)?;
         check_origin(
             &bytes,
             &path,
@@ -229,17 +229,18 @@ impl Manifest {
         Ok(bytes)
     }
 
-    /// The whole state under `optimizer.safetensors`' names, assembled from every rank's file:
-    /// each of `wanted` (name, shape), checked as a whole file's tensors are. A parameter the
+    /// The whole state under `optimizer.safetensors`' names, assembled from every rank's file
+    /// (each written at update `step`): each of `wanted` (name, shape), checked as a whole file's tensors are. A parameter the
     /// manifest holds but `wanted` does not is an error (another model's state); master
     /// weights nobody wants (an fp32 run reading a `full_shard` one's) are skipped.
     pub(crate) fn assemble(
         &self,
         dir: &Path,
+        step: u64,
         wanted: &[(String, Vec<i64>)],
     ) -> Result<BTreeMap<String, Tensor>, ModelError> {
         let bytes = (0..self.world_size)
-            .map(|r| self.read_file(dir, r))
+            .map(|r| self.read_file(dir, r, step))
             .collect::<Result<Vec<_>, _>>()?;
         // Each file's header parsed once, for every unit and kind read from it.
         let files = (bytes.iter().enumerate())

@@ -109,7 +109,7 @@ impl Strategy for Replicated {
         let step = read_step(dir)?;
         let wanted = self.adamw.named_shapes();
         let read = match dir.join(MANIFEST_FILE).is_file() {
-            true => Manifest::read(dir)?.assemble(dir, &wanted)?,
+            true => Manifest::read(dir)?.assemble(dir, step, &wanted)?,
             false => read_whole(dir, &wanted)?,
         };
         self.adamw.restore(step, &read)
