@@ -356,9 +356,12 @@ fn tools_and_their_environment_render() {
         t.text()
     );
     let env = environment();
-    assert!(env.text().contains("call format: Hermes") && env.text().contains("calls counted: none yet"));
+    assert!(env.text().contains("call format: Hermes") && env.text().contains("conversations: 0"));
     env.answer(&call("now", json!({})));
     env.answer(&call("now", json!({"x": 1})));
-    assert!(env.text().contains("calls counted: now 2 (1 failed)"), "{}", env.text());
+    assert!(env.text().contains("now calls: 2 (1 failed)"), "{}", env.text());
     assert!(env.html().contains("Tool environment"));
+    let tally = env.take_tally();
+    assert!(tally.text().contains("now calls: 2 (1 failed)"), "{}", tally.text());
+    assert!(tally.html().contains("Tool calls") && tally.text().contains("tools/now/failure_frequency: 0.500"));
 }

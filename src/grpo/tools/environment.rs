@@ -249,6 +249,29 @@ impl Environment for ToolEnvironment {
     }
 }
 
+impl ToolTally {
+    fn rows(&self) -> Vec<(String, String)> {
+        let mut rows = vec![("conversations".to_string(), self.conversations.to_string())];
+        for (name, n) in self.calls.iter().filter(|(_, n)| **n > 0) {
+            let failed = self.failures.get(name).copied().unwrap_or(0);
+            rows.push((format!("{name} calls"), format!("{n} ({failed} failed)")));
+        }
+        rows.extend(self.metrics().into_iter().map(|(k, v)| (k, format!("{v:.3}"))));
+        rows
+    }
+}
+
+impl crate::display::Rich for ToolTally {
+    fn html(&self) -> String {
+        card("Tool calls", &self.rows())
+    }
+    fn text(&self) -> String {
+        card_text(&self.rows())
+    }
+}
+
+crate::display::rich_display!(ToolTally);
+
 impl ToolEnvironment {
     fn rows(&self) -> Vec<(String, String)> {
         let mut rows = vec![
@@ -260,40 +283,31 @@ impl ToolEnvironment {
             let schema = crate::tokenizer::python_json(t.schema(), None, false);
             rows.push((format!("tool {}", t.name()), schema));
         }
-        // Counts since the last step (or since made): calls and failures per tool, and TRL's
-        // two frequencies once conversations were had.
+        // Counts since the last step (or since made).
         let tally = self.tally.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let counted: Vec<String> = (tally.calls.iter().filter(|(_, n)| **n > 0))
-            .map(|(name, n)| format!("{name} {n} ({} failed)", tally.failures.get(name).copied().unwrap_or(0)))
-            .collect();
-        rows.push((
-            "calls counted".into(),
-            if counted.is_empty() {
-                "none yet".into()
-            } else {
-                counted.join(", ")
-            },
-        ));
-        if tally.conversations > 0 {
-            for (name, value) in tally.metrics().into_iter().take(2) {
-                rows.push((name, format!("{value:.3}")));
-            }
-        }
+        rows.extend(tally.rows());
         rows
     }
 }
 
 impl crate::display::Rich for ToolEnvironment {
     fn html(&self) -> String {
-        let rows = self.rows();
-        let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        crate::display::rows_card("Tool environment", &rows)
+        card("Tool environment", &self.rows())
     }
     fn text(&self) -> String {
-        let rows = self.rows();
-        let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        crate::display::rows_text(&rows)
+        card_text(&self.rows())
     }
+}
+
+/// A card of rows whose names are made at run time (tool names).
+fn card(title: &str, rows: &[(String, String)]) -> String {
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    crate::display::rows_card(title, &rows)
+}
+
+fn card_text(rows: &[(String, String)]) -> String {
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    crate::display::rows_text(&rows)
 }
 
 crate::display::rich_display!(ToolEnvironment);
